@@ -1,0 +1,47 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"unicode/utf8"
+)
+
+var (
+	// ErrNotFound means no ledger row matches.
+	ErrNotFound = errors.New("keel: job not found")
+	// ErrNoJob means a ledger helper (Step, InTx) was called outside a handler
+	// run by the ledger middleware.
+	ErrNoJob = errors.New("keel: no ledger job in context (is the idempotency middleware installed?)")
+	// ErrLeaseHeld means another worker is running this job right now.
+	ErrLeaseHeld = errors.New("keel: another worker holds this job's lease")
+	// ErrLeaseLost means this worker's lease expired and another may have taken
+	// the job over; the work of this attempt was not committed.
+	ErrLeaseLost = errors.New("keel: lease lost; this attempt's transaction was rolled back")
+	// ErrInDoubt means a recorded step started but its outcome was never
+	// recorded (the process died mid-call) and there is no way to verify it.
+	// The job is parked in the dead letters for a person: never a blind repeat.
+	ErrInDoubt = errors.New("in doubt: needs a person")
+	// ErrUnknownJob means a task arrived whose id has no ledger row.
+	ErrUnknownJob = errors.New("keel: task has no ledger row (enqueue through keel, not plain asynq)")
+)
+
+// interpretError is the one place pgx errors become keel's.
+func interpretError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	return fmt.Errorf("keel ledger: %w", err)
+}
+
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
+func utf8Valid(s string) bool { return utf8.ValidString(s) }

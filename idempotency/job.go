@@ -1,0 +1,79 @@
+package idempotency
+
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Status is where a job stands in its life.
+type Status string
+
+// The ledger's state machine: pending → running → succeeded | failed (will
+// retry) | dead (waits for a person) → replayed (pending) or discarded.
+const (
+	StatusPending   Status = "pending"
+	StatusRunning   Status = "running"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusDead      Status = "dead"
+	StatusDiscarded Status = "discarded"
+)
+
+// Terminal reports whether no further run will happen without a person.
+func (s Status) Terminal() bool { return s == StatusSucceeded || s == StatusDiscarded }
+
+// Job is one ledger row.
+type Job struct {
+	ID             string
+	Kind           string
+	BusinessKey    string
+	Queue          string
+	Payload        []byte
+	Status         Status
+	Attempts       int
+	MaxRetry       int
+	Timeout        time.Duration
+	Deadline       *time.Time
+	RunAt          time.Time
+	PublishedAt    *time.Time
+	LeaseHolder    string
+	LeaseUntil     *time.Time
+	LastError      string
+	ErrorClass     string
+	TraceID        string
+	PayloadSummary string
+	ResolutionNote string
+	ResolvedBy     string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	FinishedAt     *time.Time
+}
+
+// StepRecord is one recorded external side effect of a job.
+type StepRecord struct {
+	JobID      string
+	Name       string
+	Status     string
+	Result     []byte
+	Calls      int
+	StartedAt  time.Time
+	FinishedAt *time.Time
+}
+
+const jobColumns = `id, kind, business_key, queue, payload, status, attempts, max_retry,
+	timeout_ms, deadline, run_at, published_at, coalesce(lease_holder, ''), lease_until,
+	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
+	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
+	created_at, updated_at, finished_at`
+
+func scanJob(row pgx.Row) (Job, error) {
+	var j Job
+	var timeoutMS int64
+	err := row.Scan(&j.ID, &j.Kind, &j.BusinessKey, &j.Queue, &j.Payload, &j.Status, &j.Attempts,
+		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
+		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
+		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt)
+	j.Timeout = time.Duration(timeoutMS) * time.Millisecond
+	return j, err
+}

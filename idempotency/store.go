@@ -1,0 +1,226 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DB is what the ledger needs from a pool or a transaction, so that every
+// write can join the caller's transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Store reads and writes the ledger.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// NewStore returns a Store on pool. The schema must be migrated (Migrate).
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool is the pool the store uses.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// NewJob is what Insert needs to record a business action.
+type NewJob struct {
+	Kind           string
+	BusinessKey    string
+	Queue          string
+	Payload        []byte
+	MaxRetry       int
+	Timeout        time.Duration
+	Deadline       time.Time // zero: none
+	RunAt          time.Time // zero: now
+	PayloadSummary string
+	TraceID        string
+}
+
+// MaxBusinessKeyBytes bounds a business key so it always fits the unique index.
+const MaxBusinessKeyBytes = 1024
+
+// ValidateKey reports why s cannot be stored as a kind or business key:
+// Postgres text cannot hold NUL bytes or invalid UTF-8, and the unique index
+// has a size limit.
+func ValidateKey(what, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%s is empty", what)
+	case len(s) > MaxBusinessKeyBytes:
+		return fmt.Errorf("%s is %d bytes, over the %d-byte limit", what, len(s), MaxBusinessKeyBytes)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s is not valid UTF-8", what)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return fmt.Errorf("%s contains a NUL byte", what)
+		}
+	}
+	return nil
+}
+
+const insertSQL = `INSERT INTO keel_jobs
+	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''))
+	ON CONFLICT (kind, business_key) DO NOTHING
+	RETURNING ` + jobColumns
+
+// Insert records nj in db (a pool or the caller's transaction). When a row for
+// (kind, business key) already exists it is returned with existed = true and
+// nothing is written: one business action, one job.
+func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed bool, err error) {
+	if err := ValidateKey("kind", nj.Kind); err != nil {
+		return Job{}, false, err
+	}
+	if err := ValidateKey("business key", nj.BusinessKey); err != nil {
+		return Job{}, false, err
+	}
+	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
+		return Job{}, false, errors.New("keel: payload summary and trace id must be valid UTF-8")
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Job{}, false, err
+	}
+	var deadline, runAt *time.Time
+	if !nj.Deadline.IsZero() {
+		deadline = &nj.Deadline
+	}
+	if !nj.RunAt.IsZero() {
+		runAt = &nj.RunAt
+	}
+	// Two tries: the conflicting row can vanish between the insert and the
+	// read (pruned, or the other transaction rolled back).
+	for range 2 {
+		job, err = scanJob(db.QueryRow(ctx, insertSQL, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
+			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID))
+		if err == nil {
+			return job, false, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Job{}, false, interpretError(err)
+		}
+		job, err = s.lookup(ctx, db, nj.Kind, nj.BusinessKey)
+		if err == nil {
+			return job, true, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return Job{}, false, err
+		}
+	}
+	return Job{}, false, fmt.Errorf("keel: could not insert or find job %s/%s", nj.Kind, nj.BusinessKey)
+}
+
+// Get returns the job with id.
+func (s *Store) Get(ctx context.Context, id string) (Job, error) {
+	if !utf8.ValidString(id) || id == "" {
+		return Job{}, ErrNotFound
+	}
+	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE id = $1`, id))
+	return j, interpretError(err)
+}
+
+// Lookup returns the job of one business action.
+func (s *Store) Lookup(ctx context.Context, kind, businessKey string) (Job, error) {
+	return s.lookup(ctx, s.pool, kind, businessKey)
+}
+
+func (s *Store) lookup(ctx context.Context, db DB, kind, businessKey string) (Job, error) {
+	if ValidateKey("kind", kind) != nil || ValidateKey("business key", businessKey) != nil {
+		return Job{}, ErrNotFound
+	}
+	j, err := scanJob(db.QueryRow(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE kind = $1 AND business_key = $2`, kind, businessKey))
+	return j, interpretError(err)
+}
+
+// Steps returns the recorded steps of a job in the order they started.
+func (s *Store) Steps(ctx context.Context, jobID string) ([]StepRecord, error) {
+	rows, err := s.pool.Query(ctx, `SELECT job_id, name, status, result, calls, started_at, finished_at
+		FROM keel_steps WHERE job_id = $1 ORDER BY started_at, name`, jobID)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	steps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRecord, error) {
+		var st StepRecord
+		err := r.Scan(&st.JobID, &st.Name, &st.Status, &st.Result, &st.Calls, &st.StartedAt, &st.FinishedAt)
+		return st, err
+	})
+	return steps, interpretError(err)
+}
+
+// HeaderBusinessKey carries a job's business key in its asynq task headers,
+// so logs can name it without a ledger read.
+const HeaderBusinessKey = "keel-business-key"
+
+// TaskOptions are the asynq options that publish j: its ledger id as task id,
+// so a second publish of the same job is a harmless conflict.
+func TaskOptions(j Job) []asynq.Option {
+	opts := []asynq.Option{asynq.TaskID(j.ID), asynq.Queue(j.Queue), asynq.MaxRetry(j.MaxRetry)}
+	if j.Timeout > 0 {
+		opts = append(opts, asynq.Timeout(j.Timeout))
+	}
+	if j.Deadline != nil {
+		opts = append(opts, asynq.Deadline(*j.Deadline))
+	}
+	if j.RunAt.After(time.Now()) {
+		opts = append(opts, asynq.ProcessAt(j.RunAt))
+	}
+	return opts
+}
+
+// Publish hands j to Redis and records that it did. A task id conflict means
+// Redis already holds the job: that counts as published.
+func (s *Store) Publish(ctx context.Context, c *asynq.Client, j Job) error {
+	if err := s.PublishOnly(ctx, c, j); err != nil {
+		return err
+	}
+	return s.MarkPublished(ctx, j.ID)
+}
+
+// MarkPublished records that Redis holds job id.
+func (s *Store) MarkPublished(ctx context.Context, id string) error {
+	_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = now() WHERE id = $1 AND published_at IS NULL`, id)
+	return interpretError(err)
+}
+
+// RelayChannel is the Postgres notification channel that wakes relays.
+const RelayChannel = "keel_relay"
+
+// NotifyRelay wakes the relays when tx commits (NOTIFY is delivered at commit
+// and dropped on rollback).
+func NotifyRelay(ctx context.Context, tx DB) error {
+	_, err := tx.Exec(ctx, `SELECT pg_notify('`+RelayChannel+`', '')`)
+	return interpretError(err)
+}
+
+// GetMany returns the jobs with the given ids, in no particular order.
+func (s *Store) GetMany(ctx context.Context, db DB, ids []string) ([]Job, error) {
+	rows, err := db.Query(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+	return jobs, interpretError(err)
+}
+
+// PublishOnly hands j to Redis without recording it; the caller records it
+// (the relay does so in the transaction that claimed the row).
+func (s *Store) PublishOnly(ctx context.Context, c *asynq.Client, j Job) error {
+	t := asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{HeaderBusinessKey: j.BusinessKey})
+	_, err := c.EnqueueContext(ctx, t, TaskOptions(j)...)
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("keel: publish job %s: %w", j.ID, err)
+	}
+	return nil
+}

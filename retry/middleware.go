@@ -1,0 +1,65 @@
+package retry
+
+import (
+	"context"
+	"errors"
+
+	"github.com/hibiken/asynq"
+)
+
+// Middleware is the one place where keel's failure classes become asynq's
+// behaviour. It classifies the handler's error with c (Default when nil) and
+//   - permanent: wraps it with asynq.SkipRetry, so the task is archived now;
+//   - transient or unknown: returns it for asynq to retry, unless the task's
+//     retries have reached the class's Budget, when it wraps it with
+//     asynq.SkipRetry as well;
+//   - wait: returns it marked with Wait, so that IsFailure and Delay see it.
+//
+// A wrapped error keeps the original's message and chain (errors.As still
+// finds a *Error), and Classify still returns the original class. Errors
+// that already carry asynq.SkipRetry or asynq.RevokeTask pass unchanged.
+//
+// Place it inside any middleware that records outcomes, so that they see
+// the translated error. The task's MaxRetry, set at enqueue, still caps the
+// retries of every class.
+func (p Policy) Middleware(c *Classifier) func(asynq.Handler) asynq.Handler {
+	return p.middleware(c, asynq.GetRetryCount)
+}
+
+// middleware takes the retry count as a function because asynq sets it in
+// the context with keys only its internals can reach.
+func (p Policy) middleware(c *Classifier, retryCount func(context.Context) (int, bool)) func(asynq.Handler) asynq.Handler {
+	if c == nil {
+		c = Default
+	}
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			err := next.ProcessTask(ctx, t)
+			if err == nil || errors.Is(err, asynq.SkipRetry) || errors.Is(err, asynq.RevokeTask) {
+				return err
+			}
+			class := c.Classify(err)
+			if class == ClassWait {
+				if IsWait(err) {
+					return err
+				}
+				return Wait(0, err)
+			}
+			retried, _ := retryCount(ctx)
+			if class == ClassPermanent || retried >= p.Budget(t.Type(), class) {
+				return &skipRetry{err: err, class: class}
+			}
+			return err
+		})
+	}
+}
+
+// skipRetry is a failure that asynq must not retry.
+type skipRetry struct {
+	err   error
+	class Class
+}
+
+func (e *skipRetry) Error() string { return e.err.Error() }
+
+func (e *skipRetry) Unwrap() []error { return []error{e.err, asynq.SkipRetry} }

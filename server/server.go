@@ -1,0 +1,317 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// Defaults of Config.
+const (
+	DefaultConcurrency     = 20
+	DefaultShutdownTimeout = 25 * time.Second
+)
+
+// DefaultQueues are the weighted queues a worker reads when none are set:
+// critical gets 60% of the fetches, default 30%, low 10%.
+func DefaultQueues() map[string]int { return map[string]int{"critical": 6, "default": 3, "low": 1} }
+
+// Config configures a worker.
+type Config struct {
+	// Redis holds the queues. Required.
+	Redis asynq.RedisConnOpt
+	// Pool holds the ledger. Required.
+	Pool *pgxpool.Pool
+	// Queues maps queue names to weights. Default critical:6 default:3 low:1.
+	Queues map[string]int
+	// StrictPriority drains higher-weight queues first instead of sharing
+	// fetches by weight. Default false.
+	StrictPriority bool
+	// Concurrency is how many jobs run at once. Default 20.
+	Concurrency int
+	// ShutdownTimeout is how long running jobs may take to finish after a
+	// stop signal; jobs still running then go back to their queue. Default 25s
+	// (inside Kubernetes' default 30s grace period).
+	ShutdownTimeout time.Duration
+	// Retry is the retry policy (backoff, budgets). Zero value: defaults.
+	Retry retry.Policy
+	// Classifier classifies errors handlers return. Default retry.Default.
+	Classifier *retry.Classifier
+	// Guard configures the ledger middleware (lease, batch size, hooks).
+	Guard idempotency.GuardConfig
+	// Middleware wraps the handler inside keel's own chain (after recovery,
+	// logging, the ledger and classification).
+	Middleware []func(asynq.Handler) asynq.Handler
+	// DisableRelay stops the worker from running a relay of its own. Relays
+	// are safe to run in every worker, so the default is to run one.
+	DisableRelay bool
+	// Relay configures the embedded relay.
+	Relay outbox.RelayConfig
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if len(c.Queues) == 0 {
+		c.Queues = DefaultQueues()
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Classifier == nil {
+		c.Classifier = retry.Default
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Retry = c.Retry.WithDefaults()
+	if c.Guard.Classifier == nil {
+		c.Guard.Classifier = c.Classifier
+	}
+	if c.Guard.Summarize == nil {
+		c.Guard.Summarize = tasks.Summarize
+	}
+	if c.Guard.Logger == nil {
+		c.Guard.Logger = c.Logger
+	}
+	if c.Relay.Logger == nil {
+		c.Relay.Logger = c.Logger
+	}
+	return c
+}
+
+// Validate reports the first thing wrong with c.
+func (c Config) Validate() error {
+	switch {
+	case c.Redis == nil:
+		return errors.New("keel: server.Config.Redis is required")
+	case c.Pool == nil:
+		return errors.New("keel: server.Config.Pool is required")
+	case c.Concurrency < 1:
+		return fmt.Errorf("keel: concurrency must be at least 1, got %d", c.Concurrency)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("keel: shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
+	}
+	for q, w := range c.Queues {
+		if q == "" || strings.ContainsAny(q, " :,") {
+			return fmt.Errorf("keel: bad queue name %q", q)
+		}
+		if w < 1 {
+			return fmt.Errorf("keel: queue %q has weight %d; weights must be at least 1", q, w)
+		}
+	}
+	return c.Retry.Validate()
+}
+
+// ParseQueues reads "critical:6,default:3,low:1". A name without a weight
+// gets weight 1.
+func ParseQueues(s string) (map[string]int, error) {
+	qs := map[string]int{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, w, hasW := strings.Cut(part, ":")
+		weight := 1
+		if hasW {
+			n, err := strconv.Atoi(strings.TrimSpace(w))
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("keel: queue %q: weight %q is not a whole number ≥ 1", name, w)
+			}
+			weight = n
+		}
+		name = strings.TrimSpace(name)
+		if name == "" {
+			return nil, fmt.Errorf("keel: queue list %q has an empty name", s)
+		}
+		if _, dup := qs[name]; dup {
+			return nil, fmt.Errorf("keel: queue %q listed twice", name)
+		}
+		qs[name] = weight
+	}
+	if len(qs) == 0 {
+		return nil, fmt.Errorf("keel: queue list %q names no queue", s)
+	}
+	return qs, nil
+}
+
+// FormatQueues is the inverse of ParseQueues, heaviest first.
+func FormatQueues(qs map[string]int) string {
+	names := make([]string, 0, len(qs))
+	for q := range qs {
+		names = append(names, q)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if qs[names[i]] != qs[names[j]] {
+			return qs[names[i]] > qs[names[j]]
+		}
+		return names[i] < names[j]
+	})
+	parts := make([]string, len(names))
+	for i, q := range names {
+		parts[i] = fmt.Sprintf("%s:%d", q, qs[q])
+	}
+	return strings.Join(parts, ",")
+}
+
+// Server is a keel worker: an asynq.Server with keel's middleware chain, the
+// ledger guard and (by default) a relay.
+type Server struct {
+	cfg   Config
+	srv   *asynq.Server
+	guard *idempotency.Guard
+	relay *outbox.Relay
+	h     asynq.Handler
+}
+
+// New assembles a worker that runs h (usually a *tasks.Mux).
+func New(cfg Config, h asynq.Handler) (*Server, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, errors.New("keel: server.New needs a handler")
+	}
+	s := &Server{cfg: cfg}
+	s.srv = asynq.NewServer(cfg.Redis, asynq.Config{
+		Concurrency:     cfg.Concurrency,
+		Queues:          cfg.Queues,
+		StrictPriority:  cfg.StrictPriority,
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		RetryDelayFunc:  cfg.Retry.RetryDelayFunc(),
+		IsFailure:       retry.IsFailure,
+		Logger:          asynqLogger{cfg.Logger},
+		LogLevel:        asynq.WarnLevel,
+	})
+	s.guard = idempotency.NewGuard(idempotency.NewStore(cfg.Pool), cfg.Guard)
+
+	chain := []func(asynq.Handler) asynq.Handler{
+		Recover(cfg.Logger),
+		Log(cfg.Logger),
+		s.guard.Middleware,
+		cfg.Retry.Middleware(cfg.Classifier),
+	}
+	chain = append(chain, cfg.Middleware...)
+	for i := len(chain) - 1; i >= 0; i-- {
+		h = chain[i](h)
+	}
+	s.h = h
+	if !cfg.DisableRelay {
+		s.relay = outbox.NewRelay(cfg.Pool, cfg.Redis, cfg.Relay)
+	}
+	return s, nil
+}
+
+// Guard is the ledger middleware the server runs (for its stats).
+func (s *Server) Guard() *idempotency.Guard { return s.guard }
+
+// Run processes jobs until ctx ends, then shuts down gracefully: it stops
+// fetching, gives running jobs ShutdownTimeout to finish and returns the rest
+// to their queues, so nothing is lost. Cancel ctx on SIGTERM/SIGINT
+// (signal.NotifyContext).
+func (s *Server) Run(ctx context.Context) error {
+	if err := idempotency.CheckSchema(ctx, s.cfg.Pool); err != nil {
+		s.close()
+		return err
+	}
+	if err := s.srv.Start(s.h); err != nil {
+		s.close()
+		return fmt.Errorf("keel: start worker: %w", err)
+	}
+	relayDone := make(chan struct{})
+	relayCtx, stopRelay := context.WithCancel(context.Background())
+	go func() {
+		defer close(relayDone)
+		if s.relay != nil {
+			_ = s.relay.Run(relayCtx)
+		}
+	}()
+	s.cfg.Logger.Info("keel worker started", "queues", FormatQueues(s.cfg.Queues),
+		"concurrency", s.cfg.Concurrency, "strict_priority", s.cfg.StrictPriority, "holder", s.guard.Holder(),
+		"relay", s.relay != nil)
+	<-ctx.Done()
+	s.cfg.Logger.Info("keel worker stopping", "shutdown_timeout", s.cfg.ShutdownTimeout)
+	s.srv.Shutdown()
+	stopRelay()
+	<-relayDone
+	s.close()
+	s.cfg.Logger.Info("keel worker stopped")
+	return nil
+}
+
+func (s *Server) close() {
+	s.guard.Close()
+	if s.relay != nil {
+		_ = s.relay.Close()
+	}
+}
+
+// Recover turns a handler panic into an error (with the stack in the log), so
+// one bad job cannot take the worker down.
+func Recover(log *slog.Logger) func(asynq.Handler) asynq.Handler {
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					log.Error("keel: handler panicked", "kind", t.Type(), "panic", r, "stack", string(debug.Stack()))
+					err = fmt.Errorf("keel: handler panicked: %v", r)
+				}
+			}()
+			return next.ProcessTask(ctx, t)
+		})
+	}
+}
+
+// Log writes one structured line per attempt with the task id, kind,
+// business key, queue, attempt and duration.
+func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			start := time.Now()
+			id, _ := asynq.GetTaskID(ctx)
+			q, _ := asynq.GetQueueName(ctx)
+			retried, _ := asynq.GetRetryCount(ctx)
+			err := next.ProcessTask(ctx, t)
+			attrs := []any{"task_id", id, "kind", t.Type(), "business_key", t.Headers()[idempotency.HeaderBusinessKey],
+				"queue", q, "attempt", retried + 1, "duration", time.Since(start)}
+			switch {
+			case err == nil:
+				log.Info("keel: job done", attrs...)
+			case retry.IsWait(err):
+				log.Info("keel: job postponed", append(attrs, "reason", err.Error())...)
+			default:
+				log.Warn("keel: job failed", append(attrs, "err", err.Error(), "class", string(retry.Classify(err)))...)
+			}
+			return err
+		})
+	}
+}
+
+// asynqLogger routes asynq's own log lines into slog.
+type asynqLogger struct{ l *slog.Logger }
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "source", "asynq") }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "source", "asynq") }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "source", "asynq") }
+func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "source", "asynq") }
+func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...), "source", "asynq") }

@@ -1,0 +1,212 @@
+package tasks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/keeljobs/keel/retry"
+)
+
+// MaxPayloadBytes is the largest payload keel accepts. Large data travels by
+// id (a row, an object key), not inside the job.
+const MaxPayloadBytes = 256 << 10
+
+// DefaultMaxRetry is a kind's retry budget when it sets none.
+const DefaultMaxRetry = 10
+
+// DefaultQueue is where a kind's jobs go when it names no queue.
+const DefaultQueue = "default"
+
+// settings are the options of a kind or one task; a task's own override the
+// kind's.
+type settings struct {
+	queue     string
+	maxRetry  *int
+	timeout   time.Duration
+	deadline  time.Time
+	delay     time.Duration
+	processAt time.Time
+	key       string
+	traceID   string
+}
+
+// Option sets a default of a kind (in Define) or of one task (in New).
+type Option interface{ apply(*settings) }
+
+type optionFunc func(*settings)
+
+func (f optionFunc) apply(s *settings) { f(s) }
+
+// Queue puts jobs on queue q (critical, default, low, or one of your own).
+func Queue(q string) Option { return optionFunc(func(s *settings) { s.queue = q }) }
+
+// MaxRetry bounds how many times a job is retried after its first attempt.
+func MaxRetry(n int) Option { return optionFunc(func(s *settings) { s.maxRetry = &n }) }
+
+// Timeout bounds one attempt; the handler's context is cancelled after d.
+func Timeout(d time.Duration) Option { return optionFunc(func(s *settings) { s.timeout = d }) }
+
+// Deadline bounds every attempt to end before t.
+func Deadline(t time.Time) Option { return optionFunc(func(s *settings) { s.deadline = t }) }
+
+// Delay runs the job no earlier than d after it is enqueued.
+func Delay(d time.Duration) Option { return optionFunc(func(s *settings) { s.delay = d }) }
+
+// ProcessAt runs the job no earlier than t.
+func ProcessAt(t time.Time) Option { return optionFunc(func(s *settings) { s.processAt = t }) }
+
+// BusinessKey overrides the kind's key function for one task.
+func BusinessKey(key string) Option { return optionFunc(func(s *settings) { s.key = key }) }
+
+// TraceID attaches a log/trace id to the job (kept with it if it dies).
+func TraceID(id string) Option { return optionFunc(func(s *settings) { s.traceID = id }) }
+
+type keyOption[P any] struct{ fn func(P) string }
+
+func (keyOption[P]) apply(*settings) {}
+
+// Key sets the function that names a payload's business action: two tasks
+// with the same kind and key are one job. Required in Define.
+func Key[P any](fn func(P) string) Option { return keyOption[P]{fn: fn} }
+
+type summaryOption[P any] struct{ fn func(P) string }
+
+func (summaryOption[P]) apply(*settings) {}
+
+// Summary sets how a dead job's payload is shown to people. Use it to redact
+// secrets: the default shows the first 512 bytes of the JSON payload.
+func Summary[P any](fn func(P) string) Option { return summaryOption[P]{fn: fn} }
+
+// Kind is a declared task kind: a name, a payload type, a business-key
+// function and default options.
+type Kind[P any] struct {
+	name     string
+	key      func(P) string
+	summary  func(P) string
+	defaults settings
+}
+
+// Define declares a kind. It panics when name is empty or no Key is given,
+// as kinds are declared once at package level and such a mistake must stop
+// the program at start.
+func Define[P any](name string, opts ...Option) *Kind[P] {
+	if name == "" {
+		panic("keel: tasks.Define with an empty kind name")
+	}
+	k := &Kind[P]{name: name}
+	for _, o := range opts {
+		switch o := o.(type) {
+		case keyOption[P]:
+			k.key = o.fn
+		case summaryOption[P]:
+			k.summary = o.fn
+		default:
+			o.apply(&k.defaults)
+		}
+	}
+	if k.key == nil {
+		var p P
+		panic(fmt.Sprintf("keel: kind %q has no tasks.Key[%T] option", name, p))
+	}
+	register(k)
+	return k
+}
+
+// Name is the kind's name (the asynq task type).
+func (k *Kind[P]) Name() string { return k.name }
+
+// Queue is the queue the kind's jobs go to by default.
+func (k *Kind[P]) Queue() string {
+	if k.defaults.queue == "" {
+		return DefaultQueue
+	}
+	return k.defaults.queue
+}
+
+// New makes a task of this kind. Errors (an unencodable payload, say) are
+// reported when it is enqueued.
+func (k *Kind[P]) New(p P, opts ...Option) *Task {
+	t := &Task{kind: k.name, s: k.defaults}
+	for _, o := range opts {
+		o.apply(&t.s)
+	}
+	if t.s.queue == "" {
+		t.s.queue = DefaultQueue
+	}
+	t.payload, t.err = json.Marshal(p)
+	if t.err == nil && t.s.key == "" {
+		t.s.key = k.key(p)
+	}
+	if t.err == nil && k.summary != nil {
+		t.summary = k.summary(p)
+	}
+	return t
+}
+
+// Decode reads a payload of this kind. A payload that does not decode is a
+// permanent failure: retrying cannot fix it.
+func (k *Kind[P]) Decode(b []byte) (P, error) {
+	var p P
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, retry.Permanent(fmt.Errorf("keel: %s payload does not decode: %w", k.name, err))
+	}
+	return p, nil
+}
+
+// Handler adapts fn, which takes the typed payload, to an asynq.Handler.
+func (k *Kind[P]) Handler(fn func(ctx context.Context, p P) error) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		p, err := k.Decode(t.Payload())
+		if err != nil {
+			return err
+		}
+		return fn(ctx, p)
+	})
+}
+
+func (k *Kind[P]) summarize(payload []byte) (string, bool) {
+	if k.summary == nil {
+		return "", false
+	}
+	var p P
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return "(payload does not decode)", true
+	}
+	return k.summary(p), true
+}
+
+type kindInfo interface {
+	Name() string
+	Queue() string
+	summarize(payload []byte) (string, bool)
+}
+
+var registry sync.Map // kind name → kindInfo
+
+func register(k kindInfo) { registry.Store(k.Name(), k) }
+
+// Known reports whether a kind of this name was declared in this program.
+func Known(name string) bool {
+	_, ok := registry.Load(name)
+	return ok
+}
+
+// Summarize returns the payload summary kept with a dead job: the kind's
+// Summary function when it has one, otherwise the start of the payload.
+func Summarize(kind string, payload []byte) string {
+	if v, ok := registry.Load(kind); ok {
+		if s, ok := v.(kindInfo).summarize(payload); ok {
+			return s
+		}
+	}
+	const max = 512
+	if len(payload) > max {
+		payload = payload[:max]
+	}
+	return string([]rune(string(payload)))
+}

@@ -1,0 +1,54 @@
+package tasks
+
+import "time"
+
+// Task is one unit of work of a kind, ready to enqueue.
+type Task struct {
+	kind    string
+	payload []byte
+	summary string
+	s       settings
+	err     error
+}
+
+// NewRaw makes a task from an already-encoded JSON payload, for tools (the
+// CLI, the scheduler's config file) that do not know the Go payload type.
+func NewRaw(kind string, payload []byte, key string, opts ...Option) *Task {
+	t := &Task{kind: kind, payload: payload}
+	if v, ok := registry.Load(kind); ok {
+		t.s.queue = v.(kindInfo).Queue()
+	}
+	for _, o := range opts {
+		o.apply(&t.s)
+	}
+	if key != "" {
+		t.s.key = key
+	}
+	if t.s.queue == "" {
+		t.s.queue = DefaultQueue
+	}
+	return t
+}
+
+// Kind is the task's kind name.
+func (t *Task) Kind() string { return t.kind }
+
+// Payload is the task's JSON payload.
+func (t *Task) Payload() []byte { return t.payload }
+
+// BusinessKey names the business action the task performs.
+func (t *Task) BusinessKey() string { return t.s.key }
+
+// Queue is the queue the task goes to.
+func (t *Task) Queue() string { return t.s.queue }
+
+// RunAt is when the task may run first; zero means now.
+func (t *Task) RunAt(now time.Time) time.Time {
+	switch {
+	case !t.s.processAt.IsZero():
+		return t.s.processAt
+	case t.s.delay > 0:
+		return now.Add(t.s.delay)
+	}
+	return time.Time{}
+}
