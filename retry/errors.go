@@ -43,7 +43,8 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Is lets errors.Is(err, retry.ErrPermanent) and friends match any marked
-// error of that class.
+// error of that class. It matches a mark anywhere in the chain; Marked and
+// Classify go by the outermost, so use them to decide what happens.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
 	return ok && t.Err == nil && t.Class == e.Class

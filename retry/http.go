@@ -2,6 +2,7 @@ package retry
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -109,7 +110,8 @@ func parseRetryAfter(h http.Header, now time.Time) time.Duration {
 		return 0
 	}
 	var d time.Duration
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		// A range error's secs is the clamped value, which the cap handles.
 		if secs <= 0 {
 			return 0
 		}

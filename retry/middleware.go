@@ -8,7 +8,7 @@ import (
 )
 
 // Middleware is the one place where keel's failure classes become asynq's
-// behaviour. It classifies the handler's error with c (Default when nil) and
+// behaviour. It classifies the handler's error with c (Default when nil):
 //   - permanent: wraps it with asynq.SkipRetry, so the task is archived now;
 //   - transient or unknown: returns it for asynq to retry, unless the task's
 //     retries have reached the class's Budget, when it wraps it with
