@@ -24,6 +24,7 @@ const (
 	DefaultBatchSize    = 128
 	DefaultBatchLoops   = 4
 	completionMarkTries = 4
+	busyRecheck         = 5 * time.Second
 )
 
 // GuardConfig configures the ledger middleware.
@@ -361,7 +362,9 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			return nil
 		case claimBusy:
 			g.stats.busy.Add(1)
-			wait := time.Until(res.leaseUntil) + time.Second
+			// Look again soon: the holder usually finishes well before its
+			// lease ends, and a dead holder's lease ends on its own.
+			wait := min(time.Until(res.leaseUntil)+time.Second, busyRecheck)
 			return retry.Wait(max(wait, time.Second), ErrLeaseHeld)
 		case claimMissing:
 			return fmt.Errorf("%w: job %s: %w", ErrUnknownJob, id, asynq.SkipRetry)

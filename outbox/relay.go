@@ -117,17 +117,18 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 }
 
 func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
-	conn, err := r.pool.Acquire(ctx)
+	pc, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	// A LISTENing connection must not go back to the pool.
-	defer conn.Hijack().Close(context.Background())
+	conn := pc.Hijack()
+	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+idempotency.RelayChannel); err != nil {
 		return err
 	}
 	for {
-		if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err
 		}
 		select {
@@ -185,4 +186,3 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 	r.published.Add(uint64(n))
 	return n, nil
 }
-

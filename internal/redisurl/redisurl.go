@@ -402,8 +402,15 @@ func Redact(s string) string {
 		}
 	}
 
-	// Query values of parameters named ...password.
-	lower := strings.ToLower(s)
+	// Query values of parameters named ...password. Only ASCII letters are
+	// folded, so that lower and s keep the same byte offsets.
+	folded := []byte(s)
+	for i, c := range folded {
+		if 'A' <= c && c <= 'Z' {
+			folded[i] = c + ('a' - 'A')
+		}
+	}
+	lower := string(folded)
 	for off := 0; ; {
 		k := strings.Index(lower[off:], "password=")
 		if k < 0 {

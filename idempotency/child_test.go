@@ -1,0 +1,3 @@
+package idempotency_test
+
+func runWorkerChild() bool { return false }
