@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/server"
+)
+
+// Defaults for the local machine: the README's commands work without any
+// environment set.
+const (
+	defaultRedisURL    = "redis://127.0.0.1:6379/0"
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+)
+
+// conn holds the connection flags every subcommand shares.
+type conn struct {
+	redisURL    string
+	databaseURL string
+	logLevel    string
+	logFormat   string
+}
+
+func (c *conn) bind(cmd *cobra.Command) {
+	f := cmd.PersistentFlags()
+	f.StringVar(&c.redisURL, "redis-url", envOr("REDIS_URL", defaultRedisURL),
+		"Redis: redis://, rediss://, redis-socket://, redis-sentinel://h1,h2?master=NAME or redis-cluster://h1,h2 (env REDIS_URL)")
+	f.StringVar(&c.databaseURL, "database-url", envOr("DATABASE_URL", defaultDatabaseURL), "Postgres URL of the ledger (env DATABASE_URL)")
+	f.StringVar(&c.logLevel, "log-level", envOr("KEEL_LOG_LEVEL", "info"), "debug, info, warn or error (env KEEL_LOG_LEVEL)")
+	f.StringVar(&c.logFormat, "log-format", envOr("KEEL_LOG_FORMAT", "text"), "text or json (env KEEL_LOG_FORMAT)")
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+		// Reported by validation below: an unparsable value must not be
+		// silently replaced by the default.
+		return -1 << 31
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+		return -1
+	}
+	return def
+}
+
+func (c *conn) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel)}
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch strings.ToLower(c.logFormat) {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, usageError{fmt.Errorf("--log-format %q: want text or json", c.logFormat)}
+}
+
+func (c *conn) redis() (asynq.RedisConnOpt, error) {
+	opt, err := redisurl.Parse(c.redisURL)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return opt, nil
+}
+
+func (c *conn) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(c.databaseURL), err)}
+	}
+	// search_path in the URL selects the ledger's schema.
+	if sp := cfg.ConnConfig.RuntimeParams["search_path"]; sp == "" {
+		delete(cfg.ConnConfig.RuntimeParams, "search_path")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("Postgres at %s is not answering: %w", redisurl.Redact(c.databaseURL), err)
+	}
+	return pool, nil
+}
+
+// workerFlags are the worker's own settings.
+type workerFlags struct {
+	queues          string
+	concurrency     int
+	shutdownTimeout time.Duration
+	strict          bool
+	noRelay         bool
+}
+
+func (w *workerFlags) bind(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&w.queues, "queues", envOr("KEEL_QUEUES", "critical:6,default:3,low:1"), "queues and weights (env KEEL_QUEUES)")
+	f.IntVar(&w.concurrency, "concurrency", envInt("KEEL_CONCURRENCY", server.DefaultConcurrency), "jobs run at once (env KEEL_CONCURRENCY)")
+	f.DurationVar(&w.shutdownTimeout, "shutdown-timeout", envDuration("KEEL_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
+		"time running jobs get to finish on SIGTERM (env KEEL_SHUTDOWN_TIMEOUT)")
+	f.BoolVar(&w.strict, "strict-priority", os.Getenv("KEEL_STRICT_PRIORITY") == "true", "drain higher-weight queues first (env KEEL_STRICT_PRIORITY)")
+	f.BoolVar(&w.noRelay, "no-relay", os.Getenv("KEEL_NO_RELAY") == "true", "do not run a relay inside the worker (env KEEL_NO_RELAY)")
+}
+
+func (w *workerFlags) config() (server.Config, error) {
+	qs, err := server.ParseQueues(w.queues)
+	if err != nil {
+		return server.Config{}, usageError{err}
+	}
+	if w.concurrency < 1 {
+		return server.Config{}, usageError{fmt.Errorf("--concurrency / KEEL_CONCURRENCY must be a whole number ≥ 1")}
+	}
+	if w.shutdownTimeout < 0 {
+		return server.Config{}, usageError{fmt.Errorf("--shutdown-timeout / KEEL_SHUTDOWN_TIMEOUT must be a duration like 25s")}
+	}
+	return server.Config{Queues: qs, Concurrency: w.concurrency, ShutdownTimeout: w.shutdownTimeout,
+		StrictPriority: w.strict, DisableRelay: w.noRelay}, nil
+}

@@ -1,0 +1,112 @@
+package handlers
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// Receipt asks for an order's receipt to be mailed.
+type Receipt struct {
+	OrderID string `json:"order_id"`
+	Email   string `json:"email"`
+}
+
+// Invoice asks for an order's invoice document to be built and stored.
+type Invoice struct {
+	OrderID string `json:"order_id"`
+}
+
+// Analytics asks for an order to be synced to the analytics system.
+type Analytics struct {
+	OrderID string `json:"order_id"`
+}
+
+// The example kinds. Each names its business action with a key, so a
+// duplicate submission of the same order is the same job.
+var (
+	SendReceipt = tasks.Define[Receipt]("order:send_receipt",
+		tasks.Queue("critical"), tasks.MaxRetry(8), tasks.Timeout(30*time.Second),
+		tasks.Key(func(r Receipt) string { return "order:" + r.OrderID }),
+		// Email addresses are personal data: keep them out of dead letters.
+		tasks.Summary(func(r Receipt) string { return "order " + r.OrderID + " (email redacted)" }))
+	GenerateInvoice = tasks.Define[Invoice]("order:generate_invoice",
+		tasks.Queue("default"), tasks.Timeout(2*time.Minute),
+		tasks.Key(func(i Invoice) string { return "order:" + i.OrderID }))
+	SyncAnalytics = tasks.Define[Analytics]("analytics:sync",
+		tasks.Queue("low"), tasks.MaxRetry(3),
+		tasks.Key(func(a Analytics) string { return "order:" + a.OrderID }))
+)
+
+// Mailer sends mail. key is the idempotency key the mail service must
+// deduplicate on: the same key twice is one mail.
+type Mailer interface {
+	SendReceipt(ctx context.Context, key, email, orderID string) error
+}
+
+// LogMailer "sends" mail by logging it; the demo replaces it with a client of
+// its simulated mail service.
+type LogMailer struct{ Log *slog.Logger }
+
+// SendReceipt logs the mail.
+func (m LogMailer) SendReceipt(ctx context.Context, key, email, orderID string) error {
+	m.Log.Info("mail sent", "idempotency_key", key, "order_id", orderID)
+	return nil
+}
+
+// Deps are what the example handlers need.
+type Deps struct {
+	Pool   *pgxpool.Pool
+	Mailer Mailer
+}
+
+// Register adds the example handlers to mux.
+func Register(mux *tasks.Mux, d Deps) {
+	if d.Mailer == nil {
+		d.Mailer = LogMailer{Log: slog.Default()}
+	}
+	tasks.Handle(mux, SendReceipt, func(ctx context.Context, r Receipt) error {
+		// External effect: a recorded step. A retry after the mail went out
+		// skips it; a crash mid-call is verified or parked, never re-sent blindly.
+		return idempotency.Step(ctx, "mail", func(ctx context.Context, key string) error {
+			return d.Mailer.SendReceipt(ctx, key, r.Email, r.OrderID)
+		})
+	})
+	tasks.Handle(mux, GenerateInvoice, func(ctx context.Context, inv Invoice) error {
+		doc := fmt.Sprintf("INVOICE for order %s, generated %s", inv.OrderID, time.Now().UTC().Format(time.RFC3339))
+		// Local effect: the document and the job's completion commit together.
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO keel_example_invoices (order_id, document) VALUES ($1, $2)`, inv.OrderID, doc)
+			return err
+		})
+	})
+	tasks.Handle(mux, SyncAnalytics, func(ctx context.Context, a Analytics) error {
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE keel_example_orders SET synced_at = now() WHERE id = $1`, a.OrderID)
+			return err
+		})
+	})
+}
+
+// Migrate creates the example's own tables (not part of keel's ledger).
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS keel_example_orders (
+			id         text PRIMARY KEY,
+			email      text NOT NULL,
+			amount     bigint NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(),
+			synced_at  timestamptz);
+		CREATE TABLE IF NOT EXISTS keel_example_invoices (
+			order_id   text PRIMARY KEY,
+			document   text NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now())`)
+	return err
+}
