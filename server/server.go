@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -61,6 +62,12 @@ type Config struct {
 	DisableRelay bool
 	// Relay configures the embedded relay.
 	Relay outbox.RelayConfig
+	// DisableReconciler stops the worker from running a reconciler (which
+	// republishes jobs Redis lost and prunes old ones). Reconcilers take turns
+	// through an advisory lock, so the default is to run one in every worker.
+	DisableReconciler bool
+	// Reconciler configures the embedded reconciler.
+	Reconciler outbox.ReconcilerConfig
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -94,6 +101,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Relay.Logger == nil {
 		c.Relay.Logger = c.Logger
+	}
+	if c.Reconciler.Logger == nil {
+		c.Reconciler.Logger = c.Logger
 	}
 	return c
 }
@@ -180,6 +190,7 @@ type Server struct {
 	srv   *asynq.Server
 	guard *idempotency.Guard
 	relay *outbox.Relay
+	recon *outbox.Reconciler
 	h     asynq.Handler
 }
 
@@ -219,6 +230,9 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 	if !cfg.DisableRelay {
 		s.relay = outbox.NewRelay(cfg.Pool, cfg.Redis, cfg.Relay)
 	}
+	if !cfg.DisableReconciler {
+		s.recon = outbox.NewReconciler(cfg.Pool, cfg.Redis, cfg.Reconciler)
+	}
 	return s, nil
 }
 
@@ -238,22 +252,22 @@ func (s *Server) Run(ctx context.Context) error {
 		s.close()
 		return fmt.Errorf("keel: start worker: %w", err)
 	}
-	relayDone := make(chan struct{})
-	relayCtx, stopRelay := context.WithCancel(context.Background())
-	go func() {
-		defer close(relayDone)
-		if s.relay != nil {
-			_ = s.relay.Run(relayCtx)
-		}
-	}()
+	var bg sync.WaitGroup
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	if s.relay != nil {
+		bg.Go(func() { _ = s.relay.Run(bgCtx) })
+	}
+	if s.recon != nil {
+		bg.Go(func() { _ = s.recon.Run(bgCtx) })
+	}
 	s.cfg.Logger.Info("keel worker started", "queues", FormatQueues(s.cfg.Queues),
 		"concurrency", s.cfg.Concurrency, "strict_priority", s.cfg.StrictPriority, "holder", s.guard.Holder(),
-		"relay", s.relay != nil)
+		"relay", s.relay != nil, "reconciler", s.recon != nil)
 	<-ctx.Done()
 	s.cfg.Logger.Info("keel worker stopping", "shutdown_timeout", s.cfg.ShutdownTimeout)
 	s.srv.Shutdown()
-	stopRelay()
-	<-relayDone
+	stopBackground()
+	bg.Wait()
 	s.close()
 	s.cfg.Logger.Info("keel worker stopped")
 	return nil
@@ -263,6 +277,9 @@ func (s *Server) close() {
 	s.guard.Close()
 	if s.relay != nil {
 		_ = s.relay.Close()
+	}
+	if s.recon != nil {
+		_ = s.recon.Close()
 	}
 }
 

@@ -1,0 +1,396 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+type item struct {
+	ID string `json:"id"`
+}
+
+var work = tasks.Define[item]("outbox:work", tasks.Key(func(i item) string { return i.ID }))
+
+type bundle struct {
+	pool  *pgxpool.Pool
+	redis *testenv.RedisServer
+	opt   asynq.RedisClientOpt
+}
+
+var setupMu sync.Mutex
+
+// setup gives each test a private Redis (these tests stop and flush it) and
+// the package's schema.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	setupMu.Lock()
+	t.Cleanup(setupMu.Unlock)
+	rs := testenv.StartRedis(t)
+	b := &bundle{pool: testenv.Pool(t, "keel_test_outbox"), redis: rs, opt: asynq.RedisClientOpt{Addr: rs.Addr()}}
+	_, err := b.pool.Exec(context.Background(), `CREATE TABLE effects (item text NOT NULL, job_id text NOT NULL)`)
+	require.NoError(t, err)
+	return b
+}
+
+func (b *bundle) client(t *testing.T, opt asynq.RedisConnOpt) *tasks.Client {
+	c, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: b.pool})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// effectMux records each run's local effect in the same transaction as the
+// job's completion.
+func (b *bundle) effectMux(runs *atomic.Int64) *tasks.Mux {
+	mux := tasks.NewMux()
+	tasks.Handle(mux, work, func(ctx context.Context, it item) error {
+		runs.Add(1)
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (item, job_id) VALUES ($1, $2)`, it.ID, id)
+			return err
+		})
+	})
+	return mux
+}
+
+func (b *bundle) worker(t *testing.T, mux *tasks.Mux, mod func(*server.Config)) {
+	t.Helper()
+	cfg := server.Config{Redis: b.opt, Pool: b.pool, Concurrency: 20, ShutdownTimeout: 2 * time.Second,
+		Relay:      outbox.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Reconciler: outbox.ReconcilerConfig{Interval: 500 * time.Millisecond, Grace: time.Second},
+		Guard:      idempotency.GuardConfig{LedgerRetry: time.Second}}
+	cfg.Retry.Base, cfg.Retry.Cap = time.Second, 2*time.Second
+	if mod != nil {
+		mod(&cfg)
+	}
+	srv, err := server.New(cfg, mux)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+}
+
+func (b *bundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// waitAllSucceeded waits until n jobs succeeded and checks each effect
+// exists exactly once.
+func (b *bundle) waitAllSucceeded(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, timeout, func() bool {
+		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE status = 'succeeded'`) == n
+	}, "not all %d jobs succeeded", n)
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM effects`), "effects")
+	require.Equal(t, n, b.count(t, `SELECT count(DISTINCT item) FROM effects`), "an effect happened twice")
+}
+
+func TestEnqueueTxCommitRunsOnceRollbackNever(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	var runs atomic.Int64
+	b.worker(t, b.effectMux(&runs), nil)
+
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := c.EnqueueTx(ctx, tx, work.New(item{ID: "committed"}))
+		return err
+	}))
+	_ = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := c.EnqueueTx(ctx, tx, work.New(item{ID: "rolled-back"}))
+		require.NoError(t, err)
+		return fmt.Errorf("roll back")
+	})
+	b.waitAllSucceeded(t, 1, 10*time.Second)
+	time.Sleep(time.Second)
+	require.EqualValues(t, 1, runs.Load())
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE business_key = 'rolled-back'`))
+}
+
+// Redis really stopped while Enqueue runs: Enqueue still succeeds (the row
+// is durable) and the relay publishes once Redis is back.
+func TestRedisDownDuringEnqueue(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	b.redis.Stop()
+	res, err := c.Enqueue(ctx, work.New(item{ID: "while-down"}))
+	require.NoError(t, err, "Enqueue must accept the job while Redis is down")
+	require.False(t, res.Published)
+	require.Nil(t, res.Job.PublishedAt)
+
+	b.redis.Start()
+	var runs atomic.Int64
+	b.worker(t, b.effectMux(&runs), nil)
+	b.waitAllSucceeded(t, 1, 15*time.Second)
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// Redis loses everything mid-run (restart without persistence): every
+// accepted job still completes, each effect exactly once.
+func TestRedisRestartedEmptyMidRun(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	const n = 1000
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 16)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			_, err := c.Enqueue(ctx, work.New(item{ID: fmt.Sprint("flush-", i)}))
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	var runs atomic.Int64
+	mux := tasks.NewMux()
+	tasks.Handle(mux, work, func(ctx context.Context, it item) error {
+		runs.Add(1)
+		time.Sleep(5 * time.Millisecond) // keep the backlog long enough to lose part of it
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (item, job_id) VALUES ($1, $2)`, it.ID, id)
+			return err
+		})
+	})
+	b.worker(t, mux, func(c *server.Config) { c.Concurrency = 5 })
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE status = 'succeeded'`) >= 100
+	}, "processing never started")
+	b.redis.Stop()
+	b.redis.Start()
+	lost := b.count(t, `SELECT count(*) FROM keel_jobs WHERE status <> 'succeeded'`)
+	require.Greater(t, lost, 0, "the restart should have lost part of the backlog")
+	b.waitAllSucceeded(t, n, 90*time.Second)
+	require.LessOrEqual(t, runs.Load(), int64(n)+20, "runs beyond one per job are only the in-flight ones at the restart")
+}
+
+// A relay that crashed after publishing but before recording it: the next
+// relay publishes again, and the job still runs once.
+func TestRelayCrashBetweenPublishAndMark(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	store := idempotency.NewStore(b.pool)
+	var jobs []idempotency.Job
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for i := range 20 {
+			j, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("crash-", i),
+				Queue: "default", Payload: []byte(fmt.Sprintf(`{"id":"crash-%d"}`, i)), MaxRetry: 3})
+			jobs = append(jobs, j)
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	ac := asynq.NewClient(b.opt)
+	defer ac.Close()
+	for _, j := range jobs[:10] {
+		require.NoError(t, store.PublishOnly(ctx, ac, j)) // published, never marked
+	}
+	require.Equal(t, 20, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
+
+	var runs atomic.Int64
+	b.worker(t, b.effectMux(&runs), nil)
+	b.waitAllSucceeded(t, 20, 15*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	require.EqualValues(t, 20, runs.Load())
+}
+
+func TestTwoRelaysAndTwoReconcilersPublishEachJobOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	store := idempotency.NewStore(b.pool)
+	const n = 300
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for i := range n {
+			if _, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("pair-", i),
+				Queue: "default", Payload: []byte(fmt.Sprintf(`{"id":"pair-%d"}`, i)), MaxRetry: 3}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	var runs atomic.Int64
+	mux := b.effectMux(&runs)
+	b.worker(t, mux, nil)
+	b.worker(t, mux, nil)
+	// Two more stand-alone relays race the workers' own.
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 2 {
+		r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, BatchSize: 7})
+		wg.Go(func() { _ = r.Run(rctx); _ = r.Close() })
+	}
+	b.waitAllSucceeded(t, n, 30*time.Second)
+	cancel()
+	wg.Wait()
+	time.Sleep(time.Second) // reconcilers get a pass over the finished set
+	require.EqualValues(t, n, runs.Load())
+}
+
+func TestReconcilerRepublishesLostJobsOnly(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	lost, err := c.Enqueue(ctx, work.New(item{ID: "lost"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	kept, err := c.Enqueue(ctx, work.New(item{ID: "kept"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	done, err := c.Enqueue(ctx, work.New(item{ID: "done"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now() WHERE id = $1`, done.Job.ID)
+	require.NoError(t, err)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	for _, id := range []string{lost.Job.ID, done.Job.ID} {
+		require.NoError(t, insp.DeleteTask("default", id))
+	}
+	// Old enough to be past the grace period.
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+
+	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute, BatchSize: 1})
+	defer r.Close()
+	n, err := r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "only the lost job is republished")
+	info, err := insp.GetTaskInfo("default", lost.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State, "a delayed job keeps its run time")
+	_, err = insp.GetTaskInfo("default", done.Job.ID)
+	require.ErrorIs(t, err, asynq.ErrTaskNotFound, "a succeeded job was resurrected")
+	info, err = insp.GetTaskInfo("default", kept.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	n, err = r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "a job Redis holds must not be published twice")
+}
+
+func TestReconcilerReleasesLeasesOfGoneWorkers(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	res, err := c.Enqueue(ctx, work.New(item{ID: "orphan"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', attempts = 1, lease_holder = 'gone/1',
+		lease_until = now() - interval '10 minutes' WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	defer r.Close()
+	_, err = r.Reconcile(ctx)
+	require.NoError(t, err)
+	j, err := idempotency.NewStore(b.pool).Get(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, j.Status)
+	require.Empty(t, j.LeaseHolder)
+	require.Contains(t, j.LastError, "lease of gone/1 expired")
+	require.EqualValues(t, 1, r.Stats().LeasesReleased)
+}
+
+func TestPruneRemovesOnlyExpiredTerminalRows(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	store := idempotency.NewStore(b.pool)
+	mk := func(key, status string, age time.Duration) {
+		j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
+			Payload: []byte(`{}`), MaxRetry: 1})
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = $2, finished_at = now() - $3 * interval '1 second' WHERE id = $1`,
+			j.ID, status, age.Seconds())
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 's', 'done')`, j.ID)
+		require.NoError(t, err)
+	}
+	day := 24 * time.Hour
+	for i := range 5 {
+		mk(fmt.Sprint("old-ok-", i), "succeeded", 40*day)
+	}
+	mk("old-discarded", "discarded", 40*day)
+	mk("old-dead", "dead", 400*day)
+	mk("new-ok", "succeeded", day)
+	mk("old-running", "running", 40*day)
+	mk("old-pending", "pending", 40*day)
+
+	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Retention: 30 * day, PruneBatch: 2})
+	defer r.Close()
+	n, err := r.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 6, n)
+	var left []string
+	rows, err := b.pool.Query(ctx, `SELECT business_key FROM keel_jobs ORDER BY business_key`)
+	require.NoError(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"new-ok", "old-dead", "old-pending", "old-running"}, left)
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM keel_steps`), "steps of pruned jobs must go with them")
+	require.Equal(t, 6, b.count(t, `SELECT coalesce(sum(rows), 0) FROM keel_prune_log`))
+}
+
+// The upkeep queries must stay on their partial indexes as the ledger grows.
+func TestUpkeepQueriesUseIndexes(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, finished_at, published_at)
+		SELECT 'j' || g, 'k', 'key' || g, 'default', '\x7b7d', 3,
+		       (ARRAY['succeeded','succeeded','succeeded','dead','pending'])[1 + g % 5],
+		       now() - (g % 90) * interval '1 day', now()
+		FROM generate_series(1, 50000) g;
+		ANALYZE keel_jobs`)
+	require.NoError(t, err)
+	plan := func(sql string, args ...any) string {
+		rows, err := b.pool.Query(ctx, "EXPLAIN "+sql, args...)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	p := plan(outbox.PruneSQL(), int64(30*24*time.Hour/time.Millisecond), 1000)
+	require.Contains(t, p, "keel_jobs_prunable", p)
+	require.NotContains(t, p, "Seq Scan on keel_jobs", p)
+	p = plan(`SELECT id FROM keel_jobs WHERE status IN ('pending', 'running', 'failed') AND published_at IS NOT NULL
+		AND updated_at < now() - $1 * interval '1 millisecond' AND id > $2 ORDER BY id LIMIT $3`, 1000, "", 500)
+	require.Contains(t, p, "keel_jobs_open", p)
+	p = plan(`SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' ORDER BY run_at LIMIT 200 FOR UPDATE SKIP LOCKED`)
+	require.Contains(t, p, "keel_jobs_unpublished", p)
+}
+
