@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -39,7 +40,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	c.bind(root)
-	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c))
+	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c))
 	return root
 }
 
@@ -125,6 +126,8 @@ func workerCmd(c *conn) *cobra.Command {
 
 func relayCmd(c *conn) *cobra.Command {
 	var cfg outbox.RelayConfig
+	var rcfg outbox.ReconcilerConfig
+	var noReconcile bool
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Publish committed ledger jobs to Redis (workers run one too; run this for a dedicated relay)",
@@ -138,8 +141,8 @@ func relayCmd(c *conn) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if cfg.PollInterval < 0 || cfg.BatchSize < 0 {
-				return usageError{fmt.Errorf("--poll-interval and --batch-size must not be negative")}
+			if cfg.PollInterval < 0 || cfg.BatchSize < 0 || rcfg.Interval < 0 || rcfg.Grace < 0 {
+				return usageError{fmt.Errorf("--poll-interval, --batch-size, --reconcile-interval and --grace must not be negative")}
 			}
 			ctx := cmd.Context()
 			pool, err := c.pool(ctx)
@@ -153,14 +156,27 @@ func relayCmd(c *conn) *cobra.Command {
 			cfg.Logger = log
 			r := outbox.NewRelay(pool, redis, cfg)
 			defer r.Close()
-			log.Info("keel relay started")
+			var wg sync.WaitGroup
+			if !noReconcile {
+				rcfg.Logger = log
+				rec := outbox.NewReconciler(pool, redis, rcfg)
+				defer rec.Close()
+				wg.Go(func() { _ = rec.Run(ctx) })
+			}
+			log.Info("keel relay started", "reconciler", !noReconcile)
 			err = r.Run(ctx)
+			wg.Wait()
 			log.Info("keel relay stopped", "published", r.Published())
 			return err
 		},
 	}
 	cmd.Flags().DurationVar(&cfg.PollInterval, "poll-interval", outbox.DefaultPollInterval, "fallback poll interval")
 	cmd.Flags().IntVar(&cfg.BatchSize, "batch-size", outbox.DefaultBatchSize, "rows per publish pass")
+	cmd.Flags().BoolVar(&noReconcile, "no-reconciler", false, "publish only; do not reconcile with Redis or prune")
+	cmd.Flags().DurationVar(&rcfg.Interval, "reconcile-interval", outbox.DefaultReconcileInterval, "time between reconcile passes")
+	cmd.Flags().DurationVar(&rcfg.Grace, "grace", outbox.DefaultGrace, "how long a job may be absent from Redis before it counts as lost")
+	cmd.Flags().DurationVar(&rcfg.Retention, "retention", envDuration("KEEL_RETENTION", outbox.DefaultRetention),
+		"keep succeeded/discarded jobs this long; also the business-key dedupe window (env KEEL_RETENTION)")
 	return cmd
 }
 

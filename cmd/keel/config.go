@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 )
 
@@ -122,6 +123,8 @@ type workerFlags struct {
 	shutdownTimeout time.Duration
 	strict          bool
 	noRelay         bool
+	noReconciler    bool
+	retention       time.Duration
 }
 
 func (w *workerFlags) bind(cmd *cobra.Command) {
@@ -132,6 +135,10 @@ func (w *workerFlags) bind(cmd *cobra.Command) {
 		"time running jobs get to finish on SIGTERM (env KEEL_SHUTDOWN_TIMEOUT)")
 	f.BoolVar(&w.strict, "strict-priority", os.Getenv("KEEL_STRICT_PRIORITY") == "true", "drain higher-weight queues first (env KEEL_STRICT_PRIORITY)")
 	f.BoolVar(&w.noRelay, "no-relay", os.Getenv("KEEL_NO_RELAY") == "true", "do not run a relay inside the worker (env KEEL_NO_RELAY)")
+	f.BoolVar(&w.noReconciler, "no-reconciler", os.Getenv("KEEL_NO_RECONCILER") == "true",
+		"do not run a reconciler/pruner inside the worker (env KEEL_NO_RECONCILER)")
+	f.DurationVar(&w.retention, "retention", envDuration("KEEL_RETENTION", outbox.DefaultRetention),
+		"keep succeeded/discarded jobs this long; also the business-key dedupe window (env KEEL_RETENTION)")
 }
 
 func (w *workerFlags) config() (server.Config, error) {
@@ -145,6 +152,10 @@ func (w *workerFlags) config() (server.Config, error) {
 	if w.shutdownTimeout < 0 {
 		return server.Config{}, usageError{fmt.Errorf("--shutdown-timeout / KEEL_SHUTDOWN_TIMEOUT must be a duration like 25s")}
 	}
+	if w.retention < 0 {
+		return server.Config{}, usageError{fmt.Errorf("--retention / KEEL_RETENTION must be a duration like 720h")}
+	}
 	return server.Config{Queues: qs, Concurrency: w.concurrency, ShutdownTimeout: w.shutdownTimeout,
-		StrictPriority: w.strict, DisableRelay: w.noRelay}, nil
+		StrictPriority: w.strict, DisableRelay: w.noRelay, DisableReconciler: w.noReconciler,
+		Reconciler: outbox.ReconcilerConfig{Retention: w.retention}}, nil
 }

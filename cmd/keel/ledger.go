@@ -1,0 +1,85 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+)
+
+type ledgerStats struct {
+	TotalBytes      int64            `json:"total_bytes"`
+	Rows            map[string]int64 `json:"rows_by_status"`
+	Unpublished     int64            `json:"unpublished"`
+	OldestUnpubSecs float64          `json:"oldest_unpublished_seconds"`
+	Prunable        int64            `json:"prunable_now"`
+	Pruned24h       int64            `json:"pruned_last_24h"`
+	Pruned7d        int64            `json:"pruned_last_7d"`
+}
+
+func ledgerCmd(c *conn) *cobra.Command {
+	var asJSON bool
+	var retention time.Duration
+	cmd := &cobra.Command{
+		Use:   "ledger",
+		Short: "Print the ledger's size, rows by status, relay backlog and prune rate",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := c.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			st := ledgerStats{Rows: map[string]int64{}}
+			err = pool.QueryRow(ctx, `SELECT pg_total_relation_size('keel_jobs') + pg_total_relation_size('keel_steps')`).Scan(&st.TotalBytes)
+			if err != nil {
+				return fmt.Errorf("ledger: %w (run `keel migrate` first?)", err)
+			}
+			rows, err := pool.Query(ctx, `SELECT status, count(*) FROM keel_jobs GROUP BY status`)
+			if err != nil {
+				return err
+			}
+			var status string
+			var n int64
+			if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Rows[status] = n; return nil }); err != nil {
+				return err
+			}
+			err = pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+				FROM keel_jobs WHERE published_at IS NULL AND status = 'pending'`).Scan(&st.Unpublished, &st.OldestUnpubSecs)
+			if err != nil {
+				return err
+			}
+			err = pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded')
+				AND finished_at < now() - $1 * interval '1 millisecond'`, retention.Milliseconds()).Scan(&st.Prunable)
+			if err != nil {
+				return err
+			}
+			err = pool.QueryRow(ctx, `SELECT coalesce(sum(rows) FILTER (WHERE at > now() - interval '1 day'), 0),
+				coalesce(sum(rows), 0) FROM keel_prune_log`).Scan(&st.Pruned24h, &st.Pruned7d)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintf(tw, "size\t%.1f MiB (jobs + steps, with indexes)\n", float64(st.TotalBytes)/(1<<20))
+			for _, s := range []string{"pending", "running", "failed", "succeeded", "dead", "discarded"} {
+				fmt.Fprintf(tw, "%s\t%d\n", s, st.Rows[s])
+			}
+			fmt.Fprintf(tw, "unpublished\t%d (oldest %s)\n", st.Unpublished, time.Duration(st.OldestUnpubSecs*float64(time.Second)).Round(time.Second))
+			fmt.Fprintf(tw, "prunable now\t%d (older than %s)\n", st.Prunable, retention)
+			fmt.Fprintf(tw, "pruned\t%d in the last 24h, %d in the last 7 days\n", st.Pruned24h, st.Pruned7d)
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().DurationVar(&retention, "retention", envDuration("KEEL_RETENTION", 30*24*time.Hour), "retention to count prunable rows against")
+	return cmd
+}
