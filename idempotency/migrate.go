@@ -88,17 +88,29 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 			return err
 		}
-		var current int
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM keel_schema_migrations`).Scan(&current); err != nil {
+		rows, err := tx.Query(ctx, `SELECT version FROM keel_schema_migrations`)
+		if err != nil {
 			return err
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return err
+		}
+		applied := map[int]bool{}
+		current := 0
+		for _, v := range versions {
+			applied[int(v)] = true
+			current = max(current, int(v))
 		}
 		res.From, res.To = current, current
 		known := ms[len(ms)-1].Version
 		if current > known {
 			return fmt.Errorf("%w: database is at version %d, this keel knows up to %d; upgrade keel", ErrSchemaTooNew, current, known)
 		}
+		// Applied by set, not by high-water mark: a migration merged after a
+		// higher-numbered one still runs.
 		for _, m := range ms {
-			if m.Version <= current {
+			if applied[m.Version] {
 				continue
 			}
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
@@ -108,7 +120,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
 				return err
 			}
 			res.Applied = append(res.Applied, m.Name)
-			res.To = m.Version
+			res.To = max(res.To, m.Version)
 		}
 		return nil
 	})
@@ -118,8 +130,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
 // CheckSchema returns an error unless the ledger is exactly at the version this
 // binary knows: workers refuse to start on a stale or newer schema.
 func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	var current int
-	err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM keel_schema_migrations`).Scan(&current)
+	var current, count int
+	err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0), count(*) FROM keel_schema_migrations`).Scan(&current, &count)
 	if err != nil {
 		if isUndefinedTable(err) {
 			return fmt.Errorf("keel: the ledger has no schema yet: run `keel migrate`")
@@ -130,8 +142,13 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	switch {
 	case current > known:
 		return fmt.Errorf("%w: database is at version %d, this keel knows up to %d; upgrade keel", ErrSchemaTooNew, current, known)
-	case current < known:
+	case current < known || count < len(mustMigrations()):
 		return fmt.Errorf("keel: ledger schema is at version %d, this keel needs %d: run `keel migrate`", current, known)
 	}
 	return nil
+}
+
+func mustMigrations() []Migration {
+	ms, _ := Migrations()
+	return ms
 }
