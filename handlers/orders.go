@@ -51,6 +51,12 @@ type Mailer interface {
 	SendReceipt(ctx context.Context, key, email, orderID string) error
 }
 
+// MailVerifier can tell whether a mail with a key went out. A Mailer that
+// implements it lets a crashed send be verified instead of parked.
+type MailVerifier interface {
+	Sent(ctx context.Context, key string) (bool, error)
+}
+
 // LogMailer "sends" mail by logging it; the demo replaces it with a client of
 // its simulated mail service.
 type LogMailer struct{ Log *slog.Logger }
@@ -75,9 +81,13 @@ func Register(mux *tasks.Mux, d Deps) {
 	tasks.Handle(mux, SendReceipt, func(ctx context.Context, r Receipt) error {
 		// External effect: a recorded step. A retry after the mail went out
 		// skips it; a crash mid-call is verified or parked, never re-sent blindly.
+		var opts []idempotency.StepOption
+		if v, ok := d.Mailer.(MailVerifier); ok {
+			opts = append(opts, idempotency.Verify(v.Sent))
+		}
 		return idempotency.Step(ctx, "mail", func(ctx context.Context, key string) error {
 			return d.Mailer.SendReceipt(ctx, key, r.Email, r.OrderID)
-		})
+		}, opts...)
 	})
 	tasks.Handle(mux, GenerateInvoice, func(ctx context.Context, inv Invoice) error {
 		doc := fmt.Sprintf("INVOICE for order %s, generated %s", inv.OrderID, time.Now().UTC().Format(time.RFC3339))

@@ -40,7 +40,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	c.bind(root)
-	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c))
+	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c))
 	return root
 }
 

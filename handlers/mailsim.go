@@ -1,0 +1,222 @@
+package handlers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Faults tells the simulated mail service how to misbehave. Shares are
+// fractions of requests in [0, 1].
+type Faults struct {
+	ServerErrors float64       // answer 503
+	RateLimited  float64       // answer 429 with Retry-After
+	RetryAfter   time.Duration // the Retry-After it sends; default 2s
+	Slow         float64       // hold the request past the client's timeout
+	SlowFor      time.Duration // how long a slow request hangs; default 15s
+	// Emails at this domain are refused with 422, a permanent error.
+	BounceDomain string
+	// LostReplies is the share of requests that take effect but whose reply
+	// is lost (the connection is cut): the caller cannot tell, which is what
+	// recorded steps and their verification exist for.
+	LostReplies float64
+}
+
+// MailSim is a stand-in for an external mail API. Like a real one it
+// deduplicates on the Idempotency-Key header, and it counts what it receives
+// so a demo can show that no mail went out twice.
+type MailSim struct {
+	mu      sync.Mutex
+	faults  Faults
+	rnd     *rand.Rand
+	calls   int
+	sent    map[string]string // idempotency key → order id
+	byOrder map[string]int    // order id → mails sent
+}
+
+// NewMailSim returns a simulated mail service.
+func NewMailSim(f Faults, seed uint64) *MailSim {
+	return &MailSim{faults: f, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		sent: map[string]string{}, byOrder: map[string]int{}}
+}
+
+// SetFaults changes the faults (the demo turns them off to let replays pass).
+func (m *MailSim) SetFaults(f Faults) {
+	m.mu.Lock()
+	m.faults = f
+	m.mu.Unlock()
+}
+
+// MailStats is what the service has seen.
+type MailStats struct {
+	Calls int `json:"calls"`
+	// Mails is how many distinct mails went out (distinct idempotency keys).
+	Mails int `json:"mails"`
+	// OrdersMailedTwice counts orders that received more than one mail: the
+	// duplicate side effects keel exists to prevent. It must stay 0.
+	OrdersMailedTwice int `json:"orders_mailed_twice"`
+}
+
+// Stats returns the counters.
+func (m *MailSim) Stats() MailStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := MailStats{Calls: m.calls, Mails: len(m.sent)}
+	for _, n := range m.byOrder {
+		if n > 1 {
+			st.OrdersMailedTwice++
+		}
+	}
+	return st
+}
+
+type mailRequest struct {
+	Email   string `json:"email"`
+	OrderID string `json:"order_id"`
+}
+
+// ServeHTTP serves POST /send, GET /messages/{key} and GET /stats.
+func (m *MailSim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/send":
+		m.send(w, r)
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/messages/"):
+		key := strings.TrimPrefix(r.URL.Path, "/messages/")
+		m.mu.Lock()
+		_, ok := m.sent[key]
+		m.mu.Unlock()
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	case r.Method == http.MethodGet && r.URL.Path == "/stats":
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(m.Stats())
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (m *MailSim) send(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	var req mailRequest
+	if key == "" || json.NewDecoder(r.Body).Decode(&req) != nil || req.OrderID == "" {
+		http.Error(w, "need an Idempotency-Key header and a JSON body with email and order_id", http.StatusBadRequest)
+		return
+	}
+	m.mu.Lock()
+	m.calls++
+	f := m.faults
+	roll := m.rnd.Float64()
+	_, dup := m.sent[key]
+	m.mu.Unlock()
+
+	// A repeated key is answered from memory, as real idempotent APIs do.
+	if dup {
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprintf(w, `{"id":%q,"duplicate":true}`, key)
+		return
+	}
+	switch {
+	case f.BounceDomain != "" && strings.HasSuffix(req.Email, "@"+f.BounceDomain):
+		http.Error(w, "mailbox does not exist", http.StatusUnprocessableEntity)
+		return
+	case roll < f.ServerErrors:
+		http.Error(w, "upstream unavailable", http.StatusServiceUnavailable)
+		return
+	case roll < f.ServerErrors+f.RateLimited:
+		ra := f.RetryAfter
+		if ra <= 0 {
+			ra = 2 * time.Second
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(ra.Seconds()+0.5)))
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+		return
+	case roll < f.ServerErrors+f.RateLimited+f.Slow:
+		d := f.SlowFor
+		if d <= 0 {
+			d = 15 * time.Second
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(d):
+		}
+	}
+	m.mu.Lock()
+	if _, dup := m.sent[key]; !dup {
+		m.sent[key] = req.OrderID
+		m.byOrder[req.OrderID]++
+	}
+	m.mu.Unlock()
+	if roll > 1-f.LostReplies {
+		// The mail went out; the reply never arrives.
+		if hj, ok := w.(http.Hijacker); ok {
+			if c, _, err := hj.Hijack(); err == nil {
+				c.Close()
+				return
+			}
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprintf(w, `{"id":%q}`, key)
+}
+
+// HTTPMailer is a Mailer that calls a mail API over HTTP (the simulator in
+// the demo), classifying its answers for keel's retry policy.
+type HTTPMailer struct {
+	BaseURL string
+	Client  *http.Client
+}
+
+// SendReceipt posts the mail with its idempotency key.
+func (h HTTPMailer) SendReceipt(ctx context.Context, key, email, orderID string) error {
+	body, _ := json.Marshal(mailRequest{Email: email, OrderID: orderID})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.BaseURL+"/send", strings.NewReader(string(body)))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client().Do(req)
+	if err != nil {
+		return err // network errors are transient by the default rules
+	}
+	defer resp.Body.Close()
+	return retryFromResponse(resp)
+}
+
+// Sent asks the mail API whether a mail with this key went out: the Verify
+// of the mail step, for when a worker died mid-call.
+func (h HTTPMailer) Sent(ctx context.Context, key string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.BaseURL+"/messages/"+key, nil)
+	if err != nil {
+		return false, err
+	}
+	resp, err := h.client().Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return true, nil
+	case http.StatusNotFound:
+		return false, nil
+	}
+	return false, retryFromResponse(resp)
+}
+
+func (h HTTPMailer) client() *http.Client {
+	if h.Client != nil {
+		return h.Client
+	}
+	return &http.Client{Timeout: 5 * time.Second}
+}
