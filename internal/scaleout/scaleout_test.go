@@ -1,0 +1,145 @@
+package scaleout_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+type job struct {
+	N int `json:"n"`
+}
+
+var (
+	critical = tasks.Define[job]("scale:critical", tasks.Queue("critical"), tasks.Key(func(j job) string { return fmt.Sprint(j.N) }))
+	normal   = tasks.Define[job]("scale:default", tasks.Queue("default"), tasks.Key(func(j job) string { return fmt.Sprint(j.N) }))
+	low      = tasks.Define[job]("scale:low", tasks.Queue("low"), tasks.Key(func(j job) string { return fmt.Sprint(j.N) }))
+)
+
+var serial sync.Mutex
+
+// flow runs two workers (each with its relay and reconciler) on redisURL,
+// enqueues jobs of three kinds on three queues, half of them through
+// EnqueueTx, and checks that every job ran exactly once and both workers
+// shared the load.
+func flow(t *testing.T, redisURL string) {
+	serial.Lock()
+	defer serial.Unlock()
+	opt, err := redisurl.Parse(redisURL)
+	require.NoError(t, err)
+	pool := testenv.Pool(t, "keel_test_scaleout")
+	ctx := context.Background()
+	_, err = pool.Exec(ctx, `CREATE TABLE effects (job_id text PRIMARY KEY, worker int NOT NULL)`)
+	require.NoError(t, err)
+
+	var runs atomic.Int64
+	mux := func(worker int) *tasks.Mux {
+		m := tasks.NewMux()
+		h := func(ctx context.Context, j job) error {
+			runs.Add(1)
+			time.Sleep(2 * time.Millisecond)
+			return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+				id, _ := idempotency.JobID(ctx)
+				_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, worker) VALUES ($1, $2)`, id, worker)
+				return err
+			})
+		}
+		tasks.Handle(m, critical, h)
+		tasks.Handle(m, normal, h)
+		tasks.Handle(m, low, h)
+		return m
+	}
+	for w := range 2 {
+		startWorker(t, opt, pool, mux(w))
+	}
+
+	c, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
+	require.NoError(t, err)
+	defer c.Close()
+	const n = 300
+	for i := range n {
+		kind := []*tasks.Kind[job]{critical, normal, low}[i%3]
+		if i%2 == 0 {
+			_, err = c.Enqueue(ctx, kind.New(job{N: i}))
+		} else {
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := c.EnqueueTx(ctx, tx, kind.New(job{N: i}))
+				return err
+			})
+		}
+		require.NoError(t, err)
+		// A duplicate of every tenth job: still one job.
+		if i%10 == 0 {
+			res, err := c.Enqueue(ctx, kind.New(job{N: i}))
+			require.NoError(t, err)
+			require.True(t, res.Existed)
+		}
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		var done int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status = 'succeeded'`).Scan(&done))
+		return done == n
+	}, "not every job succeeded on %s", redisURL)
+	var effects, perWorkerMin int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&effects))
+	require.Equal(t, n, effects)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(min(c), 0) FROM (SELECT count(*) c FROM effects GROUP BY worker) s`).Scan(&perWorkerMin))
+	require.Greater(t, perWorkerMin, 0, "one worker did all the work")
+	time.Sleep(200 * time.Millisecond)
+	require.EqualValues(t, n, runs.Load(), "a handler ran twice")
+
+	// The reconciler works on this Redis too: lose one job and get it back.
+	lost, err := c.Enqueue(ctx, normal.New(job{N: 10_000}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	require.NoError(t, insp.DeleteTask("default", lost.Job.ID))
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour' WHERE id = $1`, lost.Job.ID)
+	require.NoError(t, err)
+	r := outbox.NewReconciler(pool, opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	defer r.Close()
+	repaired, err := r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, repaired)
+	info, err := insp.GetTaskInfo("default", lost.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+}
+
+func startWorker(t *testing.T, opt asynq.RedisConnOpt, pool *pgxpool.Pool, mux *tasks.Mux) {
+	t.Helper()
+	srv, err := server.New(server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
+		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
+		Reconciler: outbox.ReconcilerConfig{Interval: time.Second}}, mux)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+}
+
+func TestRedisCluster(t *testing.T) {
+	addrs := startCluster(t)
+	flow(t, "redis-cluster://"+strings.Join(addrs, ","))
+}
+
+func TestRedisSentinel(t *testing.T) {
+	sentinel := startSentinel(t)
+	flow(t, "redis-sentinel://"+sentinel+"?master=keel")
+}
