@@ -30,6 +30,7 @@ const (
 	DBHandlers
 	DBKeeltest
 	DBBench
+	DBFlow
 )
 
 // RedisAddr is the test Redis (KEEL_TEST_REDIS_ADDR, default 127.0.0.1:6379).
