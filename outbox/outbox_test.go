@@ -284,6 +284,11 @@ func TestReconcilerRepublishesLostJobsOnly(t *testing.T) {
 	for _, id := range []string{lost.Job.ID, done.Job.ID} {
 		require.NoError(t, insp.DeleteTask("default", id))
 	}
+	// An archived copy of a job the ledger says is still pending (its
+	// failure was never recorded): drift, repaired like a lost one.
+	archived, err := c.Enqueue(ctx, work.New(item{ID: "archived"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	require.NoError(t, insp.ArchiveTask("default", archived.Job.ID))
 	// Old enough to be past the grace period.
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
 	require.NoError(t, err)
@@ -292,8 +297,11 @@ func TestReconcilerRepublishesLostJobsOnly(t *testing.T) {
 	defer r.Close()
 	n, err := r.Reconcile(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, n, "only the lost job is republished")
-	info, err := insp.GetTaskInfo("default", lost.Job.ID)
+	require.Equal(t, 2, n, "only the lost and the wrongly archived job are republished")
+	info, err := insp.GetTaskInfo("default", archived.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	info, err = insp.GetTaskInfo("default", lost.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateScheduled, info.State, "a delayed job keeps its run time")
 	_, err = insp.GetTaskInfo("default", done.Job.ID)

@@ -172,11 +172,14 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 			return repaired, err
 		}
 		for _, j := range jobs {
+			if j.Status == idempotency.StatusRunning && j.LeaseUntil != nil && j.LeaseUntil.After(time.Now()) {
+				continue // a live worker holds it
+			}
 			lost, err := r.missing(j)
 			if err != nil {
 				return repaired, err
 			}
-			if !lost || (j.Status == idempotency.StatusRunning && j.LeaseUntil != nil && j.LeaseUntil.After(time.Now())) {
+			if !lost {
 				continue
 			}
 			if j.Status == idempotency.StatusFailed {
@@ -196,10 +199,18 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	return repaired, nil
 }
 
-// missing reports whether Redis holds no task for j.
+// missing reports whether Redis holds no live task for j. An archived task
+// of a job the ledger says should still run (its failure was never
+// recorded, or another deployment's worker refused it) is drift too: it is
+// removed so the job can be published again.
 func (r *Reconciler) missing(j idempotency.Job) (bool, error) {
-	_, err := r.insp.GetTaskInfo(j.Queue, j.ID)
+	info, err := r.insp.GetTaskInfo(j.Queue, j.ID)
 	switch {
+	case err == nil && info.State == asynq.TaskStateArchived:
+		if err := r.insp.DeleteTask(j.Queue, j.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return false, fmt.Errorf("keel reconciler: remove archived copy of open job %s: %w", j.ID, err)
+		}
+		return true, nil
 	case err == nil:
 		return false, nil
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/outbox"
@@ -63,6 +64,9 @@ func migrateCmd(c *conn) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if err := c.createDatabase(ctx); err != nil {
+				return err
+			}
 			pool, err := c.pool(ctx)
 			if err != nil {
 				return err
@@ -87,6 +91,7 @@ func migrateCmd(c *conn) *cobra.Command {
 
 func workerCmd(c *conn) *cobra.Command {
 	w := &workerFlags{}
+	lf := &limitFlags{}
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker with the example order handlers (build your own binary with server.New for your handlers)",
@@ -111,6 +116,18 @@ func workerCmd(c *conn) *cobra.Command {
 			}
 			defer pool.Close()
 			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
+			rules, err := lf.rules()
+			if err != nil {
+				return err
+			}
+			if len(rules) > 0 {
+				limits, err := flow.New(redis, flow.Config{Rules: rules, Logger: log})
+				if err != nil {
+					return usageError{err}
+				}
+				defer limits.Close()
+				cfg.Middleware = append(cfg.Middleware, limits.Middleware)
+			}
 			mux := tasks.NewMux()
 			handlers.Register(mux, handlers.Deps{Pool: pool, Mailer: handlers.LogMailer{Log: log}})
 			srv, err := server.New(cfg, mux)
@@ -121,6 +138,7 @@ func workerCmd(c *conn) *cobra.Command {
 		},
 	}
 	w.bind(cmd)
+	lf.bind(cmd)
 	return cmd
 }
 

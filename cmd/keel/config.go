@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -22,7 +25,7 @@ import (
 // environment set.
 const (
 	defaultRedisURL    = "redis://127.0.0.1:6379/0"
-	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/keel?sslmode=disable"
 )
 
 // conn holds the connection flags every subcommand shares.
@@ -92,6 +95,32 @@ func (c *conn) redis() (asynq.RedisConnOpt, error) {
 		return nil, usageError{err}
 	}
 	return opt, nil
+}
+
+// createDatabase creates the database DATABASE_URL names when it does not
+// exist yet (migrate and demo call it, so a fresh machine needs no psql).
+func (c *conn) createDatabase(ctx context.Context) error {
+	cfg, err := pgx.ParseConfig(c.databaseURL)
+	if err != nil {
+		return usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(c.databaseURL), err)}
+	}
+	name := cfg.Database
+	cfg.Database = "postgres"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("Postgres at %s is not answering: %w", redisurl.Redact(c.databaseURL), err)
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil || exists {
+		return err
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile by another process
+		return nil
+	}
+	return err
 }
 
 func (c *conn) pool(ctx context.Context) (*pgxpool.Pool, error) {

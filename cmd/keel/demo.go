@@ -87,6 +87,9 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 		ctx, cancel = context.WithTimeout(ctx, d.duration)
 		defer cancel()
 	}
+	if err := c.createDatabase(ctx); err != nil {
+		return err
+	}
 	pool, err := c.pool(ctx)
 	if err != nil {
 		return err

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/flow"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// limitFlags are the worker's flow-control rules.
+type limitFlags struct {
+	concurrency []string
+	rates       []string
+}
+
+func (l *limitFlags) bind(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringSliceVar(&l.concurrency, "concurrency-limit", splitEnv("KEEL_CONCURRENCY_LIMITS"),
+		"cluster-wide limit on jobs running at once: KIND=N, repeatable (env KEEL_CONCURRENCY_LIMITS, comma-separated)")
+	f.StringSliceVar(&l.rates, "rate-limit", splitEnv("KEEL_RATE_LIMITS"),
+		"cluster-wide start rate: NAME=RATE/PERIOD[:BURST], e.g. mail=50/1s; NAME is a kind or a resource handlers Take (env KEEL_RATE_LIMITS)")
+}
+
+func splitEnv(name string) []string {
+	v := strings.TrimSpace(os.Getenv(name))
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
+
+// rules turns the flags into flow rules; nil when none are set.
+func (l *limitFlags) rules() ([]flow.Rule, error) {
+	byName := map[string]*flow.Rule{}
+	var order []string
+	rule := func(name string) *flow.Rule {
+		r, ok := byName[name]
+		if !ok {
+			r = &flow.Rule{Name: name}
+			// A kind's name limits that kind; any other name is a resource
+			// that handlers apply with Take/Acquire.
+			if tasks.Known(name) {
+				r.Kinds = []string{name}
+			}
+			byName[name] = r
+			order = append(order, name)
+		}
+		return r
+	}
+	for _, s := range l.concurrency {
+		name, n, ok := strings.Cut(strings.TrimSpace(s), "=")
+		v, err := strconv.Atoi(n)
+		if !ok || name == "" || err != nil || v < 1 {
+			return nil, usageError{fmt.Errorf("--concurrency-limit %q: want KIND=N with N ≥ 1", s)}
+		}
+		rule(name).Concurrency = v
+	}
+	for _, s := range l.rates {
+		name, spec, ok := strings.Cut(strings.TrimSpace(s), "=")
+		if !ok || name == "" {
+			return nil, usageError{fmt.Errorf("--rate-limit %q: want NAME=RATE/PERIOD[:BURST]", s)}
+		}
+		spec, burstS, hasBurst := strings.Cut(spec, ":")
+		rateS, periodS, ok := strings.Cut(spec, "/")
+		rate, err1 := strconv.Atoi(rateS)
+		period, err2 := time.ParseDuration(periodS)
+		if !ok || err1 != nil || err2 != nil || rate < 1 || period <= 0 {
+			return nil, usageError{fmt.Errorf("--rate-limit %q: want NAME=RATE/PERIOD[:BURST], e.g. mail=50/1s", s)}
+		}
+		r := rule(name)
+		r.Rate, r.Period = rate, period
+		if hasBurst {
+			b, err := strconv.Atoi(burstS)
+			if err != nil || b < 1 {
+				return nil, usageError{fmt.Errorf("--rate-limit %q: burst must be a whole number ≥ 1", s)}
+			}
+			r.Burst = b
+		}
+	}
+	rules := make([]flow.Rule, 0, len(order))
+	for _, name := range order {
+		rules = append(rules, *byName[name])
+	}
+	return rules, nil
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/web"
+)
+
+// webFlags are the web server's own settings.
+type webFlags struct {
+	addr          string
+	metricsToken  string
+	metricsPublic bool
+	proxyHeader   string
+	behindHTTPS   bool
+	origin        string
+	tlsCert       string
+	tlsKey        string
+	sessionTTL    time.Duration
+}
+
+func webCmd(c *conn) *cobra.Command {
+	f := &webFlags{}
+	cmd := &cobra.Command{
+		Use:   "web",
+		Short: "Serve the dashboard: dead letters, job look-up, actions, asynqmon and /metrics",
+		Long: `Serve keel's dashboard on one address: the overview, dead letters, look-up by
+business key, replay/discard/resolve actions, asynqmon under /monitoring/,
+/metrics for Prometheus and /healthz.
+
+Everything but /healthz needs a signed-in user. Users come from KEEL_WEB_USERS,
+comma-separated name:role:bcrypt-hash entries (role viewer or operator; make a
+hash with "keel web hash-password"). KEEL_WEB_SECRET (32+ bytes) signs sessions;
+set it when running more than one web server. Behind a single sign-on proxy,
+--trust-proxy-header X-Forwarded-User takes the user name from the proxy, and
+KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
+		Example: "  KEEL_WEB_USERS=\"ana:operator:$(keel web hash-password <<<'s3cret')\" keel web --addr 127.0.0.1:8080",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			log, err := c.logger()
+			if err != nil {
+				return err
+			}
+			redis, err := c.redis()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := c.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := idempotency.CheckSchema(ctx, pool); err != nil {
+				return err
+			}
+			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
+			if len(cfg.Secret) == 0 {
+				log.Warn("keel web: KEEL_WEB_SECRET is not set; sessions end when this server restarts and are not valid on other replicas")
+			}
+			srv, err := web.New(cfg)
+			if err != nil {
+				if errors.Is(err, web.ErrNoCredentials) {
+					return usageError{err}
+				}
+				return err
+			}
+			return srv.Run(ctx)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.addr, "addr", envOr("KEEL_WEB_ADDR", web.DefaultAddr), "listen address (env KEEL_WEB_ADDR)")
+	fl.StringVar(&f.metricsToken, "metrics-token", os.Getenv("KEEL_METRICS_TOKEN"),
+		"bearer token Prometheus sends to read /metrics (env KEEL_METRICS_TOKEN)")
+	fl.BoolVar(&f.metricsPublic, "metrics-public", os.Getenv("KEEL_METRICS_PUBLIC") == "true",
+		"serve /metrics without authentication (env KEEL_METRICS_PUBLIC)")
+	fl.StringVar(&f.proxyHeader, "trust-proxy-header", os.Getenv("KEEL_WEB_PROXY_HEADER"),
+		"trust this header (e.g. X-Forwarded-User) to name a user authenticated by an SSO proxy; only when nothing but the proxy can reach this server (env KEEL_WEB_PROXY_HEADER)")
+	fl.BoolVar(&f.behindHTTPS, "behind-https", os.Getenv("KEEL_WEB_BEHIND_HTTPS") == "true",
+		"a proxy in front terminates HTTPS: mark cookies Secure (env KEEL_WEB_BEHIND_HTTPS)")
+	fl.StringVar(&f.origin, "origin", os.Getenv("KEEL_WEB_ORIGIN"),
+		"public origin, e.g. https://jobs.example.com, when a proxy rewrites the Host header (env KEEL_WEB_ORIGIN)")
+	fl.StringVar(&f.tlsCert, "tls-cert", os.Getenv("KEEL_WEB_TLS_CERT"), "serve HTTPS with this certificate file (env KEEL_WEB_TLS_CERT)")
+	fl.StringVar(&f.tlsKey, "tls-key", os.Getenv("KEEL_WEB_TLS_KEY"), "the certificate's key file (env KEEL_WEB_TLS_KEY)")
+	fl.DurationVar(&f.sessionTTL, "session-ttl", envDuration("KEEL_WEB_SESSION_TTL", web.DefaultSessionTTL),
+		"how long a sign-in lasts (env KEEL_WEB_SESSION_TTL)")
+	cmd.AddCommand(hashPasswordCmd())
+	return cmd
+}
+
+func (f *webFlags) config(stderr io.Writer) (web.Config, error) {
+	users, err := web.ParseUsers(os.Getenv("KEEL_WEB_USERS"))
+	if err != nil {
+		return web.Config{}, usageError{err}
+	}
+	if f.sessionTTL <= 0 {
+		return web.Config{}, usageError{fmt.Errorf("--session-ttl / KEEL_WEB_SESSION_TTL must be a positive duration like 12h")}
+	}
+	cfg := web.Config{
+		Addr: f.addr, Users: users, Secret: []byte(os.Getenv("KEEL_WEB_SECRET")), SessionTTL: f.sessionTTL,
+		BehindHTTPS: f.behindHTTPS, TLSCertFile: f.tlsCert, TLSKeyFile: f.tlsKey, Origin: f.origin,
+		ProxyUserHeader: f.proxyHeader, ProxyOperators: splitList(os.Getenv("KEEL_WEB_PROXY_OPERATORS")),
+		MetricsToken: f.metricsToken, MetricsPublic: f.metricsPublic,
+	}
+	// On this machine only, with nobody configured, make a one-time
+	// operator so that trying keel out needs no setup; anywhere else
+	// web.New refuses to start.
+	if len(users) == 0 && f.proxyHeader == "" && web.IsLoopback(f.addr) {
+		u, password, err := oneTimeUser()
+		if err != nil {
+			return web.Config{}, err
+		}
+		cfg.Users = []web.User{u}
+		fmt.Fprintf(stderr, "keel web: no KEEL_WEB_USERS set; sign in at http://%s as %q with password %s (valid until this server stops)\n",
+			f.addr, u.Name, password)
+	}
+	if len(cfg.Users) == 0 && cfg.ProxyUserHeader == "" && !web.IsLoopback(f.addr) {
+		return web.Config{}, usageError{fmt.Errorf("%w (address %s)", web.ErrNoCredentials, f.addr)}
+	}
+	return cfg, nil
+}
+
+func oneTimeUser() (web.User, string, error) {
+	var b [15]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return web.User{}, "", err
+	}
+	password := base64.RawURLEncoding.EncodeToString(b[:])
+	// The lowest cost: this password is random and lives as long as the process.
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil {
+		return web.User{}, "", err
+	}
+	return web.User{Name: "admin", Role: web.RoleOperator, PasswordHash: hash}, password, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func hashPasswordCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "hash-password",
+		Short: "Read a password from stdin (first line) and print its bcrypt hash for KEEL_WEB_USERS",
+		Example: "  read -rs PW && printf '%s' \"$PW\" | keel web hash-password\n" +
+			"  KEEL_WEB_USERS=\"ana:operator:<hash>,ben:viewer:<hash>\"",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			line, err := bufio.NewReader(io.LimitReader(cmd.InOrStdin(), 4096)).ReadString('\n')
+			if err != nil && !errors.Is(err, io.EOF) {
+				return err
+			}
+			password := strings.TrimRight(line, "\r\n")
+			hash, err := web.HashPassword([]byte(password))
+			if err != nil {
+				return usageError{err}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), hash)
+			return nil
+		},
+	}
+}
