@@ -224,3 +224,9 @@ func (s *Store) PublishOnly(ctx context.Context, c *asynq.Client, j Job) error {
 	}
 	return nil
 }
+
+// LookupIn returns the job of one business action as db sees it: pass a
+// transaction to see a job enqueued in it before it commits.
+func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error) {
+	return (*Store)(nil).lookup(ctx, db, kind, businessKey)
+}

@@ -1,0 +1,167 @@
+package handlers_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/handlers"
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/keeltest"
+	"github.com/keeljobs/keel/retry"
+)
+
+type app struct {
+	h    *keeltest.Harness
+	api  *httptest.Server
+	mail *handlers.MailSim
+	mux  func() // starts the worker
+}
+
+func newApp(t *testing.T, faults handlers.Faults) *app {
+	t.Helper()
+	h := keeltest.New(t, keeltest.Options{RedisDB: testenv.DBHandlers})
+	require.NoError(t, handlers.Migrate(context.Background(), h.Pool))
+	a := &app{h: h, mail: handlers.NewMailSim(faults, 1)}
+	mailSrv := httptest.NewServer(a.mail)
+	t.Cleanup(mailSrv.Close)
+	api := &handlers.API{Pool: h.Pool, Client: h.Client}
+	a.api = httptest.NewServer(api.Handler())
+	t.Cleanup(a.api.Close)
+	a.mux = func() {
+		m := tasksMux(h, mailSrv.URL)
+		h.Worker(t, m)
+	}
+	return a
+}
+
+func (a *app) post(t *testing.T, key string, req handlers.OrderRequest) (int, handlers.OrderResponse) {
+	t.Helper()
+	body, _ := json.Marshal(req)
+	r, err := http.NewRequest(http.MethodPost, a.api.URL+"/orders", bytes.NewReader(body))
+	require.NoError(t, err)
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out handlers.OrderResponse
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+func TestCreateOrderEnqueuesItsJobsOnce(t *testing.T) {
+	a := newApp(t, handlers.Faults{})
+	code, first := a.post(t, "k1", handlers.OrderRequest{Email: "a@example.com", Amount: 10})
+	require.Equal(t, http.StatusCreated, code)
+	code, again := a.post(t, "k1", handlers.OrderRequest{Email: "a@example.com", Amount: 10})
+	require.Equal(t, http.StatusOK, code)
+	require.True(t, again.Duplicate)
+	require.Equal(t, first.ID, again.ID)
+	for _, kind := range []string{"order:send_receipt", "order:generate_invoice", "analytics:sync"} {
+		j := keeltest.Enqueued(t, a.h.Pool, kind, "order:"+first.ID)
+		require.Equal(t, idempotency.StatusPending, j.Status)
+	}
+	var n int
+	require.NoError(t, a.h.Pool.QueryRow(context.Background(), `SELECT count(*) FROM keel_jobs`).Scan(&n))
+	require.Equal(t, 3, n, "a duplicate submission enqueued more jobs")
+
+	for _, bad := range []struct {
+		key  string
+		body handlers.OrderRequest
+		want int
+	}{
+		{"", handlers.OrderRequest{Email: "a@example.com", Amount: 1}, http.StatusBadRequest},
+		{"k2", handlers.OrderRequest{Email: "nope", Amount: 1}, http.StatusUnprocessableEntity},
+		{"k3", handlers.OrderRequest{Email: "a@example.com", Amount: 0}, http.StatusUnprocessableEntity},
+	} {
+		code, _ := a.post(t, bad.key, bad.body)
+		require.Equal(t, bad.want, code)
+	}
+}
+
+// What is enqueued in a transaction is visible in it, and gone with a
+// rollback.
+func TestEnqueuedInTransaction(t *testing.T) {
+	a := newApp(t, handlers.Faults{})
+	ctx := context.Background()
+	tx, err := a.h.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = a.h.Client.EnqueueTx(ctx, tx, handlers.GenerateInvoice.New(handlers.Invoice{OrderID: "tx1"}))
+	require.NoError(t, err)
+	keeltest.Enqueued(t, tx, handlers.GenerateInvoice.Name(), "order:tx1")
+	keeltest.NotEnqueued(t, a.h.Pool, handlers.GenerateInvoice.Name(), "order:tx1") // not committed yet
+	require.NoError(t, tx.Rollback(ctx))
+	keeltest.NotEnqueued(t, a.h.Pool, handlers.GenerateInvoice.Name(), "order:tx1")
+}
+
+func TestOrderJobsCompleteWithEffectsOnce(t *testing.T) {
+	// Lost replies: the mail goes out but the caller never hears so; the
+	// retry carries the same idempotency key and the service dedupes it.
+	a := newApp(t, handlers.Faults{LostReplies: 0.5})
+	_, o := a.post(t, "order-1", handlers.OrderRequest{Email: "b@example.com", Amount: 99})
+	a.mux()
+	for _, kind := range []string{"order:send_receipt", "order:generate_invoice", "analytics:sync"} {
+		j := keeltest.Enqueued(t, a.h.Pool, kind, "order:"+o.ID)
+		j = a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
+		// A duplicate delivery afterwards changes nothing.
+		a.h.Redeliver(t, j.ID)
+	}
+	receipt := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
+	steps, err := a.h.Store.Steps(context.Background(), receipt.ID)
+	require.NoError(t, err)
+	require.Len(t, steps, 1)
+	require.Equal(t, "done", steps[0].Status)
+
+	resp, err := http.Get(a.api.URL + "/orders/" + o.ID)
+	require.NoError(t, err)
+	var got handlers.OrderResponse
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
+	resp.Body.Close()
+	require.Len(t, got.Jobs, 3)
+	for _, j := range got.Jobs {
+		require.Equal(t, "succeeded", j.Status, j.Kind)
+	}
+	var invoices int
+	require.NoError(t, a.h.Pool.QueryRow(context.Background(), `SELECT count(*) FROM keel_example_invoices WHERE order_id = $1`, o.ID).Scan(&invoices))
+	require.Equal(t, 1, invoices)
+	st := a.mail.Stats()
+	require.Equal(t, 1, st.Mails)
+	require.Equal(t, 0, st.OrdersMailedTwice)
+}
+
+func TestBouncingAddressDiesAtOnce(t *testing.T) {
+	a := newApp(t, handlers.Faults{BounceDomain: "bounce.example"})
+	_, o := a.post(t, "bounce", handlers.OrderRequest{Email: "x@bounce.example", Amount: 5})
+	a.mux()
+	j := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
+	j = a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusDead, idempotency.StatusSucceeded)
+	require.Equal(t, idempotency.StatusDead, j.Status)
+	require.Equal(t, 1, j.Attempts)
+	require.Equal(t, string(retry.ClassPermanent), j.ErrorClass)
+	require.Contains(t, j.LastError, "422")
+	require.Equal(t, "order "+o.ID+" (email redacted)", j.PayloadSummary, "the email must not reach the dead letters")
+}
+
+func TestReceiptRetriesThroughServerErrors(t *testing.T) {
+	a := newApp(t, handlers.Faults{ServerErrors: 1})
+	_, o := a.post(t, "flaky", handlers.OrderRequest{Email: "c@example.com", Amount: 5})
+	a.mux()
+	j := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		j, _ = a.h.Store.Get(context.Background(), j.ID)
+		return j.Attempts >= 2
+	}, "the receipt was not retried")
+	require.Equal(t, string(retry.ClassTransient), j.ErrorClass)
+	a.mail.SetFaults(handlers.Faults{})
+	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
+	require.Equal(t, 1, a.mail.Stats().Mails)
+}
