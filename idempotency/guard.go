@@ -19,10 +19,13 @@ import (
 
 // Defaults of GuardConfig.
 const (
-	DefaultLease        = 60 * time.Second
-	DefaultLedgerRetry  = 10 * time.Second
-	DefaultBatchSize    = 128
-	DefaultBatchLoops   = 4
+	DefaultLease       = 60 * time.Second
+	DefaultLedgerRetry = 10 * time.Second
+	DefaultBatchSize   = 128
+	// DefaultBatchLoops is how many rounds of claims and completions run at
+	// once. One round at a time gathers the most requests per statement,
+	// and claims skip locked rows, so a long transaction does not stall it.
+	DefaultBatchLoops   = 1
 	completionMarkTries = 4
 	busyRecheck         = 5 * time.Second
 )
@@ -105,8 +108,7 @@ type Guard struct {
 	store *Store
 	cfg   GuardConfig
 
-	claims      *batcher[claimReq]
-	completions *batcher[completeReq]
+	ledger *batcher[ledgerReq] // claims and completions, in shared rounds
 
 	mu      sync.Mutex
 	running map[string]int
@@ -124,8 +126,7 @@ type Guard struct {
 func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	cfg = cfg.withDefaults()
 	g := &Guard{store: store, cfg: cfg, running: map[string]int{}, renewDone: make(chan struct{})}
-	g.claims = newBatcher(DefaultBatchLoops, cfg.BatchSize, g.runClaims)
-	g.completions = newBatcher(DefaultBatchLoops, cfg.BatchSize, g.runCompletions)
+	g.ledger = newBatcher(DefaultBatchLoops, cfg.BatchSize, g.runRound)
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopRenew = cancel
 	go g.renewLoop(ctx)
@@ -149,8 +150,7 @@ func (g *Guard) Close() {
 	g.closeOnce.Do(func() {
 		g.stopRenew()
 		<-g.renewDone
-		g.claims.close()
-		g.completions.close()
+		g.ledger.close()
 	})
 }
 
@@ -172,73 +172,172 @@ type claimResult struct {
 	err        error
 }
 
-type claimReq struct {
-	id  string
-	out chan claimResult
+// ledgerReq is one claim or one completion waiting for the next round.
+type ledgerReq struct {
+	id       string
+	complete bool
+	claimOut chan claimResult // claims
+	doneOut  chan error       // completions
 }
 
-const claimSQL = `WITH c AS (
-	UPDATE keel_jobs SET status = 'running', lease_holder = $1,
-		lease_until = now() + $2 * interval '1 millisecond',
-		attempts = attempts + 1, updated_at = now()
-	WHERE id = ANY($3)
+// roundSQL completes the jobs in $4 (only where this worker still holds the
+// lease) and claims the jobs in $3 (only where they are claimable), in one
+// statement and one commit. Claims skip rows another transaction has locked
+// (a handler's InTx, a relay): those are reported busy and looked at again
+// later, so one long transaction cannot stall every other claim behind it.
+// A job never appears in both lists (runRound sees to it): a statement may
+// not update one row twice.
+const roundSQL = `WITH done AS (
+	UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL,
+		lease_until = NULL, finished_at = now(), updated_at = now()
+	WHERE id = ANY($4) AND status = 'running' AND lease_holder = $1
+	RETURNING id),
+free AS (
+	SELECT id FROM keel_jobs WHERE id = ANY($3)
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
-	RETURNING id, attempts)
-SELECT j.id, c.attempts IS NOT NULL, coalesce(c.attempts, j.attempts), j.status, coalesce(j.lease_until, now())
-FROM keel_jobs j LEFT JOIN c ON c.id = j.id WHERE j.id = ANY($3)`
+	FOR UPDATE SKIP LOCKED),
+c AS (
+	UPDATE keel_jobs j SET status = 'running', lease_holder = $1,
+		lease_until = now() + $2 * interval '1 millisecond',
+		attempts = j.attempts + 1, updated_at = now()
+	FROM free WHERE j.id = free.id
+	RETURNING j.id, j.attempts)
+SELECT id, 0 FROM done
+UNION ALL
+SELECT id, attempts FROM c`
 
-func (g *Guard) runClaims(ctx context.Context, reqs []claimReq) {
-	ids := make([]string, len(reqs))
-	for i, r := range reqs {
-		ids[i] = r.id
+// unclaimedSQL reads why jobs could not be claimed (the rare path).
+const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()) FROM keel_jobs WHERE id = ANY($1)`
+
+// runRound runs one round of waiting claims and completions: one statement
+// in the common case, a second one only for claims that did not succeed.
+func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
+	var claimIDs, doneIDs []string
+	completing := map[string]bool{}
+	for _, r := range reqs {
+		if r.complete {
+			doneIDs = append(doneIDs, r.id)
+			completing[r.id] = true
+		}
 	}
-	results := map[string]claimResult{}
-	rows, err := g.store.pool.Query(ctx, claimSQL, g.cfg.Holder, g.cfg.Lease.Milliseconds(), ids)
+	// A claim of a job this worker is completing in this very round is a
+	// duplicate delivery of a job it holds: busy (the next look finds it
+	// finished). Every other id is claimed once; later copies are busy.
+	claimedHere := map[string]claimResult{}
+	for _, r := range reqs {
+		if !r.complete && !completing[r.id] {
+			if _, dup := claimedHere[r.id]; !dup {
+				claimIDs = append(claimIDs, r.id)
+				claimedHere[r.id] = claimResult{outcome: claimMissing}
+			}
+		}
+	}
+	if claimIDs == nil {
+		claimIDs = []string{}
+	}
+	if doneIDs == nil {
+		doneIDs = []string{}
+	}
+	results := make(map[string]claimResult, len(claimIDs))
+	done := make(map[string]bool, len(doneIDs))
+	rows, err := g.store.pool.Query(ctx, roundSQL, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs)
 	if err == nil {
 		for rows.Next() {
 			var id string
-			var ok bool
-			var res claimResult
-			if err = rows.Scan(&id, &ok, &res.attempts, &res.status, &res.leaseUntil); err != nil {
+			var attempts int
+			if err = rows.Scan(&id, &attempts); err != nil {
 				break
 			}
-			switch {
-			case ok:
-				res.outcome = claimed
-			case res.status.Terminal():
-				res.outcome = claimFinished
-			case res.status == StatusDead:
-				res.outcome = claimDead
-			default:
-				res.outcome = claimBusy
+			if completing[id] {
+				done[id] = true
+			} else {
+				results[id] = claimResult{outcome: claimed, attempts: attempts, status: StatusRunning}
 			}
-			results[id] = res
 		}
 		rows.Close()
 		if err == nil {
 			err = rows.Err()
 		}
 	}
+	// The round committed: a failure to read why some claims did not take
+	// concerns only those claims.
+	var explainErr error
+	if err == nil && len(results) < len(claimIDs) {
+		explainErr = g.explainUnclaimed(ctx, claimIDs, results)
+	}
+	busy := claimResult{outcome: claimBusy, status: StatusRunning, leaseUntil: time.Now().Add(g.cfg.Lease)}
 	for _, r := range reqs {
+		if r.complete {
+			switch {
+			case err != nil:
+				r.doneOut <- err
+			case !done[r.id]:
+				r.doneOut <- ErrLeaseLost
+			default:
+				r.doneOut <- nil
+			}
+			continue
+		}
 		if err != nil {
-			r.out <- claimResult{err: err}
+			r.claimOut <- claimResult{err: err}
+			continue
+		}
+		if completing[r.id] {
+			r.claimOut <- busy
 			continue
 		}
 		res, ok := results[r.id]
-		if !ok {
+		switch {
+		case !ok && explainErr != nil:
+			r.claimOut <- claimResult{err: explainErr}
+			continue
+		case !ok:
 			res.outcome = claimMissing
 		}
-		// Two deliveries of one job in one batch: only the first gets it.
+		// Two deliveries of one job in one round: only the first gets it.
 		if res.outcome == claimed {
-			results[r.id] = claimResult{outcome: claimBusy, status: StatusRunning, leaseUntil: time.Now().Add(g.cfg.Lease)}
+			results[r.id] = busy
 		}
-		r.out <- res
+		r.claimOut <- res
 	}
+}
+
+// explainUnclaimed fills results with the outcome of each claim that did not
+// take: finished, dead, busy (held by a live lease, or locked) or missing.
+func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[string]claimResult) error {
+	var rest []string
+	for _, id := range ids {
+		if _, ok := results[id]; !ok {
+			rest = append(rest, id)
+		}
+	}
+	rows, err := g.store.pool.Query(ctx, unclaimedSQL, rest)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var res claimResult
+		if err := rows.Scan(&id, &res.status, &res.attempts, &res.leaseUntil); err != nil {
+			return err
+		}
+		switch {
+		case res.status.Terminal():
+			res.outcome = claimFinished
+		case res.status == StatusDead:
+			res.outcome = claimDead
+		default:
+			res.outcome = claimBusy
+		}
+		results[id] = res
+	}
+	return rows.Err()
 }
 
 func (g *Guard) claim(ctx context.Context, id string) claimResult {
 	out := make(chan claimResult, 1)
-	if err := g.claims.submit(ctx, claimReq{id: id, out: out}); err != nil {
+	if err := g.ledger.submit(ctx, ledgerReq{id: id, claimOut: out}); err != nil {
 		return claimResult{err: err}
 	}
 	select {
@@ -250,48 +349,9 @@ func (g *Guard) claim(ctx context.Context, id string) claimResult {
 	}
 }
 
-type completeReq struct {
-	id  string
-	out chan error
-}
-
-func (g *Guard) runCompletions(ctx context.Context, reqs []completeReq) {
-	ids := make([]string, len(reqs))
-	for i, r := range reqs {
-		ids[i] = r.id
-	}
-	done := map[string]bool{}
-	rows, err := g.store.pool.Query(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL,
-		lease_until = NULL, finished_at = now(), updated_at = now()
-		WHERE id = ANY($1) AND status = 'running' AND lease_holder = $2 RETURNING id`, ids, g.cfg.Holder)
-	if err == nil {
-		for rows.Next() {
-			var id string
-			if err = rows.Scan(&id); err != nil {
-				break
-			}
-			done[id] = true
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-	}
-	for _, r := range reqs {
-		switch {
-		case err != nil:
-			r.out <- err
-		case !done[r.id]:
-			r.out <- ErrLeaseLost
-		default:
-			r.out <- nil
-		}
-	}
-}
-
 func (g *Guard) complete(ctx context.Context, id string) error {
 	out := make(chan error, 1)
-	if err := g.completions.submit(ctx, completeReq{id: id, out: out}); err != nil {
+	if err := g.ledger.submit(ctx, ledgerReq{id: id, complete: true, doneOut: out}); err != nil {
 		return err
 	}
 	select {
@@ -421,7 +481,8 @@ const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class 
 	finished_at = CASE WHEN $3 = 'dead' THEN now() ELSE NULL END,
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
 	trace_id = coalesce(nullif($10, ''), trace_id)
-	WHERE id = $1 AND status = 'running' AND lease_holder = $2`
+	WHERE id = $1 AND status = 'running' AND lease_holder = $2
+	RETURNING business_key`
 
 func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, attempts int, herr error) error {
 	ctx = context.WithoutCancel(ctx)
@@ -457,23 +518,25 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, att
 	if !utf8Valid(msg) {
 		msg = string([]rune(msg))
 	}
-	tag, err := g.store.pool.Exec(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-		delay.Milliseconds(), summary, traceID)
+	var businessKey string
+	err := g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
+		delay.Milliseconds(), summary, traceID).Scan(&businessKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		g.cfg.Logger.Warn("keel: lease lost before failure was recorded", "job_id", id)
+		return herr
+	}
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Error("keel: could not record failure", "job_id", id, "err", err, "handler_err", herr)
 		// The row stays running under our lease; it is retried after the lease.
 		return herr
 	}
-	if tag.RowsAffected() == 0 {
-		g.cfg.Logger.Warn("keel: lease lost before failure was recorded", "job_id", id)
-		return herr
-	}
 	switch status {
 	case StatusDead:
 		g.stats.dead.Add(1)
 		if g.cfg.OnDead != nil {
-			g.cfg.OnDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), Class: string(class), Error: msg, Attempts: attempts})
+			g.cfg.OnDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+				Class: string(class), Error: msg, Attempts: attempts})
 		}
 		if !errors.Is(herr, asynq.SkipRetry) {
 			herr = fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
