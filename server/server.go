@@ -14,6 +14,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/outbox"
@@ -191,6 +192,7 @@ type Server struct {
 	guard *idempotency.Guard
 	relay *outbox.Relay
 	recon *outbox.Reconciler
+	rc    redis.UniversalClient // the asynq server's; closed by close
 	h     asynq.Handler
 }
 
@@ -203,8 +205,15 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 	if h == nil {
 		return nil, errors.New("keel: server.New needs a handler")
 	}
-	s := &Server{cfg: cfg}
-	s.srv = asynq.NewServer(cfg.Redis, asynq.Config{
+	// The server's Redis client is made here, not by asynq.NewServer, so that
+	// Run can close it when it fails before asynq has started (asynq closes
+	// its own client only in Shutdown, which does nothing before Start).
+	rc, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return nil, fmt.Errorf("keel: unsupported server.Config.Redis type %T", cfg.Redis)
+	}
+	s := &Server{cfg: cfg, rc: rc}
+	s.srv = asynq.NewServerFromRedisClient(rc, asynq.Config{
 		Concurrency:     cfg.Concurrency,
 		Queues:          cfg.Queues,
 		StrictPriority:  cfg.StrictPriority,
@@ -221,6 +230,10 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 		Log(cfg.Logger),
 		s.guard.Middleware,
 		cfg.Retry.Middleware(cfg.Classifier),
+		// Handler panics must become errors inside the guard: a panic that
+		// unwound through it would leave the job running under a lease the
+		// guard keeps renewing, and the job would never fail, die or finish.
+		Recover(cfg.Logger),
 	}
 	chain = append(chain, cfg.Middleware...)
 	for i := len(chain) - 1; i >= 0; i-- {
@@ -275,6 +288,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 func (s *Server) close() {
 	s.guard.Close()
+	_ = s.rc.Close()
 	if s.relay != nil {
 		_ = s.relay.Close()
 	}

@@ -178,10 +178,20 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 		MaxRetry:       maxRetry,
 		Timeout:        t.s.timeout,
 		Deadline:       t.s.deadline,
-		RunAt:          t.RunAt(time.Now()),
+		RunAt:          ceilSecond(t.RunAt(time.Now())),
 		PayloadSummary: t.summary,
 		TraceID:        t.s.traceID,
 	}, nil
+}
+
+// ceilSecond rounds t up to a whole second. asynq schedules by Unix seconds,
+// truncating, so an unrounded run time would let a delayed job start up to a
+// second before its time.
+func ceilSecond(t time.Time) time.Time {
+	if r := t.Truncate(time.Second); r.Before(t) {
+		return r.Add(time.Second)
+	}
+	return t
 }
 
 func (c *Client) queueList() []string {

@@ -1,0 +1,331 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+type order struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount"`
+}
+
+var (
+	charge = tasks.Define[order]("test:charge", tasks.Queue("critical"),
+		tasks.Key(func(o order) string { return "order:" + o.OrderID }))
+	remind = tasks.Define[order]("test:remind",
+		tasks.Key(func(o order) string { return "remind:" + o.OrderID }))
+)
+
+func TestEnqueuedJobRunsWithItsPayload(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	type run struct {
+		id    string
+		order order
+	}
+	runs := make(chan run, 10)
+	mux := tasks.NewMux()
+	tasks.Handle(mux, charge, func(ctx context.Context, o order) error {
+		id, _ := idempotency.JobID(ctx)
+		runs <- run{id, o}
+		return nil
+	})
+
+	direct, err := b.client.Enqueue(ctx, charge.New(order{OrderID: "1", Amount: 250}))
+	require.NoError(t, err)
+	require.True(t, direct.Published)
+	// Enqueued inside a transaction: the worker's own relay publishes it.
+	var viaTx *tasks.Result
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		viaTx, err = b.client.EnqueueTx(ctx, tx, charge.New(order{OrderID: "2", Amount: 99}))
+		return err
+	}))
+
+	b.startWorker(t, mux, nil)
+	got := map[string]order{}
+	for range 2 {
+		select {
+		case r := <-runs:
+			got[r.id] = r.order
+		case <-time.After(15 * time.Second):
+			t.Fatalf("handler ran %d of 2 times", len(got))
+		}
+	}
+	require.Equal(t, map[string]order{
+		direct.Job.ID: {OrderID: "1", Amount: 250},
+		viaTx.Job.ID:  {OrderID: "2", Amount: 99},
+	}, got)
+	for _, id := range []string{direct.Job.ID, viaTx.Job.ID} {
+		j := b.waitStatus(t, id, idempotency.StatusSucceeded, 10*time.Second)
+		require.Equal(t, 1, j.Attempts)
+		require.NotNil(t, j.FinishedAt)
+	}
+}
+
+func TestDelayedJobDoesNotRunBeforeItsTime(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	type start struct {
+		key string
+		at  time.Time
+	}
+	starts := make(chan start, 10)
+	mux := tasks.NewMux()
+	tasks.Handle(mux, remind, func(ctx context.Context, o order) error {
+		starts <- start{o.OrderID, time.Now()}
+		return nil
+	})
+
+	const delay = 2 * time.Second
+	enqueuedAt := time.Now()
+	delayed, err := b.client.Enqueue(ctx, remind.New(order{OrderID: "later"}, tasks.Delay(delay)))
+	require.NoError(t, err)
+	_, err = b.client.Enqueue(ctx, remind.New(order{OrderID: "now"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+
+	var order []start
+	for range 2 {
+		select {
+		case s := <-starts:
+			order = append(order, s)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("only %d of 2 jobs ran: %v", len(order), order)
+		}
+	}
+	// The worker was running while the delayed job waited.
+	require.Equal(t, "now", order[0].key)
+	require.Equal(t, "later", order[1].key)
+	require.False(t, order[1].at.Before(enqueuedAt.Add(delay)),
+		"delayed job started %s after enqueue, before its %s delay", order[1].at.Sub(enqueuedAt), delay)
+	b.waitStatus(t, delayed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+}
+
+var slotKind = tasks.Define[slot]("test:slot", tasks.Key(func(s slot) string { return fmt.Sprintf("%s:%d", s.Queue, s.N) }))
+
+type slot struct {
+	Queue string `json:"queue"`
+	N     int    `json:"n"`
+}
+
+// fill enqueues n jobs on each queue, many at a time.
+func (b *bundle) fill(t *testing.T, queues []string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	work := make(chan *tasks.Task)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for task := range work {
+				res, err := b.client.Enqueue(ctx, task)
+				if err == nil && !res.Published {
+					err = errors.New("not published")
+				}
+				if err != nil {
+					failed.Store(err)
+				}
+			}
+		}()
+	}
+	for i := range n {
+		for _, q := range queues {
+			work <- slotKind.New(slot{Queue: q, N: i}, tasks.Queue(q))
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range queues {
+		info, err := b.insp.GetQueueInfo(q)
+		require.NoError(t, err)
+		require.Equal(t, n, info.Pending, "queue %s", q)
+	}
+}
+
+// recorder notes the queue of each job it runs, up to limit jobs.
+type recorder struct {
+	mu    sync.Mutex
+	limit int
+	seen  []string
+	full  chan struct{}
+}
+
+func newRecorder(limit int) *recorder { return &recorder{limit: limit, full: make(chan struct{})} }
+
+func (r *recorder) handler() *tasks.Mux {
+	mux := tasks.NewMux()
+	tasks.Handle(mux, slotKind, func(ctx context.Context, s slot) error {
+		q, _ := asynq.GetQueueName(ctx)
+		if q != s.Queue {
+			return fmt.Errorf("job for %s delivered from %s", s.Queue, q)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(r.seen) < r.limit {
+			r.seen = append(r.seen, q)
+			if len(r.seen) == r.limit {
+				close(r.full)
+			}
+		}
+		return nil
+	})
+	return mux
+}
+
+func (r *recorder) wait(t *testing.T, timeout time.Duration) []string {
+	t.Helper()
+	select {
+	case <-r.full:
+	case <-time.After(timeout):
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		t.Fatalf("only %d of %d jobs ran", len(r.seen), r.limit)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.seen...)
+}
+
+// With every queue full, each fetch picks a queue with probability
+// weight/total (asynq shuffles a list holding each name weight times and
+// takes the first non-empty queue), so the first n jobs of one worker are a
+// multinomial sample with p = 0.6, 0.3, 0.1.
+func TestWeightedQueuesShareFetchesByWeight(t *testing.T) {
+	b := setup(t)
+	queues := []string{"critical", "default", "low"}
+	b.fill(t, queues, 300)
+
+	const n = 300
+	rec := newRecorder(n)
+	b.startWorker(t, rec.handler(), func(c *server.Config) {
+		c.Concurrency = 1 // one fetch per job, in order
+		c.Queues = server.DefaultQueues()
+		c.DisableRelay = true
+	})
+	seen := rec.wait(t, 60*time.Second)
+
+	share := map[string]float64{}
+	for _, q := range seen {
+		share[q] += 1.0 / n
+	}
+	t.Logf("shares of the first %d jobs: %v", n, share)
+	// Bounds are more than 5 standard deviations (sqrt(p(1-p)/n): 0.028,
+	// 0.026, 0.017) from the expected share on each side.
+	require.InDelta(t, 0.6, share["critical"], 0.15)
+	require.InDelta(t, 0.3, share["default"], 0.14)
+	require.InDelta(t, 0.1, share["low"], 0.09)
+}
+
+func TestStrictPriorityDrainsHigherQueuesFirst(t *testing.T) {
+	b := setup(t)
+	queues := []string{"critical", "default", "low"}
+	const each = 30
+	b.fill(t, queues, each)
+
+	rec := newRecorder(3 * each)
+	b.startWorker(t, rec.handler(), func(c *server.Config) {
+		c.Concurrency = 1
+		c.StrictPriority = true
+		c.DisableRelay = true
+	})
+	seen := rec.wait(t, 60*time.Second)
+
+	rank := map[string]int{"critical": 0, "default": 1, "low": 2}
+	for i := 1; i < len(seen); i++ {
+		require.LessOrEqual(t, rank[seen[i-1]], rank[seen[i]], "job %d came from %s after one from %s: %v", i, seen[i], seen[i-1], seen)
+	}
+	require.Equal(t, "low", seen[len(seen)-1])
+}
+
+// A handler that panics must not take the worker down, and its job must be
+// recorded as failed and then dead — not left running under a lease.
+func TestPanickingHandlerIsRecordedFailedThenDead(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	after := make(chan struct{})
+	mux := tasks.NewMux()
+	tasks.Handle(mux, charge, func(ctx context.Context, o order) error {
+		calls.Add(1)
+		var m map[string]int
+		m[o.OrderID]++ // nil map: a runtime panic
+		return nil
+	})
+	tasks.Handle(mux, remind, func(context.Context, order) error { close(after); return nil })
+	res, err := b.client.Enqueue(ctx, charge.New(order{OrderID: "panics"}, tasks.MaxRetry(1)))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) { c.Logger = quietLogger() })
+
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
+	require.Equal(t, 2, j.Attempts, "one attempt and one retry")
+	require.EqualValues(t, 2, calls.Load())
+	require.Contains(t, j.LastError, "panicked")
+	require.Contains(t, j.LastError, "nil map")
+	require.Empty(t, j.LeaseHolder)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err := b.insp.GetTaskInfo("critical", res.Job.ID)
+		return err == nil && info.State == asynq.TaskStateArchived
+	}, "asynq should archive the dead job")
+
+	// The worker survived and runs the next job.
+	_, err = b.client.Enqueue(ctx, remind.New(order{OrderID: "after"}))
+	require.NoError(t, err)
+	select {
+	case <-after:
+	case <-time.After(10 * time.Second):
+		t.Fatal("job after the panic never ran")
+	}
+}
+
+func TestRecoverTurnsPanicIntoError(t *testing.T) {
+	h := server.Recover(quietLogger())(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		panic("boom")
+	}))
+	var err error
+	require.NotPanics(t, func() { err = h.ProcessTask(context.Background(), asynq.NewTask("test:panic", nil)) })
+	require.ErrorContains(t, err, "panicked")
+	require.ErrorContains(t, err, "boom")
+
+	ok := server.Recover(testLogger())(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	require.NoError(t, ok.ProcessTask(context.Background(), asynq.NewTask("test:fine", nil)))
+}
+
+func TestRunRefusesUnmigratedLedger(t *testing.T) {
+	setupMu.Lock()
+	defer setupMu.Unlock()
+	ctx := context.Background()
+	cfg, err := testenv.PoolConfig(ctx, schema) // an empty schema
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	srv, err := server.New(server.Config{Redis: testenv.Redis(t, testenv.DBServer), Pool: pool, Logger: testLogger()}, tasks.NewMux())
+	require.NoError(t, err)
+	runCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = srv.Run(runCtx)
+	require.ErrorContains(t, err, "keel migrate")
+	require.NoError(t, runCtx.Err(), "Run must refuse at once, not wait for the context")
+}

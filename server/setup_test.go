@@ -1,0 +1,116 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+const schema = "keel_test_server"
+
+type bundle struct {
+	pool   *pgxpool.Pool
+	redis  asynq.RedisClientOpt
+	client *tasks.Client
+	store  *idempotency.Store
+	insp   *asynq.Inspector
+}
+
+// setup serialises the package's tests: they share one Redis DB and schema.
+var setupMu sync.Mutex
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	setupMu.Lock()
+	t.Cleanup(setupMu.Unlock)
+	b := &bundle{redis: testenv.Redis(t, testenv.DBServer), pool: testenv.Pool(t, schema)}
+	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool, Logger: testLogger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	b.client = c
+	b.store = c.Store()
+	b.insp = asynq.NewInspector(b.redis)
+	t.Cleanup(func() { b.insp.Close() })
+	// What handlers under test did, and which process did it.
+	_, err = b.pool.Exec(context.Background(), `CREATE TABLE marks (
+		job_id text NOT NULL, what text NOT NULL, holder text NOT NULL,
+		at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	require.NoError(t, err)
+	return b
+}
+
+// quietLogger drops everything, for tests that provoke errors on purpose.
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// testLogger keeps test output to warnings and errors.
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// startWorker runs a keel worker on h until the test ends.
+func (b *bundle) startWorker(t *testing.T, h asynq.Handler, mod func(*server.Config)) *server.Server {
+	t.Helper()
+	cfg := server.Config{
+		Redis:           b.redis,
+		Pool:            b.pool,
+		Concurrency:     10,
+		ShutdownTimeout: 2 * time.Second,
+		Logger:          testLogger(),
+	}
+	cfg.Retry.Base = time.Second
+	cfg.Retry.Cap = 2 * time.Second
+	cfg.Relay.PollInterval = 200 * time.Millisecond
+	cfg.Guard.LedgerRetry = time.Second
+	if mod != nil {
+		mod(&cfg)
+	}
+	srv, err := server.New(cfg, h)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return srv
+}
+
+func mark(ctx context.Context, pool *pgxpool.Pool, jobID, what, holder string) error {
+	_, err := pool.Exec(ctx, `INSERT INTO marks (job_id, what, holder) VALUES ($1, $2, $3)`, jobID, what, holder)
+	return err
+}
+
+func (b *bundle) marks(t *testing.T, jobID, what, holder string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM marks WHERE job_id = $1 AND what = $2 AND ($3 = '' OR holder = $3)`,
+		jobID, what, holder).Scan(&n))
+	return n
+}
+
+func (b *bundle) waitStatus(t *testing.T, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
+	t.Helper()
+	var j idempotency.Job
+	testenv.Eventually(t, timeout, func() bool {
+		var err error
+		j, err = b.store.Get(context.Background(), id)
+		require.NoError(t, err)
+		return j.Status == want
+	}, "job %s never reached %s (last: %+v)", id, want, &j)
+	return j
+}
