@@ -155,11 +155,11 @@ func TestWorkerKilledMidTask(t *testing.T) {
 	child.Env = append(os.Environ(), childEnv+"=1", "KEEL_CHILD_DATABASE_URL="+testenv.URL(schema))
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() }) // if the test fails before the kill
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM started`) == 3 && b.count(t, `SELECT count(*) FROM external_calls`) == 2
 	}, "the child never got into all three handlers")
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	_ = child.Wait()
 
 	j, err := b.store.Get(ctx, local.Job.ID)
 	require.NoError(t, err)
