@@ -192,6 +192,8 @@ type Server struct {
 	guard *idempotency.Guard
 	relay *outbox.Relay
 	recon *outbox.Reconciler
+
+	closeOnce sync.Once
 	rc    redis.UniversalClient // the asynq server's; closed by close
 	h     asynq.Handler
 }
@@ -286,7 +288,15 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
+// Close releases what New acquired. Run closes the server itself; call
+// Close only for a server that is never run.
+func (s *Server) Close() { s.close() }
+
 func (s *Server) close() {
+	s.closeOnce.Do(s.closeNow)
+}
+
+func (s *Server) closeNow() {
 	s.guard.Close()
 	_ = s.rc.Close()
 	if s.relay != nil {
