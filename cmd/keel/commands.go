@@ -41,7 +41,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	c.bind(root)
-	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c))
+	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c), deadCmd(c), webCmd(c))
 	return root
 }
 
@@ -331,6 +331,12 @@ type statusJSON struct {
 }
 
 func printStatusJSON(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(toStatusJSON(j, steps))
+}
+
+func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON {
 	out := statusJSON{ID: j.ID, Kind: j.Kind, BusinessKey: j.BusinessKey, Queue: j.Queue, Status: string(j.Status),
 		Attempts: j.Attempts, MaxRetry: j.MaxRetry, LastError: j.LastError, ErrorClass: j.ErrorClass,
 		LeaseHolder: j.LeaseHolder, LeaseUntil: j.LeaseUntil, RunAt: j.RunAt, PublishedAt: j.PublishedAt,
@@ -340,9 +346,7 @@ func printStatusJSON(w io.Writer, j idempotency.Job, steps []idempotency.StepRec
 		out.Steps = append(out.Steps, stepJSON{Name: s.Name, Status: s.Status, Calls: s.Calls, Result: string(s.Result),
 			StartedAt: s.StartedAt, FinishedAt: s.FinishedAt})
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return out
 }
 
 func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -14,14 +15,19 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "keel") {
+			msg = "keel: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		var ue usageError
 		if errors.As(err, &ue) {
-			fmt.Fprintln(os.Stderr, "keel:", err)
 			os.Exit(2)
 		}
-		fmt.Fprintln(os.Stderr, "keel:", err)
 		os.Exit(1)
 	}
 }
 
 type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }

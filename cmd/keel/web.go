@@ -46,8 +46,9 @@ hash with "keel web hash-password"). KEEL_WEB_SECRET (32+ bytes) signs sessions;
 set it when running more than one web server. Behind a single sign-on proxy,
 --trust-proxy-header X-Forwarded-User takes the user name from the proxy, and
 KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
-		Example: "  KEEL_WEB_USERS=\"ana:operator:$(keel web hash-password <<<'s3cret')\" keel web --addr 127.0.0.1:8080",
-		Args:    cobra.NoArgs,
+		Example: "  read -rs PW && printf '%s' \"$PW\" | keel web hash-password    # prints $2a$12$…\n" +
+			"  KEEL_WEB_USERS='ana:operator:$2a$12$…' KEEL_WEB_SECRET=$(openssl rand -hex 32) keel web --addr 0.0.0.0:8080",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(cmd.ErrOrStderr())
 			if err != nil {
@@ -165,7 +166,7 @@ func hashPasswordCmd() *cobra.Command {
 		Use:   "hash-password",
 		Short: "Read a password from stdin (first line) and print its bcrypt hash for KEEL_WEB_USERS",
 		Example: "  read -rs PW && printf '%s' \"$PW\" | keel web hash-password\n" +
-			"  KEEL_WEB_USERS=\"ana:operator:<hash>,ben:viewer:<hash>\"",
+			"  KEEL_WEB_USERS='ana:operator:<hash>,ben:viewer:<hash>'   # single quotes: hashes contain $",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			line, err := bufio.NewReader(io.LimitReader(cmd.InOrStdin(), 4096)).ReadString('\n')

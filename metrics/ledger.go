@@ -1,0 +1,259 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultScrapeTimeout bounds the reads one scrape of a Ledger makes.
+const DefaultScrapeTimeout = 5 * time.Second
+
+// LedgerConfig configures a Ledger collector.
+type LedgerConfig struct {
+	// Pool holds the ledger. Nil: no dead-letter or outbox metrics.
+	Pool *pgxpool.Pool
+	// Inspector reads asynq's queues. Nil: no queue metrics. The caller
+	// closes it.
+	Inspector *asynq.Inspector
+	// Timeout bounds each scrape's reads. Default DefaultScrapeTimeout.
+	Timeout time.Duration
+}
+
+// QueueStates are the task states of keel_queue_size, in asynq's terms.
+var QueueStates = []string{"pending", "active", "scheduled", "retry", "archived", "completed", "aggregating"}
+
+// QueueState is one asynq queue at the time of a read.
+type QueueState struct {
+	Name   string
+	Paused bool
+	// Size maps each of QueueStates to its number of tasks.
+	Size map[string]int
+	// OldestPending is the age of the oldest pending task (asynq's latency).
+	OldestPending time.Duration
+	// ProcessedTotal and FailedTotal are asynq's cumulative counters.
+	ProcessedTotal, FailedTotal int
+}
+
+// DeadCount is the number of dead letters of one queue, kind and class.
+type DeadCount struct {
+	Queue, Kind, Class string
+	N                  int
+}
+
+// Snapshot is what one read of Redis and the ledger found.
+type Snapshot struct {
+	Queues   []QueueState
+	RedisErr error // nil when the queues were read
+
+	Dead []DeadCount
+	// OutboxBacklog is how many committed jobs the relay has not yet
+	// handed to Redis; OutboxLag is how long the oldest of them has waited.
+	OutboxBacklog int
+	OutboxLag     time.Duration
+	PostgresErr   error // nil when the ledger was read
+}
+
+// Ledger is a prometheus.Collector that reads queue sizes from asynq and
+// dead letters and the outbox backlog from the ledger at scrape time, so
+// every web server (or any process) can export them without a background
+// loop. Reads are bounded by a timeout; a source that cannot be read in time
+// reports keel_collector_up{source} = 0 and its metrics are left out.
+type Ledger struct {
+	cfg LedgerConfig
+	// redisBusy stops scrapes from piling up goroutines on a Redis that
+	// does not answer: asynq's inspector takes no context.
+	redisBusy atomic.Bool
+
+	queueSize, oldestPending, paused, dead, backlog, lag, up, duration *prometheus.Desc
+}
+
+// NewLedger returns a collector; register it on a prometheus.Registerer.
+func NewLedger(cfg LedgerConfig) *Ledger {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultScrapeTimeout
+	}
+	return &Ledger{
+		cfg: cfg,
+		queueSize: prometheus.NewDesc("keel_queue_size",
+			"Tasks in an asynq queue, by state.", []string{"queue", "state"}, nil),
+		oldestPending: prometheus.NewDesc("keel_queue_oldest_pending_seconds",
+			"Age of the oldest pending task in a queue (0 when none is pending).", []string{"queue"}, nil),
+		paused: prometheus.NewDesc("keel_queue_paused",
+			"1 when the queue is paused.", []string{"queue"}, nil),
+		dead: prometheus.NewDesc("keel_dead_letters",
+			"Dead jobs in the ledger waiting for a person, by queue, kind and error class.", []string{"queue", "kind", "class"}, nil),
+		backlog: prometheus.NewDesc("keel_outbox_backlog",
+			"Committed jobs the relay has not yet handed to Redis.", nil, nil),
+		lag: prometheus.NewDesc("keel_outbox_lag_seconds",
+			"How long the oldest job not yet handed to Redis has waited (0 when none).", nil, nil),
+		up: prometheus.NewDesc("keel_collector_up",
+			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
+		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
+			"How long the last scrape of Redis and the ledger took.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (l *Ledger) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.up, l.duration} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (l *Ledger) Collect(ch chan<- prometheus.Metric) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Timeout)
+	defer cancel()
+	s := l.Read(ctx)
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	if l.cfg.Inspector != nil {
+		gauge(l.up, boolFloat(s.RedisErr == nil), "redis")
+		for _, q := range s.Queues {
+			for _, st := range QueueStates {
+				gauge(l.queueSize, float64(q.Size[st]), q.Name, st)
+			}
+			gauge(l.oldestPending, q.OldestPending.Seconds(), q.Name)
+			gauge(l.paused, boolFloat(q.Paused), q.Name)
+		}
+	}
+	if l.cfg.Pool != nil {
+		gauge(l.up, boolFloat(s.PostgresErr == nil), "postgres")
+		if s.PostgresErr == nil {
+			for _, d := range s.Dead {
+				gauge(l.dead, float64(d.N), d.Queue, d.Kind, d.Class)
+			}
+			gauge(l.backlog, float64(s.OutboxBacklog))
+			gauge(l.lag, s.OutboxLag.Seconds())
+		}
+	}
+	gauge(l.duration, time.Since(start).Seconds())
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Read reads Redis and the ledger at once, each within ctx.
+func (l *Ledger) Read(ctx context.Context) Snapshot {
+	var s Snapshot
+	var wg sync.WaitGroup
+	if l.cfg.Inspector != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.Queues, s.RedisErr = l.readQueues(ctx)
+		}()
+	}
+	if l.cfg.Pool != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.PostgresErr = l.readLedger(ctx, &s)
+		}()
+	}
+	wg.Wait()
+	return s
+}
+
+var errRedisBusy = errors.New("keel: an earlier read of Redis has not finished")
+
+func (l *Ledger) readQueues(ctx context.Context) ([]QueueState, error) {
+	if !l.redisBusy.CompareAndSwap(false, true) {
+		return nil, errRedisBusy
+	}
+	type result struct {
+		qs  []QueueState
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		defer l.redisBusy.Store(false)
+		qs, err := ReadQueues(l.cfg.Inspector)
+		out <- result{qs, err}
+	}()
+	select {
+	case r := <-out:
+		return r.qs, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("keel: reading queues from Redis: %w", ctx.Err())
+	}
+}
+
+// ReadQueues reads every queue asynq knows, sorted by name.
+func ReadQueues(insp *asynq.Inspector) ([]QueueState, error) {
+	names, err := insp.Queues()
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	qs := make([]QueueState, 0, len(names))
+	for _, name := range names {
+		info, err := insp.GetQueueInfo(name)
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			continue // removed since Queues
+		}
+		if err != nil {
+			return nil, err
+		}
+		qs = append(qs, QueueState{
+			Name:   name,
+			Paused: info.Paused,
+			Size: map[string]int{
+				"pending": info.Pending, "active": info.Active, "scheduled": info.Scheduled, "retry": info.Retry,
+				"archived": info.Archived, "completed": info.Completed, "aggregating": info.Aggregating,
+			},
+			OldestPending:  info.Latency,
+			ProcessedTotal: info.ProcessedTotal,
+			FailedTotal:    info.FailedTotal,
+		})
+	}
+	return qs, nil
+}
+
+// Both queries use the ledger's partial indexes (status = 'dead';
+// published_at IS NULL), so a scrape costs little however large the table.
+const (
+	deadLettersSQL = `SELECT queue, kind, coalesce(error_class, ''), count(*)
+		FROM keel_jobs WHERE status = 'dead' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
+	// A pending row's updated_at is when it last became unpublished (insert,
+	// replay, or hand-back by a worker), so it measures the relay's lag.
+	outboxSQL = `SELECT count(*), coalesce(extract(epoch FROM now() - min(updated_at)), 0)::float8
+		FROM keel_jobs WHERE published_at IS NULL AND status = 'pending'`
+)
+
+func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
+	rows, err := l.cfg.Pool.Query(ctx, deadLettersSQL)
+	if err != nil {
+		return fmt.Errorf("keel: reading dead letters: %w", err)
+	}
+	s.Dead, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadCount, error) {
+		var d DeadCount
+		err := r.Scan(&d.Queue, &d.Kind, &d.Class, &d.N)
+		return d, err
+	})
+	if err != nil {
+		return fmt.Errorf("keel: reading dead letters: %w", err)
+	}
+	var lag float64
+	if err := l.cfg.Pool.QueryRow(ctx, outboxSQL).Scan(&s.OutboxBacklog, &lag); err != nil {
+		return fmt.Errorf("keel: reading the outbox: %w", err)
+	}
+	s.OutboxLag = time.Duration(max(lag, 0) * float64(time.Second))
+	return nil
+}

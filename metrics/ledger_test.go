@@ -1,0 +1,110 @@
+package metrics_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/metrics"
+)
+
+const schema = "keel_test_metrics"
+
+func insertJob(t *testing.T, pool *pgxpool.Pool, queue, kind, key string) idempotency.Job {
+	t.Helper()
+	j, _, err := idempotency.NewStore(pool).Insert(context.Background(), pool, idempotency.NewJob{
+		Kind: kind, BusinessKey: key, Queue: queue, Payload: []byte(`{}`), MaxRetry: 3})
+	require.NoError(t, err)
+	return j
+}
+
+func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+
+	// Two dead jobs of one kind and class, one of another class; one
+	// committed job the relay has not published yet (backlog); one
+	// published job (not backlog).
+	for i, class := range []string{"permanent", "permanent", "transient"} {
+		j := insertJob(t, pool, "critical", "order:send_receipt", "order:"+string(rune('1'+i)))
+		_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = $2, finished_at = now(),
+			published_at = now() WHERE id = $1`, j.ID, class)
+		require.NoError(t, err)
+	}
+	insertJob(t, pool, "default", "analytics:sync", "day:1")
+	_, err := pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '90 seconds' WHERE kind = 'analytics:sync'`)
+	require.NoError(t, err)
+	published := insertJob(t, pool, "default", "analytics:sync", "day:2")
+	require.NoError(t, idempotency.NewStore(pool).MarkPublished(ctx, published.ID))
+
+	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool})
+	s := l.Read(ctx)
+	require.NoError(t, s.PostgresErr)
+	require.Equal(t, []metrics.DeadCount{
+		{Queue: "critical", Kind: "order:send_receipt", Class: "permanent", N: 2},
+		{Queue: "critical", Kind: "order:send_receipt", Class: "transient", N: 1},
+	}, s.Dead)
+	require.Equal(t, 1, s.OutboxBacklog)
+	require.InDelta(t, 90, s.OutboxLag.Seconds(), 5)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP keel_dead_letters Dead jobs in the ledger waiting for a person, by queue, kind and error class.
+# TYPE keel_dead_letters gauge
+keel_dead_letters{class="permanent",kind="order:send_receipt",queue="critical"} 2
+keel_dead_letters{class="transient",kind="order:send_receipt",queue="critical"} 1
+# HELP keel_outbox_backlog Committed jobs the relay has not yet handed to Redis.
+# TYPE keel_outbox_backlog gauge
+keel_outbox_backlog 1
+# HELP keel_collector_up 1 when the last scrape could read the source (redis or postgres).
+# TYPE keel_collector_up gauge
+keel_collector_up{source="postgres"} 1
+`), "keel_dead_letters", "keel_outbox_backlog", "keel_collector_up"))
+}
+
+func TestLedgerReportsAnUnreachableSource(t *testing.T) {
+	pool := testenv.Pool(t, schema)
+	// Nothing listens on port 1: the Redis half fails, the ledger half works.
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond})
+	defer insp.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewLedger(metrics.LedgerConfig{Pool: pool, Inspector: insp, Timeout: 2 * time.Second}))
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP keel_collector_up 1 when the last scrape could read the source (redis or postgres).
+# TYPE keel_collector_up gauge
+keel_collector_up{source="postgres"} 1
+keel_collector_up{source="redis"} 0
+`), "keel_collector_up", "keel_queue_size"))
+}
+
+func TestLedgerScrapeIsBoundedByItsTimeout(t *testing.T) {
+	pool := testenv.Pool(t, schema)
+	// A ledger query that cannot finish within the timeout: hold a lock the
+	// dead-letter query needs.
+	tx, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background()) //nolint:errcheck
+	_, err = tx.Exec(context.Background(), `LOCK TABLE keel_jobs IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool, Timeout: 300 * time.Millisecond})
+	start := time.Now()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP keel_collector_up 1 when the last scrape could read the source (redis or postgres).
+# TYPE keel_collector_up gauge
+keel_collector_up{source="postgres"} 0
+`), "keel_collector_up", "keel_dead_letters", "keel_outbox_backlog"))
+	require.Less(t, time.Since(start), 3*time.Second)
+}

@@ -1,0 +1,120 @@
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/retry"
+)
+
+// DurationBuckets are the default buckets of keel_job_duration_seconds:
+// from 5ms up to 10 minutes, as jobs range from a cache write to a report.
+var DurationBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+// WorkerOptions configures a Worker.
+type WorkerOptions struct {
+	// Classifier names the class label of failures. Default retry.Default.
+	Classifier *retry.Classifier
+	// DuplicatesSkipped reports how many deliveries of already finished jobs
+	// were acknowledged without running the handler — pass
+	// func() uint64 { return guard.Stats().DuplicatesSkipped }. Nil: the
+	// metric is not exported.
+	DuplicatesSkipped func() uint64
+	// Buckets of the duration histogram. Default DurationBuckets.
+	Buckets []float64
+}
+
+// Worker records what a worker's handlers do.
+type Worker struct {
+	classifier *retry.Classifier
+	processed  *prometheus.CounterVec
+	failed     *prometheus.CounterVec
+	postponed  *prometheus.CounterVec
+	dead       *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+}
+
+// NewWorker creates a worker's metrics and registers them on reg.
+func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
+	if opts.Classifier == nil {
+		opts.Classifier = retry.Default
+	}
+	if len(opts.Buckets) == 0 {
+		opts.Buckets = DurationBuckets
+	}
+	w := &Worker{
+		classifier: opts.Classifier,
+		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_jobs_processed_total",
+			Help: "Job attempts that ran to the end, succeeded or failed.",
+		}, []string{"kind", "queue"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_jobs_failed_total",
+			Help: "Job attempts that failed, by error class (permanent, transient, unknown).",
+		}, []string{"kind", "queue", "class"}),
+		postponed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_jobs_postponed_total",
+			Help: "Job attempts that could not start yet (a wait: rate limit, busy lease); not failures.",
+		}, []string{"kind", "queue"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_jobs_dead_total",
+			Help: "Jobs moved to the dead letters, by error class.",
+		}, []string{"kind", "queue", "class"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "keel_job_duration_seconds",
+			Help:    "How long job attempts took in the handler.",
+			Buckets: opts.Buckets,
+		}, []string{"kind"}),
+	}
+	cs := []prometheus.Collector{w.processed, w.failed, w.postponed, w.dead, w.duration}
+	if opts.DuplicatesSkipped != nil {
+		fn := opts.DuplicatesSkipped
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "keel_duplicate_deliveries_skipped_total",
+			Help: "Deliveries of already finished jobs acknowledged without running the handler.",
+		}, func() float64 { return float64(fn()) }))
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// Middleware counts and times every attempt. Install it innermost (in
+// server.Config.Middleware) so that it measures the handler itself, and
+// deliveries the ledger acknowledges without running anything are not
+// counted as processed.
+func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		start := time.Now()
+		err := next.ProcessTask(ctx, t)
+		kind := t.Type()
+		queue, _ := asynq.GetQueueName(ctx)
+		w.duration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+		if err == nil {
+			w.processed.WithLabelValues(kind, queue).Inc()
+			return nil
+		}
+		class := w.classifier.Classify(err)
+		if class == retry.ClassWait {
+			w.postponed.WithLabelValues(kind, queue).Inc()
+			return err
+		}
+		w.processed.WithLabelValues(kind, queue).Inc()
+		w.failed.WithLabelValues(kind, queue, string(class)).Inc()
+		return err
+	})
+}
+
+// OnDead counts a job that has just died. It has the shape of
+// idempotency.GuardConfig.OnDead; call it from there (chain it with any
+// other hook).
+func (w *Worker) OnDead(_ context.Context, e idempotency.DeadEvent) {
+	w.dead.WithLabelValues(e.Kind, e.Queue, e.Class).Inc()
+}

@@ -1,0 +1,302 @@
+package web_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+const chromium = "/usr/bin/chromium"
+
+// xssError is the last error of the jobs the browser test looks at: it must
+// show as text and never run.
+const xssError = `<script>window.__xss=1</script>`
+
+// recordCSPViolations runs in every page before the page's own code (the
+// DevTools protocol puts it there, so keel's CSP does not block it).
+const recordCSPViolations = `window.__csp = [];
+document.addEventListener('securitypolicyviolation', e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));`
+
+// startWorker runs a real keel worker until the test ends.
+func startWorker(t *testing.T, b *bundle, mux *tasks.Mux) {
+	t.Helper()
+	cfg := server.Config{Redis: b.redis, Pool: b.pool, Queues: map[string]int{"default": 1}, Concurrency: 4,
+		ShutdownTimeout: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)}
+	cfg.Relay.PollInterval = 100 * time.Millisecond
+	srv, err := server.New(cfg, mux)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+func newBrowser(t *testing.T) context.Context {
+	t.Helper()
+	profile := t.TempDir() // made before the browser, so removed after it stops
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.UserDataDir(profile),
+		chromedp.WindowSize(1440, 1000),
+	)
+	ctx, cancelTab := chromedp.NewContext(alloc)
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc()
+	})
+	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		_, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument,
+			page.AddScriptToEvaluateOnNewDocumentParams{Source: recordCSPViolations})
+		return err
+	})), "starting %s", chromium)
+	return ctx
+}
+
+// run runs browser steps with a deadline, so a page that never shows what a
+// step waits for fails the test instead of hanging it.
+func run(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, chromedp.Do(tctx, steps...))
+}
+
+func eval[T any](t *testing.T, ctx context.Context, expr string, opts ...chromedp.EvaluateOption) T {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(tctx, chromedp.Evaluate[T](expr, opts...))
+	require.NoError(t, err, expr)
+	return v
+}
+
+// waitJS waits until expr is true in the page; a page still navigating
+// counts as not yet.
+func waitJS(t *testing.T, ctx context.Context, expr, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ok, err := chromedp.Run(tctx, chromedp.Evaluate[bool](expr))
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s (last error: %v)", msg, last)
+}
+
+func text(t *testing.T, ctx context.Context, css string) string {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(tctx, chromedp.Text(chromedp.CSS(css), chromedp.NodeVisible))
+	require.NoError(t, err, css)
+	return s
+}
+
+func noCSPViolations(t *testing.T, ctx context.Context, where string) {
+	t.Helper()
+	require.Empty(t, eval[[]string](t, ctx, `window.__csp || []`), "CSP violations on %s", where)
+}
+
+// screenshot saves the page into dir, and into KEEL_WEB_SCREENSHOT_DIR when
+// set (CI keeps it as an artifact).
+func screenshot(t *testing.T, ctx context.Context, dir, name string) {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(tctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), png, 0o644))
+	if extra := os.Getenv("KEEL_WEB_SCREENSHOT_DIR"); extra != "" {
+		require.NoError(t, os.WriteFile(filepath.Join(extra, name), png, 0o644))
+	}
+}
+
+func signInBrowser(t *testing.T, ctx context.Context, base, name, password, next string) {
+	t.Helper()
+	run(t, ctx,
+		chromedp.Navigate(base+"/login?next="+next),
+		chromedp.WaitVisible(chromedp.ID("name")),
+		chromedp.SendKeys(chromedp.ID("name"), name),
+		chromedp.SendKeys(chromedp.ID("password"), password),
+		chromedp.Click(chromedp.ID("signin")),
+	)
+}
+
+func TestBrowser(t *testing.T) {
+	if _, err := os.Stat(chromium); err != nil {
+		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
+	}
+	b := setup(t, nil)
+	shots := t.TempDir()
+
+	// A real worker whose handler fails permanently until told otherwise.
+	var failing atomic.Bool
+	failing.Store(true)
+	mux := tasks.NewMux()
+	mux.HandleTask("order:send_receipt", asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		if failing.Load() {
+			return retry.Permanent(errors.New(xssError))
+		}
+		return nil
+	}))
+	startWorker(t, b, mux)
+	var jobs []idempotency.Job
+	for _, key := range []string{"order:1", "order:2", "order:3"} {
+		res, err := b.client.Enqueue(context.Background(), tasks.NewRaw("order:send_receipt", []byte(`{"order_id":"`+key+`"}`), key))
+		require.NoError(t, err)
+		jobs = append(jobs, res.Job)
+	}
+	waitStatus := func(id string, want idempotency.Status) {
+		testenv.Eventually(t, 15*time.Second, func() bool {
+			j, err := b.store.Get(context.Background(), id)
+			require.NoError(t, err)
+			return j.Status == want
+		}, "job %s never became %s", id, want)
+	}
+	for _, j := range jobs {
+		waitStatus(j.ID, idempotency.StatusDead)
+	}
+	replayed, discarded, untouched := jobs[0], jobs[1], jobs[2]
+
+	ctx := newBrowser(t)
+	base := b.ts.URL
+
+	// The operator signs in and lands on the overview.
+	signInBrowser(t, ctx, base, operatorName, operatorPassword, "/")
+	run(t, ctx, chromedp.WaitVisible(chromedp.ID("dead-total")))
+	require.Equal(t, "3", text(t, ctx, "#dead-total"))
+	require.Contains(t, text(t, ctx, "table.queues"), "default")
+	// Two samples a second apart draw the charts.
+	run(t, ctx, chromedp.Sleep(2200*time.Millisecond), chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("svg.chart")))
+	screenshot(t, ctx, shots, "overview.png")
+	noCSPViolations(t, ctx, "the overview")
+
+	// Dead letters: the error is shown as text and does not run.
+	run(t, ctx, chromedp.Navigate(base+"/dead"), chromedp.WaitVisible(chromedp.CSS("#job-"+replayed.ID)))
+	require.Equal(t, xssError, text(t, ctx, "#job-"+replayed.ID+" pre.err"))
+	require.True(t, eval[bool](t, ctx, `window.__xss === undefined`), "the job's error ran as script")
+	require.Equal(t, 0, eval[int](t, ctx, `document.querySelectorAll('main script').length`))
+	screenshot(t, ctx, shots, "dead.png")
+	noCSPViolations(t, ctx, "the dead letters")
+
+	// Its page, then replay: the handler now succeeds.
+	run(t, ctx, chromedp.Click(chromedp.CSS("#job-"+replayed.ID+" a.key")), chromedp.WaitVisible(chromedp.ID("replay")))
+	require.Equal(t, "dead", text(t, ctx, "#status"))
+	require.Equal(t, xssError, text(t, ctx, "#last-error"))
+	require.True(t, eval[bool](t, ctx, `window.__xss === undefined`))
+	screenshot(t, ctx, shots, "job.png")
+	failing.Store(false)
+	run(t, ctx, chromedp.Click(chromedp.ID("replay")), chromedp.WaitVisible(chromedp.CSS("p.flash")))
+	require.Contains(t, text(t, ctx, "p.flash"), "Replayed")
+	require.Contains(t, text(t, ctx, "table.audit"), "replay")
+	waitStatus(replayed.ID, idempotency.StatusSucceeded)
+	run(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("status")))
+	require.Equal(t, "succeeded", text(t, ctx, "#status"))
+
+	// Discard another with a note; the audit entry is on its page.
+	run(t, ctx,
+		chromedp.Navigate(base+"/jobs/"+discarded.ID),
+		chromedp.WaitVisible(chromedp.ID("discard-note")),
+		chromedp.SendKeys(chromedp.ID("discard-note"), "customer cancelled order 2"),
+		chromedp.Click(chromedp.ID("discard")),
+		chromedp.WaitVisible(chromedp.CSS("table.audit")),
+	)
+	require.Equal(t, "discarded", text(t, ctx, "#status"))
+	audit := text(t, ctx, "table.audit")
+	require.Contains(t, audit, "discard")
+	require.Contains(t, audit, operatorName)
+	require.Contains(t, audit, "customer cancelled order 2")
+	noCSPViolations(t, ctx, "a job page")
+
+	// The operator's asynqmon is writable, and the browser's own fetch calls
+	// pass the same-origin check.
+	run(t, ctx, chromedp.Navigate(base+"/monitoring/"))
+	waitJS(t, ctx, `(() => { const r = document.querySelector('#root'); return !!r && r.innerText.includes('default') })()`,
+		"asynqmon's app did not render the queue list")
+	require.True(t, eval[bool](t, ctx, `window.FLAG_READ_ONLY === "false"`))
+	for _, action := range []string{"pause", "resume"} {
+		status := eval[int](t, ctx, `fetch('/monitoring/api/queues/default:`+action+`', {method: 'POST'}).then(r => r.status)`, chromedp.EvalAwaitPromise)
+		require.Equal(t, 204, status, action)
+	}
+	noCSPViolations(t, ctx, "asynqmon")
+
+	// The viewer sees the dead job but has no replay button, and a forged
+	// replay is refused.
+	run(t, ctx, chromedp.Navigate(base+"/"), chromedp.Click(chromedp.ID("logout")), chromedp.WaitVisible(chromedp.ID("signin")))
+	signInBrowser(t, ctx, base, viewerName, viewerPassword, "/jobs/"+untouched.ID)
+	run(t, ctx, chromedp.WaitVisible(chromedp.ID("status")))
+	require.Equal(t, "dead", text(t, ctx, "#status"))
+	require.True(t, eval[bool](t, ctx, `document.querySelector('#replay') === null && document.querySelector('#discard') === null`))
+	// keel's CSP allows no fetch from its pages, so forge a form post.
+	run(t, ctx,
+		chromedp.Evaluate[chromedp.Void](`(() => {
+			const f = document.createElement('form');
+			f.method = 'post';
+			f.action = '/jobs/`+untouched.ID+`/replay';
+			const i = document.createElement('input');
+			i.name = 'csrf';
+			i.value = document.querySelector('input[name=csrf]').value;
+			f.appendChild(i);
+			document.body.appendChild(f);
+			f.submit();
+		})()`),
+	)
+	waitJS(t, ctx, `document.body.innerText.includes('operators only')`, "the forged replay was not refused")
+	j, err := b.store.Get(context.Background(), untouched.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusDead, j.Status)
+
+	// asynqmon loads under /monitoring/ and lists the queue (its API answers
+	// through keel's sign-in); its writes are refused for viewers.
+	run(t, ctx, chromedp.Navigate(base+"/monitoring/"))
+	waitJS(t, ctx, `(() => { const r = document.querySelector('#root'); return !!r && r.children.length > 0 && r.innerText.includes('default') })()`,
+		"asynqmon's app did not render the queue list")
+	require.True(t, eval[bool](t, ctx, `window.FLAG_READ_ONLY === "true"`))
+	noCSPViolations(t, ctx, "asynqmon")
+	status := eval[int](t, ctx, `fetch('/monitoring/api/queues/default:pause', {method: 'POST'}).then(r => r.status)`, chromedp.EvalAwaitPromise)
+	require.Equal(t, 403, status)
+	screenshot(t, ctx, shots, "monitoring.png")
+	for _, name := range []string{"overview.png", "dead.png", "job.png", "monitoring.png"} {
+		st, err := os.Stat(filepath.Join(shots, name))
+		require.NoError(t, err)
+		require.Greater(t, st.Size(), int64(10_000), name)
+	}
+	require.False(t, strings.Contains(eval[string](t, ctx, `document.body.innerText`), "Refused"))
+}

@@ -1,0 +1,538 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/metrics"
+)
+
+// pageTimeout bounds the reads behind one page.
+const pageTimeout = 10 * time.Second
+
+// chartWindow is what the overview's small charts cover.
+const chartWindow = time.Hour
+
+type queueView struct {
+	Name          string
+	Paused        bool
+	Size          map[string]int
+	OldestPending time.Duration
+	Dead          int
+	// Rates per minute over the last minute of samples.
+	ProcessedRate, FailedRate float64
+	RateChart, DepthChart     chart
+	History                   bars
+}
+
+type deadKindView struct {
+	Queue, Kind, Class string
+	N                  int
+	URL                string
+}
+
+type overviewData struct {
+	Queues        []queueView
+	RedisErr      string
+	LedgerErr     string
+	DeadTotal     int
+	DeadKinds     []deadKindView
+	OutboxBacklog int
+	OutboxLag     time.Duration
+	Sampling      string
+}
+
+func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	snap := metrics.NewLedger(metrics.LedgerConfig{Pool: s.cfg.Pool, Inspector: s.insp, Timeout: pageTimeout}).Read(ctx)
+	d := overviewData{OutboxBacklog: snap.OutboxBacklog, OutboxLag: snap.OutboxLag,
+		Sampling: fmt.Sprintf("sampled every %s by this server", s.cfg.SampleInterval)}
+	if snap.RedisErr != nil {
+		d.RedisErr = snap.RedisErr.Error()
+	}
+	if snap.PostgresErr != nil {
+		d.LedgerErr = snap.PostgresErr.Error()
+	}
+	deadByQueue := map[string]int{}
+	for _, dc := range snap.Dead {
+		deadByQueue[dc.Queue] += dc.N
+		d.DeadTotal += dc.N
+		d.DeadKinds = append(d.DeadKinds, deadKindView{Queue: dc.Queue, Kind: dc.Kind, Class: dc.Class, N: dc.N,
+			URL: "/dead?" + filterForm{Queue: dc.Queue, Kind: dc.Kind, Class: dc.Class}.values().Encode()})
+	}
+	sort.SliceStable(d.DeadKinds, func(i, j int) bool { return d.DeadKinds[i].N > d.DeadKinds[j].N })
+	now := time.Now()
+	seen := map[string]bool{}
+	for _, q := range snap.Queues {
+		seen[q.Name] = true
+		d.Queues = append(d.Queues, s.queueView(q, deadByQueue[q.Name], now))
+	}
+	// Queues Redis no longer knows can still hold dead letters in the ledger.
+	for q, n := range deadByQueue {
+		if !seen[q] {
+			d.Queues = append(d.Queues, queueView{Name: q, Size: map[string]int{}, Dead: n})
+		}
+	}
+	slices.SortFunc(d.Queues, func(a, b queueView) int { return strings.Compare(a.Name, b.Name) })
+	s.render(w, r, http.StatusOK, "overview", view{Title: "Overview", Nav: "overview", Data: d})
+}
+
+func (s *Server) queueView(q metrics.QueueState, dead int, now time.Time) queueView {
+	v := queueView{Name: q.Name, Paused: q.Paused, Size: q.Size, OldestPending: q.OldestPending, Dead: dead}
+	ss := s.sampler.series(q.Name)
+	rs := rates(ss)
+	var n int
+	for i := len(rs) - 1; i >= 0 && now.Sub(rs[i].At) <= time.Minute+s.cfg.SampleInterval; i-- {
+		v.ProcessedRate += rs[i].Processed
+		v.FailedRate += rs[i].Failed
+		n++
+	}
+	if n > 0 {
+		v.ProcessedRate /= float64(n)
+		v.FailedRate /= float64(n)
+	}
+	ts := make([]time.Time, len(rs))
+	proc := make([]float64, len(rs))
+	fail := make([]float64, len(rs))
+	for i, p := range rs {
+		ts[i], proc[i], fail[i] = p.At, p.Processed, p.Failed
+	}
+	v.RateChart = lineChart(320, 64, chartWindow, now, ts, []chartLine{
+		{Class: "l-processed", Label: "processed/min"}, {Class: "l-failed", Label: "failed/min"}}, [][]float64{proc, fail})
+	ts = make([]time.Time, len(ss))
+	pend := make([]float64, len(ss))
+	act := make([]float64, len(ss))
+	for i, p := range ss {
+		ts[i], pend[i], act[i] = p.At, float64(p.Pending), float64(p.Active)
+	}
+	v.DepthChart = lineChart(320, 64, chartWindow, now, ts, []chartLine{
+		{Class: "l-pending", Label: "pending"}, {Class: "l-active", Label: "active"}}, [][]float64{pend, act})
+	if hist, err := s.insp.History(q.Name, 7); err == nil {
+		days := make([]dayStat, len(hist))
+		// asynq lists today first; the chart reads left to right.
+		for i, h := range hist {
+			days[len(hist)-1-i] = dayStat{Date: h.Date, Processed: h.Processed, Failed: h.Failed}
+		}
+		v.History = barChart(320, 40, days)
+	}
+	return v
+}
+
+// filterForm is the dead-letter filter as typed into the form.
+type filterForm struct {
+	Kind, Queue, Class, Since, Until string
+}
+
+func (f filterForm) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"kind": f.Kind, "queue": f.Queue, "class": f.Class, "since": f.Since, "until": f.Until} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+func (f filterForm) Empty() bool { return f == filterForm{} }
+
+// timeLayouts are what the filter accepts; the form's datetime-local
+// fields send the first. Times are UTC.
+var timeLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05", time.RFC3339, "2006-01-02 15:04", "2006-01-02"}
+
+func parseTime(what, s string) (time.Time, error) {
+	for _, l := range timeLayouts {
+		if t, err := time.ParseInLocation(l, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s %q: want a UTC time like 2026-01-31T14:05", what, s)
+}
+
+func readFilter(v url.Values) (filterForm, idempotency.DeadFilter, error) {
+	f := filterForm{Kind: strings.TrimSpace(v.Get("kind")), Queue: strings.TrimSpace(v.Get("queue")),
+		Class: strings.TrimSpace(v.Get("class")), Since: strings.TrimSpace(v.Get("since")), Until: strings.TrimSpace(v.Get("until"))}
+	df := idempotency.DeadFilter{Kind: f.Kind, Queue: f.Queue, Class: f.Class}
+	var err error
+	if f.Since != "" {
+		if df.Since, err = parseTime("since", f.Since); err != nil {
+			return f, df, err
+		}
+	}
+	if f.Until != "" {
+		if df.Until, err = parseTime("until", f.Until); err != nil {
+			return f, df, err
+		}
+	}
+	return f, df, nil
+}
+
+type deadRow struct {
+	Job   idempotency.Job
+	Steps []idempotency.StepRecord
+}
+
+type deadData struct {
+	Filter        filterForm
+	Total         int
+	Rows          []deadRow
+	Page, Pages   int
+	PrevURL       string
+	NextURL       string
+	ReplayURL     string
+	DiscardURL    string
+	Classes       []string
+	FirstN, LastN int
+}
+
+func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	f, df, err := readFilter(r.URL.Query())
+	d := deadData{Filter: f, Classes: []string{"permanent", "transient", "unknown"}}
+	if err != nil {
+		s.render(w, r, http.StatusBadRequest, "dead", view{Title: "Dead letters", Nav: "dead", Error: err.Error(), Data: d})
+		return
+	}
+	d.Page, _ = strconv.Atoi(r.URL.Query().Get("page"))
+	d.Page = max(d.Page, 1)
+	if d.Total, err = s.store.CountDead(ctx, df); err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	size := s.cfg.PageSize
+	d.Pages = max((d.Total+size-1)/size, 1)
+	d.Page = min(d.Page, d.Pages)
+	jobs, err := s.store.ListDead(ctx, df, size, (d.Page-1)*size)
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	for _, j := range jobs {
+		steps, err := s.store.Steps(ctx, j.ID)
+		if err != nil {
+			s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+			return
+		}
+		d.Rows = append(d.Rows, deadRow{Job: j, Steps: steps})
+	}
+	if len(jobs) > 0 {
+		d.FirstN = (d.Page-1)*size + 1
+		d.LastN = d.FirstN + len(jobs) - 1
+	}
+	pageURL := func(n int) string {
+		v := f.values()
+		v.Set("page", strconv.Itoa(n))
+		return "/dead?" + v.Encode()
+	}
+	if d.Page > 1 {
+		d.PrevURL = pageURL(d.Page - 1)
+	}
+	if d.Page < d.Pages {
+		d.NextURL = pageURL(d.Page + 1)
+	}
+	v := f.values()
+	v.Set("action", "replay")
+	d.ReplayURL = "/dead/confirm?" + v.Encode()
+	v.Set("action", "discard")
+	d.DiscardURL = "/dead/confirm?" + v.Encode()
+	s.render(w, r, http.StatusOK, "dead", view{Title: "Dead letters", Nav: "dead", Data: d})
+}
+
+type lookupData struct {
+	Kind, Key, ID string
+}
+
+// lookup finds a job by business key (kind + key) or by id and sends the
+// browser to its page.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	q := r.URL.Query()
+	d := lookupData{Kind: strings.TrimSpace(q.Get("kind")), Key: strings.TrimSpace(q.Get("key")), ID: strings.TrimSpace(q.Get("id"))}
+	var j idempotency.Job
+	var err error
+	switch {
+	case d.ID != "":
+		j, err = s.store.Get(ctx, d.ID)
+	case d.Kind != "" && d.Key != "":
+		j, err = s.store.Lookup(ctx, d.Kind, d.Key)
+	case d.Kind != "" || d.Key != "":
+		s.render(w, r, http.StatusBadRequest, "lookup", view{Title: "Look up a job", Nav: "lookup",
+			Error: "give both the kind and the business key", Data: d})
+		return
+	default:
+		s.render(w, r, http.StatusOK, "lookup", view{Title: "Look up a job", Nav: "lookup", Data: d})
+		return
+	}
+	switch {
+	case errors.Is(err, idempotency.ErrNotFound):
+		msg := fmt.Sprintf("no job with kind %q and business key %q", d.Kind, d.Key)
+		if d.ID != "" {
+			msg = fmt.Sprintf("no job with id %q", d.ID)
+		}
+		s.render(w, r, http.StatusNotFound, "lookup", view{Title: "Look up a job", Nav: "lookup", Error: msg, Data: d})
+	case err != nil:
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+	default:
+		http.Redirect(w, r, "/jobs/"+url.PathEscape(j.ID), http.StatusSeeOther)
+	}
+}
+
+type jobData struct {
+	Job          idempotency.Job
+	Steps        []idempotency.StepRecord
+	Audit        []idempotency.AuditEntry
+	Payload      string
+	Next         string
+	LeaseExpired bool
+	InDoubt      bool
+	MonitorURL   string
+	Note         string
+}
+
+// flashes are the only messages a redirect can ask a page to show: the
+// page never echoes text from the URL.
+var flashes = map[string]string{
+	"replayed":         "Replayed: the job is pending again with a fresh retry budget; the relay hands it to a worker.",
+	"already-replayed": "Nothing to do: the job was no longer dead (someone replayed it first).",
+	"discarded":        "Discarded: the job is closed for good.",
+	"step-resolved":    "Step resolved. Replay the job when no step is left in doubt.",
+}
+
+func (s *Server) job(w http.ResponseWriter, r *http.Request) {
+	s.jobPage(w, r, r.PathValue("id"), http.StatusOK, flashes[r.URL.Query().Get("done")], "", "")
+}
+
+func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, status int, flash, errMsg, note string) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	j, err := s.store.Get(ctx, id)
+	if errors.Is(err, idempotency.ErrNotFound) {
+		s.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("no job with id %q", id))
+		return
+	}
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	d := jobData{Job: j, Payload: s.cfg.PayloadFormatter(j.Kind, j.Payload), Note: note,
+		MonitorURL: MonitoringPath + "/queues/" + url.PathEscape(j.Queue) + "/tasks/" + url.PathEscape(j.ID)}
+	if d.Steps, err = s.store.Steps(ctx, j.ID); err == nil {
+		d.Audit, err = s.store.Audit(ctx, j.ID)
+	}
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	for _, st := range d.Steps {
+		if st.Status == "started" {
+			d.InDoubt = true
+		}
+	}
+	d.LeaseExpired = j.LeaseUntil != nil && time.Now().After(*j.LeaseUntil)
+	d.Next = nextStep(j, d.InDoubt, d.LeaseExpired)
+	s.render(w, r, status, "job", view{Title: j.Kind + " " + j.BusinessKey, Nav: "lookup", Flash: flash, Error: errMsg, Data: d})
+}
+
+// nextStep says, in a sentence, who handles the job next — the question
+// asked of this page at 3 a.m.
+func nextStep(j idempotency.Job, inDoubt, leaseExpired bool) string {
+	switch j.Status {
+	case idempotency.StatusPending:
+		if j.PublishedAt == nil {
+			return "Waiting for the relay to hand it to Redis; then any worker reading queue " + j.Queue + " runs it."
+		}
+		return "In Redis, waiting for any worker reading queue " + j.Queue + "."
+	case idempotency.StatusRunning:
+		if leaseExpired {
+			return "Its worker's lease has expired (the worker probably died); the next delivery of the job takes it over."
+		}
+		return "Running on " + j.LeaseHolder + ", which holds the lease; no other worker may run it until the lease ends."
+	case idempotency.StatusFailed:
+		return fmt.Sprintf("Failed attempt %d of %d; asynq retries it with backoff on any worker.", j.Attempts, j.MaxRetry+1)
+	case idempotency.StatusDead:
+		if inDoubt {
+			return "Waiting for a person: a step is in doubt. Say whether it happened, then replay or discard the job."
+		}
+		return "Waiting for a person: an operator can replay it (it runs again through the same handler) or discard it with a note."
+	case idempotency.StatusSucceeded:
+		return "Done. Further deliveries are acknowledged without running it."
+	case idempotency.StatusDiscarded:
+		return "Closed by " + j.ResolvedBy + "; nothing will run it again."
+	}
+	return ""
+}
+
+func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
+	id, p := r.PathValue("id"), principalFrom(r.Context())
+	note := strings.TrimSpace(r.PostForm.Get("note"))
+	res, err := s.store.Replay(r.Context(), s.insp, id, p.Name, note)
+	if err != nil {
+		s.actionFailed(w, r, id, "replay", err, note)
+		return
+	}
+	s.cfg.Logger.Info("keel web: job replayed", "job_id", id, "actor", p.Name, "already", res.AlreadyReplayed)
+	done := "replayed"
+	if res.AlreadyReplayed {
+		done = "already-replayed"
+	}
+	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
+}
+
+func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
+	id, p := r.PathValue("id"), principalFrom(r.Context())
+	note := strings.TrimSpace(r.PostForm.Get("note"))
+	if _, err := s.store.Discard(r.Context(), s.insp, id, p.Name, note); err != nil {
+		s.actionFailed(w, r, id, "discard", err, note)
+		return
+	}
+	s.cfg.Logger.Info("keel web: job discarded", "job_id", id, "actor", p.Name)
+	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done=discarded", http.StatusSeeOther)
+}
+
+func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
+	id, p := r.PathValue("id"), principalFrom(r.Context())
+	step, note := r.PostForm.Get("step"), strings.TrimSpace(r.PostForm.Get("note"))
+	var happened bool
+	switch r.PostForm.Get("happened") {
+	case "yes":
+		happened = true
+	case "no":
+	default:
+		s.jobPage(w, r, id, http.StatusBadRequest, "", "say whether the step's call happened (yes or no)", note)
+		return
+	}
+	j, err := s.store.Get(r.Context(), id)
+	if err == nil && j.Status != idempotency.StatusDead {
+		// A started step of a live job is a call in progress, not in doubt.
+		err = fmt.Errorf("%w: steps are resolved only on dead jobs; this one is %s", idempotency.ErrNotDead, j.Status)
+	}
+	if err == nil {
+		err = s.store.ResolveStep(r.Context(), id, step, happened, p.Name, note)
+	}
+	if err != nil {
+		s.actionFailed(w, r, id, "resolve step", err, note)
+		return
+	}
+	s.cfg.Logger.Info("keel web: step resolved", "job_id", id, "step", step, "happened", happened, "actor", p.Name)
+	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done=step-resolved", http.StatusSeeOther)
+}
+
+func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action string, err error, note string) {
+	status := http.StatusConflict
+	switch {
+	case errors.Is(err, idempotency.ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, idempotency.ErrNoteRequired):
+		status = http.StatusBadRequest
+	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrStepsInDoubt):
+	default:
+		status = http.StatusInternalServerError
+		s.cfg.Logger.Error("keel web: action failed", "action", action, "job_id", id, "err", err)
+	}
+	s.jobPage(w, r, id, status, "", action+" refused: "+err.Error(), note)
+}
+
+type confirmData struct {
+	Action  string
+	Filter  filterForm
+	Count   int
+	Sample  []idempotency.Job
+	Note    string
+	Changed bool
+	BackURL string
+}
+
+func bulkAction(s string) (string, bool) {
+	return s, s == "replay" || s == "discard"
+}
+
+// bulkConfirm shows how many dead letters a bulk action would touch; the
+// count goes back with the form, and the action is refused if it changed.
+func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	action, ok := bulkAction(q.Get("action"))
+	if !ok {
+		s.errorPage(w, r, http.StatusBadRequest, "action must be replay or discard")
+		return
+	}
+	f, df, err := readFilter(q)
+	if err != nil {
+		s.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	s.confirmPage(w, r, http.StatusOK, action, f, df, "", false, "")
+}
+
+func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int, action string, f filterForm, df idempotency.DeadFilter, note string, changed bool, errMsg string) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	d := confirmData{Action: action, Filter: f, Note: note, Changed: changed, BackURL: "/dead?" + f.values().Encode()}
+	var err error
+	if d.Count, err = s.store.CountDead(ctx, df); err == nil {
+		d.Sample, err = s.store.ListDead(ctx, df, 10, 0)
+	}
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	s.render(w, r, status, "confirm", view{Title: "Confirm bulk " + action, Nav: "dead", Error: errMsg, Data: d})
+}
+
+type bulkData struct {
+	Action  string
+	Result  idempotency.BulkResult
+	BackURL string
+}
+
+func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
+	p := principalFrom(r.Context())
+	action, ok := bulkAction(r.PostForm.Get("action"))
+	if !ok {
+		s.errorPage(w, r, http.StatusBadRequest, "action must be replay or discard")
+		return
+	}
+	f, df, err := readFilter(r.PostForm)
+	if err != nil {
+		s.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	expect, err := strconv.Atoi(r.PostForm.Get("expect"))
+	if err != nil || expect < 0 {
+		s.errorPage(w, r, http.StatusBadRequest, "the confirmed count is missing")
+		return
+	}
+	note := strings.TrimSpace(r.PostForm.Get("note"))
+	var res idempotency.BulkResult
+	if action == "replay" {
+		res, err = s.store.ReplayMatching(r.Context(), s.insp, df, expect, p.Name, note)
+	} else {
+		res, err = s.store.DiscardMatching(r.Context(), s.insp, df, expect, p.Name, note)
+	}
+	switch {
+	case errors.Is(err, idempotency.ErrCountChanged):
+		s.confirmPage(w, r, http.StatusConflict, action, f, df, note, true, "")
+		return
+	case errors.Is(err, idempotency.ErrNoteRequired):
+		s.confirmPage(w, r, http.StatusBadRequest, action, f, df, note, false, "a note saying why is required to discard")
+		return
+	case err != nil:
+		s.cfg.Logger.Error("keel web: bulk action failed", "action", action, "err", err)
+		s.errorPage(w, r, http.StatusInternalServerError, "bulk "+action+" failed: "+err.Error())
+		return
+	}
+	s.cfg.Logger.Info("keel web: bulk action", "action", action, "actor", p.Name, "matched", res.Matched,
+		"done", res.Done, "failed", len(res.Failed), "filter", f.values().Encode())
+	s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + action, Nav: "dead",
+		Data: bulkData{Action: action, Result: res, BackURL: "/dead?" + f.values().Encode()}})
+}

@@ -1,0 +1,231 @@
+package web
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"html/template"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed keel.css
+var stylesheet string
+
+// pages holds the parsed templates, one set per page.
+type pages struct {
+	css template.CSS
+	set map[string]*template.Template
+}
+
+var pageNames = []string{"login", "overview", "dead", "lookup", "job", "confirm", "bulk", "error"}
+
+func newPages() (*pages, error) {
+	p := &pages{css: template.CSS(stylesheet), set: map[string]*template.Template{}}
+	for _, name := range pageNames {
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("keel web: template %s: %w", name, err)
+		}
+		p.set[name] = t
+	}
+	return p, nil
+}
+
+// view is what every page template gets; Data is the page's own.
+type view struct {
+	Title string
+	Nav   string
+	User  *principal
+	CSS   template.CSS
+	Flash string
+	Error string
+	Now   time.Time
+	Data  any
+}
+
+// render writes a page. Everything a job carries reaches the page through
+// html/template, which escapes it for its context.
+func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, name string, v view) {
+	v.CSS = s.pages.css
+	v.User = principalFrom(r.Context())
+	v.Now = time.Now().UTC()
+	var buf bytes.Buffer
+	if err := s.pages.set[name].ExecuteTemplate(&buf, "layout", v); err != nil {
+		s.cfg.Logger.Error("keel web: rendering a page failed", "page", name, "err", err)
+		http.Error(w, "internal error rendering the page", http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (s *Server) errorPage(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	s.render(w, r, status, "error", view{Title: http.StatusText(status), Error: msg})
+}
+
+var funcs = template.FuncMap{
+	"ts": func(t time.Time) string {
+		if t.IsZero() {
+			return "—"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05") + " UTC"
+	},
+	"tsp": func(t *time.Time) string {
+		if t == nil || t.IsZero() {
+			return "—"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05") + " UTC"
+	},
+	"ago":     ago,
+	"agop":    func(t *time.Time) string { return agoPtr(t) },
+	"dur":     humanDuration,
+	"rate":    func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"clip":    clip,
+	"add":     func(a, b int) int { return a + b },
+	"bytestr": func(b []byte) string { return clip(string(b), 200) },
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := time.Since(t)
+	if d < 0 {
+		return "in " + humanDuration(-d)
+	}
+	return humanDuration(d) + " ago"
+}
+
+func agoPtr(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return ago(*t)
+}
+
+func humanDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+// clip shortens s to at most n runes, marking the cut.
+func clip(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
+}
+
+// chart is a small line chart drawn as inline SVG.
+type chart struct {
+	W, H  int
+	Lines []chartLine
+	Max   string // the value at the top edge
+	Span  string // how much time the x axis covers
+	Empty bool
+}
+
+type chartLine struct {
+	Class, Label string
+	Points       string // "x,y x,y …" for <polyline>
+}
+
+// lineChart plots series (sharing the time axis ts) over the time that ends
+// now: the last hour, or less while the server has not sampled that long,
+// so that a fresh server's charts are not a sliver at the right edge. Values
+// are scaled to the largest one.
+func lineChart(w, h int, maxWindow time.Duration, now time.Time, ts []time.Time, series []chartLine, values [][]float64) chart {
+	c := chart{W: w, H: h, Empty: len(ts) < 2}
+	window := maxWindow
+	if len(ts) > 0 {
+		window = min(max(now.Sub(ts[0]), time.Minute), maxWindow)
+	}
+	c.Span = "last hour"
+	if window < maxWindow {
+		c.Span = fmt.Sprintf("last %d min", int(window.Round(time.Minute).Minutes()))
+	}
+	top := 0.0
+	for _, vs := range values {
+		for _, v := range vs {
+			top = math.Max(top, v)
+		}
+	}
+	if top == 0 {
+		top = 1
+	}
+	c.Max = strconv.FormatFloat(top, 'g', 3, 64)
+	start := now.Add(-window)
+	for i, vs := range values {
+		var b strings.Builder
+		for j, v := range vs {
+			x := float64(w) * ts[j].Sub(start).Seconds() / window.Seconds()
+			y := float64(h-2) - (float64(h-4) * v / top)
+			if x < 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
+		}
+		l := series[i]
+		l.Points = strings.TrimSpace(b.String())
+		c.Lines = append(c.Lines, l)
+	}
+	return c
+}
+
+// bars is a small bar chart of daily totals.
+type bars struct {
+	W, H int
+	Bars []bar
+	Max  int
+}
+
+type bar struct {
+	X, W             float64
+	YTotal, HTotal   float64
+	YFailed, HFailed float64
+	Label            string
+}
+
+func barChart(w, h int, days []dayStat) bars {
+	b := bars{W: w, H: h}
+	for _, d := range days {
+		b.Max = max(b.Max, d.Processed)
+	}
+	top := float64(max(b.Max, 1))
+	slot := float64(w) / float64(max(len(days), 1))
+	for i, d := range days {
+		hp := float64(h-2) * float64(d.Processed) / top
+		hf := float64(h-2) * float64(d.Failed) / top
+		b.Bars = append(b.Bars, bar{
+			X: float64(i)*slot + 1, W: slot - 2,
+			YTotal: float64(h) - hp, HTotal: hp,
+			YFailed: float64(h) - hf, HFailed: hf,
+			Label: fmt.Sprintf("%s: %d processed, %d failed", d.Date.Format("Mon 2 Jan"), d.Processed, d.Failed),
+		})
+	}
+	return b
+}
+
+type dayStat struct {
+	Date              time.Time
+	Processed, Failed int
+}
