@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -41,7 +42,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	c.bind(root)
-	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c), deadCmd(c), webCmd(c))
+	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c), deadCmd(c), webCmd(c), schedulerCmd(c))
 	return root
 }
 
@@ -92,6 +93,7 @@ func migrateCmd(c *conn) *cobra.Command {
 func workerCmd(c *conn) *cobra.Command {
 	w := &workerFlags{}
 	lf := &limitFlags{}
+	of := &observeFlags{}
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker with the example order handlers (build your own binary with server.New for your handlers)",
@@ -128,17 +130,30 @@ func workerCmd(c *conn) *cobra.Command {
 				defer limits.Close()
 				cfg.Middleware = append(cfg.Middleware, limits.Middleware)
 			}
+			ob, err := of.wire(&cfg, nil, log)
+			if err != nil {
+				return err
+			}
 			mux := tasks.NewMux()
 			handlers.Register(mux, handlers.Deps{Pool: pool, Mailer: handlers.LogMailer{Log: log}})
 			srv, err := server.New(cfg, mux)
 			if err != nil {
 				return usageError{err}
 			}
+			ob.attach(srv)
+			var wg sync.WaitGroup
+			octx, stop := context.WithCancel(ctx)
+			defer func() { stop(); wg.Wait() }()
+			if err := ob.run(octx, &wg); err != nil {
+				srv.Close()
+				return err
+			}
 			return srv.Run(ctx)
 		},
 	}
 	w.bind(cmd)
 	lf.bind(cmd)
+	of.bind(cmd)
 	return cmd
 }
 

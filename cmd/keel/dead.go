@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// deadFlags are the dead-letter filters shared by ls, replay and discard.
+type deadFlags struct {
+	kind, queue, class string
+	since, until       string
+	asJSON, dryRun     bool
+	yes                bool
+	actor, note        string
+	limit              int
+}
+
+func (d *deadFlags) bindFilter(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&d.kind, "kind", "", "only this kind")
+	f.StringVar(&d.queue, "queue", "", "only this queue")
+	f.StringVar(&d.class, "class", "", "only this error class (permanent, transient, unknown)")
+	f.StringVar(&d.since, "since", "", "died at or after: RFC 3339 time or a duration ago (e.g. 2h)")
+	f.StringVar(&d.until, "until", "", "died before: RFC 3339 time or a duration ago")
+}
+
+func (d *deadFlags) bindAction(cmd *cobra.Command, needNote bool) {
+	f := cmd.Flags()
+	f.StringVar(&d.actor, "actor", defaultActor(), "who is acting (kept in the audit log)")
+	usage := "why (kept in the audit log)"
+	if needNote {
+		usage = "why (required; kept with the job and in the audit log)"
+	}
+	f.StringVar(&d.note, "note", "", usage)
+	f.BoolVar(&d.dryRun, "dry-run", false, "show what would be done, change nothing")
+	f.BoolVar(&d.yes, "yes", false, "do not ask for confirmation of a bulk action")
+}
+
+func defaultActor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return "cli:" + name + "@" + host
+}
+
+func parseWhen(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, usageError{fmt.Errorf("%q is neither an RFC 3339 time nor a duration", s)}
+	}
+	return t, nil
+}
+
+func (d *deadFlags) filter() (idempotency.DeadFilter, error) {
+	since, err := parseWhen(d.since)
+	if err != nil {
+		return idempotency.DeadFilter{}, err
+	}
+	until, err := parseWhen(d.until)
+	if err != nil {
+		return idempotency.DeadFilter{}, err
+	}
+	return idempotency.DeadFilter{Kind: d.kind, Queue: d.queue, Class: d.class, Since: since, Until: until}, nil
+}
+
+func deadCmd(c *conn) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dead",
+		Short: "See, replay and discard dead jobs (kept in the ledger until a person closes them)",
+	}
+	cmd.AddCommand(deadLsCmd(c), deadShowCmd(c), deadActionCmd(c, "replay"), deadActionCmd(c, "discard"))
+	return cmd
+}
+
+func deadLsCmd(c *conn) *cobra.Command {
+	d := &deadFlags{}
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List dead jobs, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := d.filter()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := c.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store := idempotency.NewStore(pool)
+			total, err := store.CountDead(ctx, f)
+			if err != nil {
+				return err
+			}
+			jobs, err := store.ListDead(ctx, f, d.limit, 0)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if d.asJSON {
+				list := make([]statusJSON, 0, len(jobs))
+				for _, j := range jobs {
+					list = append(list, toStatusJSON(j, nil))
+				}
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(map[string]any{"total": total, "jobs": list})
+			}
+			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "DIED\tJOB\tKIND\tBUSINESS KEY\tCLASS\tATTEMPTS\tLAST ERROR")
+			for _, j := range jobs {
+				died := ""
+				if j.FinishedAt != nil {
+					died = j.FinishedAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", died, j.ID, j.Kind, oneLine(j.BusinessKey, 40),
+					j.ErrorClass, j.Attempts, oneLine(j.LastError, 80))
+			}
+			tw.Flush()
+			fmt.Fprintf(out, "%d dead job(s) match; %d shown\n", total, len(jobs))
+			return nil
+		},
+	}
+	d.bindFilter(cmd)
+	cmd.Flags().BoolVar(&d.asJSON, "json", false, "print JSON")
+	cmd.Flags().IntVar(&d.limit, "limit", 50, "show at most this many (up to 1000)")
+	return cmd
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return s
+}
+
+func deadShowCmd(c *conn) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show JOB_ID",
+		Short: "Show a job: reason, attempts, steps and the audit log",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pool, err := c.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store := idempotency.NewStore(pool)
+			j, err := store.Get(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			steps, err := store.Steps(ctx, j.ID)
+			if err != nil {
+				return err
+			}
+			audit, err := store.Audit(ctx, j.ID)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				v := toStatusJSON(j, steps)
+				type auditJSON struct {
+					Action, Actor, Note string
+					At                  time.Time
+				}
+				var a []auditJSON
+				for _, e := range audit {
+					a = append(a, auditJSON{e.Action, e.Actor, e.Note, e.At})
+				}
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(map[string]any{"job": v, "audit": a})
+			}
+			printStatus(out, j, steps)
+			for _, e := range audit {
+				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", e.At.Format(time.RFC3339), e.Action, e.Actor, e.Note)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// deadActionCmd builds `dead replay` and `dead discard`: by id, or every
+// dead job a filter matches after a confirmation that shows the count.
+func deadActionCmd(c *conn, action string) *cobra.Command {
+	d := &deadFlags{}
+	short := "Run dead jobs again through the same middleware and handler, with a fresh retry budget"
+	if action == "discard" {
+		short = "Close dead jobs for good, with a note saying why"
+	}
+	cmd := &cobra.Command{
+		Use:   action + " [JOB_ID...]",
+		Short: short,
+		Long: short + ".\n\nName jobs by id, or select them with filters and --all; a bulk action shows the count\n" +
+			"and asks for it back before it starts (--yes skips the question).",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			all, _ := cmd.Flags().GetBool("all")
+			if (len(args) == 0) == !all {
+				return usageError{fmt.Errorf("name job ids, or select with filters and --all")}
+			}
+			if action == "discard" && strings.TrimSpace(d.note) == "" {
+				return usageError{idempotency.ErrNoteRequired}
+			}
+			f, err := d.filter()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := c.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			ids := args
+			if all {
+				if ids, err = allDead(ctx, pool, f); err != nil {
+					return err
+				}
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "%s: %d job(s)\n", action, len(ids))
+			if d.dryRun || len(ids) == 0 {
+				return nil
+			}
+			if all && !d.yes {
+				fmt.Fprintf(out, "type %d to %s them: ", len(ids), action)
+				line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+				if strings.TrimSpace(line) != strconv.Itoa(len(ids)) {
+					return fmt.Errorf("not confirmed; nothing changed")
+				}
+			}
+			redis, err := c.redis()
+			if err != nil {
+				return err
+			}
+			insp := asynq.NewInspector(redis)
+			defer insp.Close()
+			store := idempotency.NewStore(pool)
+			failed := 0
+			for i, id := range ids {
+				if action == "replay" {
+					_, err = store.Replay(ctx, insp, id, d.actor, d.note)
+				} else {
+					_, err = store.Discard(ctx, insp, id, d.actor, d.note)
+				}
+				if err != nil {
+					failed++
+					fmt.Fprintf(cmd.ErrOrStderr(), "\n%s %s: %v\n", action, id, err)
+				}
+				progress(cmd.ErrOrStderr(), i+1, len(ids))
+			}
+			fmt.Fprintf(out, "%s: %d done, %d failed\n", action, len(ids)-failed, failed)
+			if failed > 0 {
+				return fmt.Errorf("%d job(s) could not be %s", failed, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
+			}
+			return nil
+		},
+	}
+	d.bindFilter(cmd)
+	d.bindAction(cmd, action == "discard")
+	cmd.Flags().Bool("all", false, "act on every dead job the filters match")
+	return cmd
+}
+
+func allDead(ctx context.Context, pool *pgxpool.Pool, f idempotency.DeadFilter) ([]string, error) {
+	store := idempotency.NewStore(pool)
+	var ids []string
+	for offset := 0; ; offset += 1000 {
+		jobs, err := store.ListDead(ctx, f, 1000, offset)
+		if err != nil {
+			return nil, err
+		}
+		for _, j := range jobs {
+			ids = append(ids, j.ID)
+		}
+		if len(jobs) < 1000 {
+			return ids, nil
+		}
+	}
+}
+
+// progress draws a one-line bar on a terminal (stderr), redrawn in place.
+func progress(w io.Writer, done, total int) {
+	const width = 30
+	filled := width * done / max(total, 1)
+	fmt.Fprintf(w, "\r[%s%s] %d/%d", strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total)
+	if done == total {
+		fmt.Fprintln(w)
+	}
+}

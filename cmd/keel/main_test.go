@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+)
+
+const schema = "keel_test_cmd"
+
+// keel runs the CLI in-process against the package's schema and Redis DB.
+func keel(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetIn(strings.NewReader(stdin))
+	root.SetArgs(append([]string{"--redis-url", "redis://" + testenv.RedisAddr() + "/" + itoa(testenv.DBCmd),
+		"--database-url", testenv.URL(schema), "--log-level", "error"}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := root.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestCLI(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema) // fresh schema; migrate below must be a no-op
+	ctx := context.Background()
+
+	out, err := keel(t, "", "version")
+	require.NoError(t, err)
+	require.Regexp(t, `^keel \S+ \(ledger schema \d+\)`, out)
+
+	out, err = keel(t, "", "migrate")
+	require.NoError(t, err)
+	require.Contains(t, out, "ledger schema is current")
+
+	out, err = keel(t, "", "enqueue", "order:send_receipt", "order:cli", "--payload", `{"order_id":"cli","email":"a@example.com"}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "created")
+	out, err = keel(t, "", "enqueue", "order:send_receipt", "order:cli", "--payload", `{"order_id":"cli","email":"a@example.com"}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "already existed")
+	_, err = keel(t, "", "enqueue", "order:send_receipt", "k", "--payload", `{not json`)
+	require.ErrorContains(t, err, "not valid JSON")
+	_, err = keel(t, "", "enqueue", "order:send_receipt", "k", "--queue", "nope")
+	require.ErrorContains(t, err, `unknown queue "nope"`)
+
+	out, err = keel(t, "", "status", "order:send_receipt", "order:cli", "--json")
+	require.NoError(t, err)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Equal(t, "pending", st.Status)
+	require.Equal(t, "critical", st.Queue)
+	out, err = keel(t, "", "status", "--id", st.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "order:cli")
+	_, err = keel(t, "", "status", "order:send_receipt", "order:nope")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
+	_, err = keel(t, "", "status")
+	require.Error(t, err)
+
+	// Dead letters: make two dead jobs, then list, discard and replay them.
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', last_error = '<script>x</script> boom', error_class = 'permanent',
+		finished_at = now() WHERE id = $1`, st.ID)
+	require.NoError(t, err)
+	_, err = keel(t, "", "enqueue", "analytics:sync", "order:cli2", "--payload", `{"order_id":"cli2"}`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', last_error = 'timeout', error_class = 'transient',
+		finished_at = now() WHERE business_key = 'order:cli2'`)
+	require.NoError(t, err)
+
+	out, err = keel(t, "", "dead", "ls")
+	require.NoError(t, err)
+	require.Contains(t, out, "2 dead job(s) match")
+	out, err = keel(t, "", "dead", "ls", "--class", "permanent", "--json")
+	require.NoError(t, err)
+	var ls struct {
+		Total int          `json:"total"`
+		Jobs  []statusJSON `json:"jobs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &ls))
+	require.Equal(t, 1, ls.Total)
+	require.Equal(t, st.ID, ls.Jobs[0].ID)
+
+	_, err = keel(t, "", "dead", "discard", st.ID)
+	require.ErrorIs(t, err, idempotency.ErrNoteRequired)
+	out, err = keel(t, "", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, "discard: 1 job(s)")
+	_, err = keel(t, "2\n", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left")
+	require.ErrorContains(t, err, "not confirmed")
+	out, err = keel(t, "1\n", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--actor", "ops:ann")
+	require.NoError(t, err)
+	require.Contains(t, out, "1 done, 0 failed")
+	out, err = keel(t, "", "dead", "show", st.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "discarded")
+	require.Regexp(t, regexp.MustCompile(`audit .* discard by ops:ann: customer left`), out)
+
+	out, err = keel(t, "", "dead", "replay", "--all", "--yes")
+	require.NoError(t, err)
+	require.Contains(t, out, "1 done, 0 failed")
+	j, err := idempotency.NewStore(pool).Lookup(ctx, "analytics:sync", "order:cli2")
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, j.Status)
+	require.Equal(t, 0, j.Attempts, "a replay gets a fresh budget")
+
+	out, err = keel(t, "", "ledger", "--json")
+	require.NoError(t, err)
+	var ls2 ledgerStats
+	require.NoError(t, json.Unmarshal([]byte(out), &ls2))
+	require.EqualValues(t, 1, ls2.Rows["discarded"])
+	require.EqualValues(t, 1, ls2.Rows["pending"])
+}
+
+func TestBadConfigurationIsAClearError(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"worker", "--queues", "a:x"}, `weight "x"`},
+		{[]string{"worker", "--concurrency", "0"}, "concurrency"},
+		{[]string{"worker", "--shutdown-timeout", "-1s"}, "shutdown-timeout"},
+		{[]string{"--redis-url", "foo://x", "worker"}, "unsupported scheme"},
+		{[]string{"--log-level", "loud", "worker"}, "log-level"},
+		{[]string{"--database-url", "postgres://127.0.0.1:1/x?connect_timeout=1", "status", "a", "b"}, "not answering"},
+		{[]string{"worker", "--rate-limit", "mail=fast"}, "RATE/PERIOD"},
+	} {
+		root := newRoot()
+		root.SetOut(&bytes.Buffer{})
+		root.SetErr(&bytes.Buffer{})
+		root.SetArgs(tc.args)
+		err := root.ExecuteContext(context.Background())
+		require.ErrorContains(t, err, tc.want, "%v", tc.args)
+	}
+}
+
+// The compose file must only name subcommands the binary has.
+func TestComposeNamesRealSubcommands(t *testing.T) {
+	body, err := os.ReadFile("../../docker-compose.yml")
+	require.NoError(t, err)
+	root := newRoot()
+	known := map[string]bool{}
+	for _, c := range root.Commands() {
+		known[c.Name()] = true
+	}
+	re := regexp.MustCompile(`command:\s*\[\s*"([a-z-]+)"`)
+	matches := re.FindAllStringSubmatch(string(body), -1)
+	require.NotEmpty(t, matches)
+	for _, m := range matches {
+		if m[1] == "redis-server" {
+			continue
+		}
+		require.True(t, known[m[1]], "docker-compose.yml runs `keel %s`, which does not exist", m[1])
+	}
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/alert"
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/metrics"
+	"github.com/keeljobs/keel/server"
+)
+
+// observeFlags wire a worker's metrics and death alerts.
+type observeFlags struct {
+	metricsAddr  string
+	alertWebhook string
+}
+
+func (o *observeFlags) bind(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&o.metricsAddr, "metrics-addr", os.Getenv("KEEL_METRICS_ADDR"),
+		"serve this worker's Prometheus metrics on this address, e.g. 127.0.0.1:9464; no auth, bind it privately (env KEEL_METRICS_ADDR)")
+	f.StringVar(&o.alertWebhook, "alert-webhook", os.Getenv("KEEL_ALERT_WEBHOOK"),
+		"POST a JSON summary of dying jobs here (Slack-compatible; env KEEL_ALERT_WEBHOOK)")
+}
+
+// observer is a worker's metrics registry and alerter.
+type observer struct {
+	reg     *prometheus.Registry
+	alerter *alert.Alerter
+	addr    string
+	srv     *server.Server
+	mu      sync.Mutex
+}
+
+// wire adds worker metrics and the death alert hook to cfg. reg may be a
+// registry another component (the dashboard) already serves.
+func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *slog.Logger) (*observer, error) {
+	ob := &observer{reg: reg, addr: o.metricsAddr}
+	if ob.reg == nil {
+		ob.reg = prometheus.NewRegistry()
+		ob.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	wm, err := metrics.NewWorker(ob.reg, metrics.WorkerOptions{Classifier: cfg.Classifier,
+		DuplicatesSkipped: func() uint64 {
+			ob.mu.Lock()
+			defer ob.mu.Unlock()
+			if ob.srv == nil {
+				return 0
+			}
+			return ob.srv.Guard().Stats().DuplicatesSkipped
+		}})
+	if err != nil {
+		return nil, err
+	}
+	// The worker metrics already count deaths; the alerter's own counter goes
+	// to a registry nobody serves so that deaths are not counted twice.
+	ob.alerter, err = alert.New(alert.Config{WebhookURL: o.alertWebhook, Logger: log, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--alert-webhook: %w", err)}
+	}
+	cfg.Middleware = append(cfg.Middleware, wm.Middleware)
+	prev := cfg.Guard.OnDead
+	cfg.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) {
+		wm.OnDead(ctx, e)
+		ob.alerter.JobDied(ctx, e)
+		if prev != nil {
+			prev(ctx, e)
+		}
+	}
+	return ob, nil
+}
+
+// attach tells the observer which server's guard to read.
+func (ob *observer) attach(srv *server.Server) {
+	ob.mu.Lock()
+	ob.srv = srv
+	ob.mu.Unlock()
+}
+
+// run serves metrics (when an address is set) and sends alerts until ctx
+// ends.
+func (ob *observer) run(ctx context.Context, wg *sync.WaitGroup) error {
+	wg.Go(func() { _ = ob.alerter.Run(ctx) })
+	if ob.addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", ob.addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %s: %w", ob.addr, err)
+	}
+	hs := &http.Server{Handler: promhttp.HandlerFor(ob.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	wg.Go(func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Default().Warn("keel: metrics server stopped", "err", err)
+		}
+	})
+	wg.Go(func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	})
+	return nil
+}

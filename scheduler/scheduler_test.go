@@ -1,0 +1,305 @@
+package scheduler_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/scheduler"
+)
+
+func everySecond(name string) scheduler.Entry {
+	return scheduler.Entry{Name: name, Spec: "* * * * * *", Kind: tickKind.Name(), Payload: []byte(`{"note":"tick"}`)}
+}
+
+// requireContiguous checks that ticks are one second apart with no gap.
+func requireContiguous(t *testing.T, ticks []time.Time) {
+	t.Helper()
+	for i := 1; i < len(ticks); i++ {
+		require.Equal(t, time.Second, ticks[i].Sub(ticks[i-1]), "gap or repeat between %s and %s", ticks[i-1], ticks[i])
+	}
+}
+
+func sumStats(is ...*instance) scheduler.Stats {
+	var s scheduler.Stats
+	for _, i := range is {
+		st := i.Stats()
+		s.Enqueued += st.Enqueued
+		s.Existed += st.Existed
+		s.Failed += st.Failed
+	}
+	return s
+}
+
+func TestInstancesEnqueueEachTickOnce(t *testing.T) {
+	b := setup(t)
+	cfg := scheduler.Config{Entries: []scheduler.Entry{everySecond("fleet")}}
+	began := time.Now()
+	fleet := []*instance{b.start(t, cfg), b.start(t, cfg), b.start(t, cfg)}
+	time.Sleep(11 * time.Second)
+	for _, in := range fleet {
+		in.stop()
+	}
+	elapsed := time.Since(began)
+
+	ticks := b.ticks(t, "fleet")
+	requireContiguous(t, ticks)
+	require.InDelta(t, elapsed.Seconds(), float64(len(ticks)), 1.5, "ticks %v in %s", ticks, elapsed)
+	require.WithinDuration(t, began.Add(time.Second), ticks[0], time.Second, "the first tick follows the first start")
+	st := sumStats(fleet...)
+	require.Equal(t, uint64(len(ticks)), st.Enqueued, "each tick created by one instance: %+v", st)
+	require.Greater(t, st.Existed, uint64(len(ticks)), "the other instances found each tick's job: %+v", st)
+	require.Zero(t, st.Failed)
+	require.Equal(t, len(ticks), b.pending(t, "default"), "one task in Redis per tick")
+}
+
+func TestRestartedInstanceNeitherRepeatsNorMissesTicks(t *testing.T) {
+	b := setup(t)
+	cfg := scheduler.Config{Entries: []scheduler.Entry{everySecond("restart")}}
+	began := time.Now()
+	a := b.start(t, cfg)
+	bb := b.start(t, cfg)
+	time.Sleep(2500 * time.Millisecond)
+	a.stop() // b alone
+	time.Sleep(2500 * time.Millisecond)
+	a2 := b.start(t, cfg)
+	time.Sleep(1500 * time.Millisecond)
+	bb.stop() // a2 alone
+	time.Sleep(2500 * time.Millisecond)
+	b2 := b.start(t, cfg)
+	time.Sleep(2 * time.Second)
+	a2.stop()
+	b2.stop()
+	elapsed := time.Since(began)
+
+	ticks := b.ticks(t, "restart")
+	requireContiguous(t, ticks)
+	require.InDelta(t, elapsed.Seconds(), float64(len(ticks)), 1.5, "ticks %v in %s", ticks, elapsed)
+	st := sumStats(a, bb, a2, b2)
+	require.Equal(t, uint64(len(ticks)), st.Enqueued, "each tick created once: %+v", st)
+	require.Zero(t, st.Failed)
+	require.Equal(t, len(ticks), b.pending(t, "default"), "one task in Redis per tick")
+}
+
+// t0 is the fake clock's start: half a minute before a minute tick.
+var t0 = time.Date(2030, 1, 1, 0, 0, 30, 0, time.UTC)
+
+func minute(m int) time.Time { return time.Date(2030, 1, 1, 0, m, 0, 0, time.UTC) }
+
+func everyMinute(name string) scheduler.Entry {
+	return scheduler.Entry{Name: name, Spec: "@every 1m", Kind: tickKind.Name()}
+}
+
+func TestMissedTicksAfterDowntimeFollowThePolicy(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		policy     scheduler.MissedTicks
+		maxCatchUp int
+		want       []time.Time
+	}{
+		{"catch-up 2", scheduler.CatchUp, 2, []time.Time{minute(1), minute(5), minute(6), minute(7)}},
+		{"default: catch-up 1", scheduler.CatchUp, 0, []time.Time{minute(1), minute(6), minute(7)}},
+		{"skip", scheduler.Skip, 0, []time.Time{minute(1), minute(7)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			entries := []scheduler.Entry{everyMinute("downtime")}
+			clock := newFakeClock(t0)
+			a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
+			clock.waitSleeping(t)
+			clock.Set(minute(1))
+			clock.waitSleeping(t)
+			require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "downtime"))
+			a.stop()
+
+			// Every scheduler down for ticks 2 to 6; one starts at 6:30.
+			clock = newFakeClock(minute(6).Add(30 * time.Second))
+			cfg := scheduler.Config{Entries: entries, Clock: clock, MissedTicks: tc.policy, MaxCatchUp: tc.maxCatchUp}
+			b.start(t, cfg)
+			clock.waitSleeping(t)
+			clock.Set(minute(7))
+			b.waitTicks(t, "downtime", len(tc.want))
+			// Missed ticks fire before the next tick, so with 7 there all are.
+			require.Equal(t, tc.want, b.ticks(t, "downtime"))
+		})
+	}
+}
+
+func TestStaleScheduleTableDoesNotRunATickTwice(t *testing.T) {
+	b := setup(t)
+	entries := []scheduler.Entry{everyMinute("stale")}
+	clock := newFakeClock(t0)
+	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
+	for m := 1; m <= 3; m++ {
+		clock.waitSleeping(t)
+		clock.Set(minute(m))
+		clock.waitSleeping(t)
+	}
+	require.Len(t, b.ticks(t, "stale"), 3)
+	a.stop()
+	// As if the last writes to keel_schedule were lost.
+	_, err := b.pool.Exec(context.Background(), `UPDATE keel_schedule SET last_tick = $1 WHERE entry = 'stale'`, minute(0))
+	require.NoError(t, err)
+
+	clock = newFakeClock(minute(3).Add(30 * time.Second))
+	again := b.start(t, scheduler.Config{Entries: entries, Clock: clock, MaxCatchUp: 5})
+	clock.waitSleeping(t)
+	require.Equal(t, scheduler.Stats{Existed: 3}, again.Stats(), "ticks 1-3 caught up again and found in the ledger")
+	require.Equal(t, []time.Time{minute(1), minute(2), minute(3)}, b.ticks(t, "stale"))
+	require.Equal(t, 3, b.pending(t, "default"))
+	var last time.Time
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT last_tick FROM keel_schedule WHERE entry = 'stale'`).Scan(&last))
+	require.True(t, last.Equal(minute(3)), "last tick %s", last)
+}
+
+func TestScheduleFileReloads(t *testing.T) {
+	b := setup(t)
+	path := filepath.Join(t.TempDir(), "schedule.yaml")
+	write := func(body string) {
+		t.Helper()
+		// Written beside and renamed over, as the package doc advises.
+		tmp := path + ".tmp"
+		require.NoError(t, os.WriteFile(tmp, []byte(body), 0o600))
+		require.NoError(t, os.Rename(tmp, path))
+	}
+	const first = `
+entries:
+  - name: first
+    spec: "@every 1s"
+    kind: test:scheduler_tick
+`
+	write(first)
+	s := b.start(t, scheduler.Config{File: path, FileCheckInterval: 50 * time.Millisecond})
+	b.waitTicks(t, "first", 1)
+
+	write(first + `
+  - name: second
+    spec: "* * * * * *"
+    kind: test:scheduler_tick
+    payload: {note: second}
+`)
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(s.Entries()) == 2 }, "the new entry was not picked up")
+	b.waitTicks(t, "second", 1)
+
+	// A broken file is refused whole; both entries keep running.
+	write(first + `
+  - name: third
+    spec: "* * *"
+    kind: test:scheduler_tick
+`)
+	time.Sleep(300 * time.Millisecond)
+	require.Len(t, s.Entries(), 2)
+	n := len(b.ticks(t, "second"))
+	b.waitTicks(t, "second", n+1)
+	require.Empty(t, b.ticks(t, "third"))
+
+	// So is a file naming a kind nobody declared, on an explicit reload too.
+	write(first + `
+  - name: third
+    spec: "@hourly"
+    kind: test:nobody_handles_this
+`)
+	err := s.Reload()
+	require.ErrorContains(t, err, path+`: schedule entry "third": unknown kind "test:nobody_handles_this"`)
+	require.Len(t, s.Entries(), 2)
+
+	write(first)
+	require.NoError(t, s.Reload())
+	require.Equal(t, []string{"first"}, names(s.Entries()))
+}
+
+func names(es []scheduler.Entry) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.Name
+	}
+	return out
+}
+
+func TestConfigRefusesBadEntriesNamingThem(t *testing.T) {
+	b := setup(t)
+	client := b.client(t)
+	entry := func(mod func(*scheduler.Entry)) []scheduler.Entry {
+		e := scheduler.Entry{Name: "nightly-report", Spec: "0 2 * * *", Kind: tickKind.Name()}
+		mod(&e)
+		return []scheduler.Entry{e}
+	}
+	for _, tc := range []struct {
+		name    string
+		entries []scheduler.Entry
+		field   string
+		want    string
+	}{
+		{"bad spec", entry(func(e *scheduler.Entry) { e.Spec = "* * *" }), "spec",
+			`schedule entry "nightly-report": bad spec "* * *": expected 5 to 6 fields, found 3`},
+		{"bad time zone", entry(func(e *scheduler.Entry) { e.TimeZone = "Mars/Olympus_Mons" }), "timezone",
+			`schedule entry "nightly-report": bad timezone "Mars/Olympus_Mons"`},
+		{"unknown kind", entry(func(e *scheduler.Entry) { e.Kind = "report:daily" }), "kind",
+			`schedule entry "nightly-report": unknown kind "report:daily"`},
+		{"duplicate name", append(entry(func(*scheduler.Entry) {}), entry(func(*scheduler.Entry) {})...), "name",
+			`schedule entry "nightly-report": duplicate name: entries #1 and #2`},
+		{"zone twice", entry(func(e *scheduler.Entry) { e.TimeZone = "UTC"; e.Spec = "CRON_TZ=Asia/Tokyo 0 9 * * *" }), "spec",
+			`time zone given twice`},
+		{"zone prefix alone", entry(func(e *scheduler.Entry) { e.Spec = "TZ=UTC" }), "spec", `nothing after the time zone`},
+		{"sub-second every", entry(func(e *scheduler.Entry) { e.Spec = "@every 1500ms" }), "spec", `whole number of seconds`},
+		{"never ticks", entry(func(e *scheduler.Entry) { e.Spec = "0 0 30 2 *" }), "spec", `it never ticks`},
+		{"bad name", entry(func(e *scheduler.Entry) { e.Name = "nightly report" }), "name", `bad name "nightly report"`},
+		{"no name", entry(func(e *scheduler.Entry) { e.Name = "" }), "name", `schedule entry #1: bad name "": empty`},
+		{"bad payload", entry(func(e *scheduler.Entry) { e.Payload = []byte(`{"a":`) }), "payload", `bad payload`},
+		{"negative max retry", entry(func(e *scheduler.Entry) { n := -1; e.MaxRetry = &n }), "max_retry", `bad max_retry -1`},
+		{"negative timeout", entry(func(e *scheduler.Entry) { e.Timeout = -time.Second }), "timeout", `bad timeout -1s`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := scheduler.New(scheduler.Config{Client: client, Entries: tc.entries})
+			require.ErrorContains(t, err, tc.want)
+			require.ErrorIs(t, err, scheduler.ErrInvalidEntry)
+			var ee *scheduler.EntryError
+			require.ErrorAs(t, err, &ee)
+			require.Equal(t, tc.field, ee.Field)
+		})
+	}
+
+	// The CLI's switch for kinds declared in other programs.
+	_, err := scheduler.New(scheduler.Config{Client: client, KnownKind: scheduler.AnyKind,
+		Entries: entry(func(e *scheduler.Entry) { e.Kind = "report:daily" })})
+	require.NoError(t, err)
+
+	for _, cfg := range []scheduler.Config{
+		{},
+		{Client: client, MaxCatchUp: -1},
+		{Client: client, MissedTicks: 7},
+		{Client: client, File: "x.yaml", Entries: entry(func(*scheduler.Entry) {})},
+	} {
+		_, err := scheduler.New(cfg)
+		require.Error(t, err, "%+v", cfg)
+	}
+}
+
+func TestRunTwiceAtOnceIsRefused(t *testing.T) {
+	b := setup(t)
+	clock := newFakeClock(t0)
+	in := b.start(t, scheduler.Config{Entries: []scheduler.Entry{everyMinute("once")}, Clock: clock})
+	clock.waitSleeping(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	require.ErrorContains(t, in.Run(ctx), "already running")
+}
+
+func TestDowntimeBeforeTheFirstTickIsKnown(t *testing.T) {
+	b := setup(t)
+	entries := []scheduler.Entry{everyMinute("young")}
+	clock := newFakeClock(t0)
+	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
+	clock.waitSleeping(t)
+	a.stop() // before its first tick
+
+	clock = newFakeClock(minute(3).Add(30 * time.Second))
+	b.start(t, scheduler.Config{Entries: entries, Clock: clock})
+	clock.waitSleeping(t)
+	require.Equal(t, []time.Time{minute(3)}, b.ticks(t, "young"), "the most recent missed tick caught up")
+}

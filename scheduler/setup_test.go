@@ -1,0 +1,202 @@
+package scheduler_test
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/scheduler"
+	"github.com/keeljobs/keel/tasks"
+)
+
+const schema = "keel_test_scheduler"
+
+type tickPayload struct {
+	Note string `json:"note"`
+}
+
+// tickKind is the kind the test entries enqueue.
+var tickKind = tasks.Define[tickPayload]("test:scheduler_tick",
+	tasks.Key(func(p tickPayload) string { return p.Note }))
+
+type bundle struct {
+	pool  *pgxpool.Pool
+	redis asynq.RedisClientOpt
+}
+
+// setup serialises the package's tests: they share one Redis DB and schema.
+var setupMu sync.Mutex
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	setupMu.Lock()
+	t.Cleanup(setupMu.Unlock)
+	return &bundle{redis: testenv.Redis(t, testenv.DBScheduler), pool: testenv.Pool(t, schema)}
+}
+
+// client returns a tasks client of its own, as each scheduler process has.
+func (b *bundle) client(t *testing.T) *tasks.Client {
+	t.Helper()
+	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// instance is one running scheduler.
+type instance struct {
+	*scheduler.Scheduler
+	stop func()
+}
+
+// start runs a scheduler on cfg (with a client of its own unless cfg has
+// one) until stop or the end of the test.
+func (b *bundle) start(t *testing.T, cfg scheduler.Config) *instance {
+	t.Helper()
+	if cfg.Client == nil {
+		cfg.Client = b.client(t)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	s, err := scheduler.New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}
+	t.Cleanup(stop)
+	return &instance{Scheduler: s, stop: stop}
+}
+
+// ticks returns the ticks of entry that have a ledger job, oldest first,
+// failing the test if a tick has more than one.
+func (b *bundle) ticks(t *testing.T, entry string) []time.Time {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(),
+		`SELECT business_key, count(*) FROM keel_jobs WHERE kind = $1 AND business_key LIKE $2 GROUP BY business_key`,
+		tickKind.Name(), "cron:"+entry+":%")
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []time.Time
+	for rows.Next() {
+		var key string
+		var n int
+		require.NoError(t, rows.Scan(&key, &n))
+		require.Equal(t, 1, n, "jobs for %s", key)
+		tick, err := time.Parse(time.RFC3339, strings.TrimPrefix(key, "cron:"+entry+":"))
+		require.NoError(t, err, key)
+		require.Equal(t, scheduler.TickKey(entry, tick), key)
+		out = append(out, tick)
+	}
+	require.NoError(t, rows.Err())
+	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+	return out
+}
+
+func (b *bundle) waitTicks(t *testing.T, entry string, n int) []time.Time {
+	t.Helper()
+	var got []time.Time
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		got = b.ticks(t, entry)
+		return len(got) >= n
+	}, "entry %s: want %d ticks, have %v", entry, n, &got)
+	return got
+}
+
+// pending is how many tasks wait in Redis queue q.
+func (b *bundle) pending(t *testing.T, q string) int {
+	t.Helper()
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	info, err := insp.GetQueueInfo(q)
+	require.NoError(t, err)
+	return info.Pending
+}
+
+// testLogger shows warnings and errors in the test's output.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+// fakeClock is a Clock the test moves by hand.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	waiters []fakeWaiter
+}
+
+type fakeWaiter struct {
+	at time.Time
+	ch chan time.Time
+}
+
+func newFakeClock(now time.Time) *fakeClock { return &fakeClock{now: now} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) At(t time.Time) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if !t.After(c.now) {
+		ch <- c.now
+		return ch
+	}
+	c.waiters = append(c.waiters, fakeWaiter{at: t, ch: ch})
+	return ch
+}
+
+// Set moves the clock to now, waking what waits until then.
+func (c *fakeClock) Set(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = now
+	kept := c.waiters[:0]
+	for _, w := range c.waiters {
+		if w.at.After(now) {
+			kept = append(kept, w)
+			continue
+		}
+		w.ch <- now
+	}
+	c.waiters = kept
+}
+
+// waitSleeping waits until a scheduler on c has handled the current time and
+// waits for a later one.
+func (c *fakeClock) waitSleeping(t *testing.T) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.waiters) > 0
+	}, "the scheduler never went to sleep")
+}
