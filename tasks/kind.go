@@ -184,7 +184,10 @@ type kindInfo interface {
 	Name() string
 	Queue() string
 	summarize(payload []byte) (string, bool)
+	defaultSettings() settings
 }
+
+func (k *Kind[P]) defaultSettings() settings { return k.defaults }
 
 var registry sync.Map // kind name → kindInfo
 

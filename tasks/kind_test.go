@@ -1,6 +1,7 @@
 package tasks_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -89,4 +90,18 @@ func TestSummarize(t *testing.T) {
 		long[i] = 'x'
 	}
 	require.Len(t, tasks.Summarize("test:no_summary", long), 512)
+}
+
+func TestNewRawAppliesTheKindsDefaults(t *testing.T) {
+	k := tasks.Define[struct{}]("tasks-test:raw-defaults", tasks.Queue("low"), tasks.MaxRetry(3),
+		tasks.Key(func(struct{}) string { return "k" }))
+	raw := tasks.NewRaw(k.Name(), []byte(`{}`), "k")
+	require.Equal(t, "low", raw.Queue())
+	override := tasks.NewRaw(k.Name(), []byte(`{}`), "k", tasks.Queue("critical"))
+	require.Equal(t, "critical", override.Queue())
+
+	b := setup(t)
+	res, err := b.client.Enqueue(context.Background(), raw)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Job.MaxRetry, "the kind's retry budget must apply to raw tasks")
 }

@@ -15,7 +15,10 @@ type Task struct {
 // CLI, the scheduler's config file) that do not know the Go payload type.
 func NewRaw(kind string, payload []byte, key string, opts ...Option) *Task {
 	t := &Task{kind: kind, payload: payload}
+	// A declared kind's defaults (queue, retries, timeout) apply to raw
+	// tasks too, so a cron entry or the CLI behaves like Go code.
 	if v, ok := registry.Load(kind); ok {
+		t.s = v.(kindInfo).defaultSettings()
 		t.s.queue = v.(kindInfo).Queue()
 	}
 	for _, o := range opts {
