@@ -29,6 +29,12 @@ type Analytics struct {
 	OrderID string `json:"order_id"`
 }
 
+// DailyReport asks for the report of one day (YYYY-MM-DD, UTC). The cron
+// entry that enqueues it names the day, so one day is one report.
+type DailyReport struct {
+	Day string `json:"day"`
+}
+
 // The example kinds. Each names its business action with a key, so a
 // duplicate submission of the same order is the same job.
 var (
@@ -43,6 +49,11 @@ var (
 	SyncAnalytics = tasks.Define[Analytics]("analytics:sync",
 		tasks.Queue("low"), tasks.MaxRetry(3),
 		tasks.Key(func(a Analytics) string { return "order:" + a.OrderID }))
+	// A long job: on its own (low) queue so it never holds the slots that
+	// receipts need.
+	GenerateDailyReport = tasks.Define[DailyReport]("report:daily",
+		tasks.Queue("low"), tasks.Timeout(10*time.Minute),
+		tasks.Key(func(r DailyReport) string { return "day:" + r.Day }))
 )
 
 // Mailer sends mail. key is the idempotency key the mail service must
@@ -97,6 +108,19 @@ func Register(mux *tasks.Mux, d Deps) {
 			return err
 		})
 	})
+	tasks.Handle(mux, GenerateDailyReport, func(ctx context.Context, r DailyReport) error {
+		day, err := time.Parse(time.DateOnly, r.Day)
+		if err != nil {
+			day = time.Now().UTC().Truncate(24 * time.Hour) // a cron tick names no day: report today
+		}
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO keel_example_reports (job_id, day, orders, revenue)
+				SELECT $1, $2::date, count(*), coalesce(sum(amount), 0) FROM keel_example_orders
+				WHERE created_at >= $2::date AND created_at < $2::date + 1`, id, day)
+			return err
+		})
+	})
 	tasks.Handle(mux, SyncAnalytics, func(ctx context.Context, a Analytics) error {
 		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `UPDATE keel_example_orders SET synced_at = now() WHERE id = $1`, a.OrderID)
@@ -117,6 +141,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		CREATE TABLE IF NOT EXISTS keel_example_invoices (
 			order_id   text PRIMARY KEY,
 			document   text NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE IF NOT EXISTS keel_example_reports (
+			job_id     text PRIMARY KEY,
+			day        date NOT NULL,
+			orders     bigint NOT NULL,
+			revenue    bigint NOT NULL,
 			created_at timestamptz NOT NULL DEFAULT now())`)
 	return err
 }
