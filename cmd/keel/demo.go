@@ -16,15 +16,18 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/keeljobs/keel/handlers"
+	"github.com/keeljobs/keel/scheduler"
+	"github.com/keeljobs/keel/web"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
 
 type demoFlags struct {
-	apiAddr, mailAddr string
+	apiAddr, mailAddr, webAddr string
 	rate              float64
 	duration          time.Duration
 	faults            bool
@@ -45,28 +48,18 @@ func demoCmd(c *conn) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&d.apiAddr, "api-addr", "127.0.0.1:8081", "order API listen address")
 	f.StringVar(&d.mailAddr, "mail-addr", "127.0.0.1:8025", "simulated mail service listen address")
+	f.StringVar(&d.webAddr, "web-addr", "127.0.0.1:8080", "dashboard listen address (loopback only: the demo's passwords are public)")
 	f.Float64Var(&d.rate, "rate", 5, "orders per second the traffic generator submits (0: none)")
 	f.DurationVar(&d.duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
 	f.BoolVar(&d.faults, "faults", true, "make the mail service misbehave (5xx, 429, timeouts, lost replies, bounces)")
 	f.Uint64Var(&d.seed, "seed", 1, "seed of the traffic and fault generator")
 	w.bind(cmd)
-	addDemoFlags(cmd)
 	return cmd
 }
 
-// demoComponents are extra parts started by the demo (the dashboard and the
-// scheduler register themselves here).
-var demoComponents []func(ctx context.Context, env *demoEnv) error
-
-// demoEnv is what the demo's parts share.
-type demoEnv struct {
-	conn   *conn
-	pool   *pgxpool.Pool
-	log    *slog.Logger
-	out    io.Writer
-	client *tasks.Client
-	urls   []string
-}
+// The demo's dashboard users. Their password is printed and public, which
+// is why the demo's dashboard only listens on loopback.
+const demoPassword = "keel-demo"
 
 func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 	cfg, err := w.config()
@@ -107,7 +100,7 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 	}
 	defer client.Close()
 	out := cmd.OutOrStdout()
-	env := &demoEnv{conn: c, pool: pool, log: log, out: out, client: client}
+	var urls []string
 
 	faults := handlers.Faults{}
 	if d.faults {
@@ -140,7 +133,7 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 	if err != nil {
 		return err
 	}
-	env.urls = append(env.urls, "order API      "+apiURL+"/orders   (POST with an Idempotency-Key header; GET /orders/{id})",
+	urls = append(urls, "order API      "+apiURL+"/orders   (POST with an Idempotency-Key header; GET /orders/{id})",
 		"mail service   "+mailURL+"/stats   (what the flaky external service received)")
 
 	// Short backoff so that retries are visible within a demo minute.
@@ -149,20 +142,54 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 	mux := tasks.NewMux()
 	handlers.Register(mux, handlers.Deps{Pool: pool, Mailer: handlers.HTTPMailer{BaseURL: mailURL,
 		Client: &http.Client{Timeout: 3 * time.Second}}})
+	// The dashboard, serving the worker's metrics on its /metrics too.
+	if !web.IsLoopback(d.webAddr) {
+		return usageError{fmt.Errorf("--web-addr %s: the demo's dashboard passwords are public; it only listens on loopback", d.webAddr)}
+	}
+	users, err := demoUsers()
+	if err != nil {
+		return err
+	}
+	dash, err := web.New(web.Config{Addr: d.webAddr, Users: users, Redis: redis, Pool: pool, Logger: log})
+	if err != nil {
+		return err
+	}
+	ob, err := (&observeFlags{}).wire(&cfg, dash.Registry(), log)
+	if err != nil {
+		return err
+	}
 	srv, err := server.New(cfg, mux)
 	if err != nil {
 		return usageError{err}
 	}
-	for _, start := range demoComponents {
-		if err := start(ctx, env); err != nil {
-			return err
-		}
+	ob.attach(srv)
+	if err := ob.run(ctx, &wg); err != nil {
+		return err
 	}
+	wg.Go(func() {
+		if err := dash.Run(ctx); err != nil && ctx.Err() == nil {
+			log.Error("demo: dashboard stopped", "err", err)
+		}
+	})
+	urls = append([]string{"dashboard      http://" + d.webAddr + "/   (operator / " + demoPassword + ", or viewer / " + demoPassword + ")",
+		"asynqmon       http://" + d.webAddr + "/monitoring/"}, urls...)
+
+	// The example's cron entries: a report every minute so the demo shows
+	// it, and the nightly one.
+	sched, err := scheduler.New(scheduler.Config{Client: client, Logger: log, Entries: []scheduler.Entry{
+		{Name: "demo-report-every-minute", Spec: "@every 1m", Kind: handlers.GenerateDailyReport.Name(), Payload: []byte(`{}`)},
+		{Name: "report-daily", Spec: "0 1 * * *", Kind: handlers.GenerateDailyReport.Name(), Payload: []byte(`{}`)},
+	}})
+	if err != nil {
+		return err
+	}
+	wg.Go(func() { _ = sched.Run(ctx) })
+
 	workerErr := make(chan error, 1)
 	go func() { workerErr <- srv.Run(ctx) }()
 
 	fmt.Fprintln(out, "keel demo is running. Ctrl-C stops everything.")
-	for _, u := range env.urls {
+	for _, u := range urls {
 		fmt.Fprintln(out, "  "+u)
 	}
 	fmt.Fprintf(out, "  try: curl -s -XPOST -H 'Idempotency-Key: my-first' -d '{\"email\":\"you@example.com\",\"amount\":42}' %s/orders\n", apiURL)
@@ -182,6 +209,16 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 
 // drive submits orders like a real front end would: mostly new, some
 // double-submitted, some to addresses that bounce.
+func demoUsers() ([]web.User, error) {
+	// The cheapest cost: these passwords are printed for anyone to read.
+	hash, err := bcrypt.GenerateFromPassword([]byte(demoPassword), bcrypt.MinCost)
+	if err != nil {
+		return nil, err
+	}
+	return []web.User{{Name: "operator", Role: web.RoleOperator, PasswordHash: hash},
+		{Name: "viewer", Role: web.RoleViewer, PasswordHash: hash}}, nil
+}
+
 func drive(ctx context.Context, apiURL string, rate float64, seed uint64, log *slog.Logger) {
 	rnd := rand.New(rand.NewPCG(seed, 7))
 	hc := &http.Client{Timeout: 5 * time.Second}
