@@ -223,13 +223,11 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	// A claim of a job this worker is completing in this very round is a
 	// duplicate delivery of a job it holds: busy (the next look finds it
 	// finished). Every other id is claimed once; later copies are busy.
-	claimedHere := map[string]claimResult{}
+	asked := map[string]bool{}
 	for _, r := range reqs {
-		if !r.complete && !completing[r.id] {
-			if _, dup := claimedHere[r.id]; !dup {
-				claimIDs = append(claimIDs, r.id)
-				claimedHere[r.id] = claimResult{outcome: claimMissing}
-			}
+		if !r.complete && !completing[r.id] && !asked[r.id] {
+			claimIDs = append(claimIDs, r.id)
+			asked[r.id] = true
 		}
 	}
 	if claimIDs == nil {

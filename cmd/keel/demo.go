@@ -19,19 +19,19 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/keeljobs/keel/handlers"
-	"github.com/keeljobs/keel/scheduler"
-	"github.com/keeljobs/keel/web"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
+	"github.com/keeljobs/keel/web"
 )
 
 type demoFlags struct {
 	apiAddr, mailAddr, webAddr string
-	rate              float64
-	duration          time.Duration
-	faults            bool
-	seed              uint64
+	rate                       float64
+	duration                   time.Duration
+	faults                     bool
+	seed                       uint64
 }
 
 func demoCmd(c *conn) *cobra.Command {

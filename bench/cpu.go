@@ -1,0 +1,123 @@
+package bench
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// meter measures CPU time used while a worker runs.
+type meter struct {
+	start         time.Time
+	self          time.Duration
+	redis, pg     time.Duration
+	serversViable bool
+	host          time.Duration
+	hostViable    bool
+}
+
+func startMeter() *meter {
+	m := &meter{start: time.Now(), self: processCPU()}
+	m.redis, m.pg, m.serversViable = serverCPU()
+	m.host, m.hostViable = hostCPU()
+	return m
+}
+
+func (m *meter) stop(p *Phase) {
+	wall := time.Since(m.start)
+	n := float64(p.Jobs)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / n }
+	self := processCPU() - m.self
+	p.WorkerCPUms = ms(self)
+	redis, pg, ok := serverCPU()
+	if !ok || !m.serversViable {
+		return
+	}
+	redis, pg = redis-m.redis, pg-m.pg
+	// Processes that exit meanwhile take their time with them: never below 0.
+	p.RedisCPUms = max(0, ms(redis))
+	p.PostgresCPUms = max(0, ms(pg))
+	if host, ok := hostCPU(); ok && m.hostViable && wall > 0 {
+		other := host - m.host - self - redis - pg
+		p.OtherCores = max(0, float64(other)/float64(wall))
+	}
+}
+
+// hostCPU is the busy time of all CPUs of the host, from /proc/stat.
+func hostCPU() (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, false
+	}
+	var busy int64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		if i >= 8 { // guest times are already in user
+			break
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / clockTick, true
+}
+
+// clockTick is USER_HZ, the unit of /proc/<pid>/stat times (100 on Linux
+// for every architecture Go supports).
+const clockTick = 100
+
+// serverCPU sums the CPU time of the redis-server and postgres processes
+// visible in /proc (all of them: other clients' work is counted too). It reports ok = false where there is no /proc or neither
+// server runs on this host. Backends that exit in between are not counted,
+// which the benchmark's long-lived pool connections make rare.
+func serverCPU() (redis, pg time.Duration, ok bool) {
+	dirs, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil || len(dirs) == 0 {
+		return 0, 0, false
+	}
+	for _, f := range dirs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		comm := s[open+1 : end]
+		var into *time.Duration
+		switch {
+		case comm == "redis-server":
+			into = &redis
+		case comm == "postgres" || strings.HasPrefix(comm, "postgres:"):
+			into = &pg
+		default:
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
+		// After the comm: state is field 3; utime and stime are 14 and 15.
+		if len(fields) < 13 {
+			continue
+		}
+		ut, err1 := strconv.ParseInt(fields[11], 10, 64)
+		st, err2 := strconv.ParseInt(fields[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		*into += time.Duration(ut+st) * time.Second / clockTick
+		ok = true
+	}
+	return redis, pg, ok
+}
