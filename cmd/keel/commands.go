@@ -42,7 +42,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	c.bind(root)
-	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c), deadCmd(c), webCmd(c), schedulerCmd(c))
+	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c), deadCmd(c), webCmd(c), schedulerCmd(c), benchCmd(c), apiCmd(c))
 	return root
 }
 

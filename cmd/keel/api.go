@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/handlers"
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
+)
+
+func apiCmd(c *conn) *cobra.Command {
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "api",
+		Short: "Serve the example order API (POST /orders, GET /orders/{id}), enqueueing through the ledger",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			redis, err := c.redis()
+			if err != nil {
+				return err
+			}
+			log, err := c.logger()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := c.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := idempotency.CheckSchema(ctx, pool); err != nil {
+				return err
+			}
+			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: log})
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			srv := &http.Server{Addr: addr, Handler: (&handlers.API{Pool: pool, Client: client}).Handler(),
+				ReadHeaderTimeout: 5 * time.Second}
+			go func() {
+				<-ctx.Done()
+				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(sctx)
+			}()
+			log.Info("keel example order API listening", "addr", addr)
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", envOr("KEEL_API_ADDR", "127.0.0.1:8081"), "listen address (env KEEL_API_ADDR)")
+	return cmd
+}
