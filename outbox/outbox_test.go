@@ -401,4 +401,3 @@ func TestUpkeepQueriesUseIndexes(t *testing.T) {
 	p = plan(`SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' ORDER BY run_at LIMIT 200 FOR UPDATE SKIP LOCKED`)
 	require.Contains(t, p, "keel_jobs_unpublished", p)
 }
-

@@ -194,8 +194,8 @@ type Server struct {
 	recon *outbox.Reconciler
 
 	closeOnce sync.Once
-	rc    redis.UniversalClient // the asynq server's; closed by close
-	h     asynq.Handler
+	rc        redis.UniversalClient // the asynq server's; closed by close
+	h         asynq.Handler
 }
 
 // New assembles a worker that runs h (usually a *tasks.Mux).
