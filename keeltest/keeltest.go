@@ -250,3 +250,28 @@ func NotEnqueued(t testing.TB, db idempotency.DB, kind, key string) {
 func LookupIn(ctx context.Context, db idempotency.DB, kind, key string) (idempotency.Job, error) {
 	return idempotency.LookupIn(ctx, db, kind, key)
 }
+
+// Drain waits until no task is pending, scheduled, retrying or running in
+// any of the harness's queues, so that effects of every delivery made so
+// far (a Redeliver, say) are visible.
+func (h *Harness) Drain(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	insp := asynq.NewInspector(h.Redis)
+	defer insp.Close()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		busy := 0
+		for q := range h.opts.Queues {
+			info, err := insp.GetQueueInfo(q)
+			if err != nil {
+				continue // a queue nothing was ever enqueued to
+			}
+			busy += info.Pending + info.Active + info.Scheduled + info.Retry
+		}
+		if busy == 0 {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("keeltest: queues not drained within %s", timeout)
+}
