@@ -115,6 +115,7 @@ func TestOrderJobsCompleteWithEffectsOnce(t *testing.T) {
 		// A duplicate delivery afterwards changes nothing.
 		a.h.Redeliver(t, j.ID)
 	}
+	a.h.Drain(t, 20*time.Second) // the redeliveries have run
 	receipt := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
 	steps, err := a.h.Store.Steps(context.Background(), receipt.ID)
 	require.NoError(t, err)
