@@ -15,11 +15,14 @@ type batcher[R any] struct {
 	run  func(ctx context.Context, reqs []R)
 	wg   sync.WaitGroup
 	stop context.CancelFunc
+	// closed ends every wait once the batcher stops, so a handler that
+	// outlives its worker's shutdown gets an error instead of hanging.
+	closed <-chan struct{}
 }
 
 func newBatcher[R any](loops, max int, run func(ctx context.Context, reqs []R)) *batcher[R] {
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &batcher[R]{in: make(chan R, max*loops), max: max, run: run, stop: cancel}
+	b := &batcher[R]{in: make(chan R, max*loops), max: max, run: run, stop: cancel, closed: ctx.Done()}
 	for range loops {
 		b.wg.Add(1)
 		go b.loop(ctx)
@@ -50,13 +53,20 @@ func (b *batcher[R]) loop(ctx context.Context) {
 	}
 }
 
-// submit queues r; it fails only when ctx ends first.
+// submit queues r; it fails when ctx ends or the batcher stops first.
 func (b *batcher[R]) submit(ctx context.Context, r R) error {
+	select {
+	case <-b.closed:
+		return ErrGuardClosed
+	default:
+	}
 	select {
 	case b.in <- r:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-b.closed:
+		return ErrGuardClosed
 	}
 }
 

@@ -24,6 +24,10 @@ var (
 	// recorded (the process died mid-call) and there is no way to verify it.
 	// The job is parked in the dead letters for a person: never a blind repeat.
 	ErrInDoubt = errors.New("in doubt: needs a person")
+	// ErrGuardClosed means the worker's ledger guard has stopped (the worker
+	// shut down) while a handler was still running; its outcome is left to
+	// the lease and the next delivery.
+	ErrGuardClosed = errors.New("keel: ledger guard closed")
 	// ErrUnknownJob means a task arrived whose id has no ledger row.
 	ErrUnknownJob = errors.New("keel: task has no ledger row (enqueue through keel, not plain asynq)")
 )

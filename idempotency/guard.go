@@ -344,6 +344,8 @@ func (g *Guard) claim(ctx context.Context, id string) claimResult {
 	case <-ctx.Done():
 		// The claim may still land; its lease then expires on its own.
 		return claimResult{err: ctx.Err()}
+	case <-g.ledger.closed:
+		return claimResult{err: ErrGuardClosed}
 	}
 }
 
@@ -357,6 +359,8 @@ func (g *Guard) complete(ctx context.Context, id string) error {
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-g.ledger.closed:
+		return ErrGuardClosed
 	}
 }
 
