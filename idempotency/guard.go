@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
@@ -57,8 +59,8 @@ type GuardConfig struct {
 
 // DeadEvent describes a job that has just died.
 type DeadEvent struct {
-	JobID, Kind, Queue, BusinessKey, Class, Error string
-	Attempts                                      int
+	JobID, Kind, Queue, BusinessKey, Class, Error, TraceID string
+	Attempts                                               int
 }
 
 func (c GuardConfig) withDefaults() GuardConfig {
@@ -189,7 +191,9 @@ type ledgerReq struct {
 // not update one row twice.
 const roundSQL = `WITH done AS (
 	UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL,
-		lease_until = NULL, finished_at = now(), updated_at = now()
+		lease_until = NULL, finished_at = now(), updated_at = now(),
+		last_error = CASE WHEN error_class = 'wait' THEN NULL ELSE last_error END,
+		error_class = CASE WHEN error_class = 'wait' THEN NULL ELSE error_class END
 	WHERE id = ANY($4) AND status = 'running' AND lease_holder = $1
 	RETURNING id),
 free AS (
@@ -438,11 +442,17 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		herr := next.ProcessTask(withJob(ctx, jc), t)
 		g.untrack(id)
 
-		if herr == nil {
-			if jc.completed.Load() {
-				g.stats.succeeded.Add(1)
-				return nil
+		if jc.completed.Load() {
+			// InTx committed the job's completion: it is done whatever the
+			// handler did after it, and a retry would find it finished.
+			if herr != nil {
+				g.cfg.Logger.Warn("keel: handler failed after its InTx committed; the job stays succeeded",
+					"job_id", id, "err", herr)
 			}
+			g.stats.succeeded.Add(1)
+			return nil
+		}
+		if herr == nil {
 			return g.markSucceeded(ctx, id)
 		}
 		return g.recordFailure(ctx, t, id, res.attempts, herr)
@@ -484,7 +494,27 @@ const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class 
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
 	trace_id = coalesce(nullif($10, ''), trace_id)
 	WHERE id = $1 AND status = 'running' AND lease_holder = $2
-	RETURNING business_key`
+	RETURNING business_key, coalesce(trace_id, '')`
+
+// maxErrorBytes bounds the error text and summary kept with a job.
+const maxErrorBytes = 8 << 10
+
+// storableText makes s fit a Postgres text column: valid UTF-8, no NUL
+// bytes (which Postgres refuses), at most max bytes.
+func storableText(s string, max int) string {
+	if !utf8Valid(s) {
+		s = string([]rune(s))
+	}
+	s = strings.ReplaceAll(s, "\x00", `\0`)
+	if len(s) > max {
+		cut := max
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + " …(truncated)"
+	}
+	return s
+}
 
 func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, attempts int, herr error) error {
 	ctx = context.WithoutCancel(ctx)
@@ -516,13 +546,11 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, att
 		summary = g.cfg.Summarize(t.Type(), t.Payload())
 	}
 	traceID := TraceID(ctx)
-	msg := herr.Error()
-	if !utf8Valid(msg) {
-		msg = string([]rune(msg))
-	}
-	var businessKey string
+	msg := storableText(herr.Error(), maxErrorBytes)
+	summary = storableText(summary, maxErrorBytes)
+	var businessKey, storedTrace string
 	err := g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-		delay.Milliseconds(), summary, traceID).Scan(&businessKey)
+		delay.Milliseconds(), summary, traceID).Scan(&businessKey, &storedTrace)
 	if errors.Is(err, pgx.ErrNoRows) {
 		g.cfg.Logger.Warn("keel: lease lost before failure was recorded", "job_id", id)
 		return herr
@@ -538,7 +566,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, att
 		g.stats.dead.Add(1)
 		if g.cfg.OnDead != nil {
 			g.cfg.OnDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
-				Class: string(class), Error: msg, Attempts: attempts})
+				Class: string(class), Error: msg, TraceID: storedTrace, Attempts: attempts})
 		}
 		if !errors.Is(herr, asynq.SkipRetry) {
 			herr = fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
@@ -639,6 +667,8 @@ func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return err
 	}
 	tag, err := tx.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL, lease_until = NULL,
+		last_error = CASE WHEN error_class = 'wait' THEN NULL ELSE last_error END,
+		error_class = CASE WHEN error_class = 'wait' THEN NULL ELSE error_class END,
 		finished_at = now(), updated_at = now() WHERE id = $1 AND status = 'running' AND lease_holder = $2`, jc.id, g.cfg.Holder)
 	if err != nil {
 		return interpretError(err)

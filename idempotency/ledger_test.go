@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -375,4 +376,44 @@ func TestStepOutsideHandlerIsAnError(t *testing.T) {
 	err := idempotency.Step(context.Background(), "x", func(context.Context, string) error { return nil })
 	require.ErrorIs(t, err, idempotency.ErrNoJob)
 	require.ErrorIs(t, idempotency.InTx(context.Background(), func(pgx.Tx) error { return nil }), idempotency.ErrNoJob)
+}
+
+// Odd error texts (NUL bytes, invalid UTF-8, megabytes) must still be
+// recorded: a failure the ledger cannot store would leave the job running.
+func TestOddErrorTextsAreRecorded(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		return retry.Permanent(errors.New("nul\x00byte, bad utf8 \xff, " + strings.Repeat("x", 1<<20)))
+	})
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "odd"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 10*time.Second)
+	require.Contains(t, j.LastError, `nul\0byte`)
+	require.Contains(t, j.LastError, "(truncated)")
+	require.Less(t, len(j.LastError), 9<<10)
+}
+
+// A wait recorded while the job could not start is not left behind as its
+// "last error" once it succeeds.
+func TestWaitIsForgottenOnSuccess(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		if calls.Add(1) == 1 {
+			return retry.Wait(time.Second, errors.New("rate limited"))
+		}
+		return nil
+	})
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "wait"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.Empty(t, j.LastError)
+	require.Empty(t, j.ErrorClass)
+	require.Equal(t, 1, j.Attempts)
 }
