@@ -35,6 +35,10 @@ type DailyReport struct {
 	Day string `json:"day"`
 }
 
+// ReportsQueue is where long jobs go; run its workers apart:
+// keel worker --queues reports:1 --concurrency 2.
+const ReportsQueue = "reports"
+
 // The example kinds. Each names its business action with a key, so a
 // duplicate submission of the same order is the same job.
 var (
@@ -49,10 +53,10 @@ var (
 	SyncAnalytics = tasks.Define[Analytics]("analytics:sync",
 		tasks.Queue("low"), tasks.MaxRetry(3),
 		tasks.Key(func(a Analytics) string { return "order:" + a.OrderID }))
-	// A long job: on its own (low) queue so it never holds the slots that
-	// receipts need.
+	// A long job: on a queue of its own, read by workers of its own, so a
+	// slow report never holds the slots that receipts need.
 	GenerateDailyReport = tasks.Define[DailyReport]("report:daily",
-		tasks.Queue("low"), tasks.Timeout(10*time.Minute),
+		tasks.Queue(ReportsQueue), tasks.Timeout(10*time.Minute),
 		tasks.Key(func(r DailyReport) string { return "day:" + r.Day }))
 )
 

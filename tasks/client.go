@@ -32,7 +32,8 @@ type ClientConfig struct {
 	Redis asynq.RedisConnOpt
 	// Pool is the Postgres pool holding the ledger. Required.
 	Pool *pgxpool.Pool
-	// Queues the client may enqueue to; anything else is refused, so a typo
+	// Queues the client may enqueue to, besides the queues declared kinds
+	// name (tasks.Queue in Define); anything else is refused, so a typo
 	// cannot strand jobs on a queue no worker reads. Default DefaultQueues.
 	Queues []string
 	// Logger; default slog.Default().
@@ -157,7 +158,7 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if err := idempotency.ValidateKey("business key", t.s.key); err != nil {
 		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: %v", t.kind, ErrInvalidKey, err)
 	}
-	if !c.queues[t.s.queue] {
+	if !c.queues[t.s.queue] && !declaredQueue(t.s.queue) {
 		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w %q (known: %v)", t.kind, ErrUnknownQueue, t.s.queue, c.queueList())
 	}
 	maxRetry := DefaultMaxRetry

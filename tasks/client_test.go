@@ -177,10 +177,15 @@ func TestEnqueueQueues(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "emails", info.Queue)
 
-	_, err = c.Enqueue(ctx, sendReceipt.New(receipt{OrderID: "custom-critical"}))
+	_, err = c.Enqueue(ctx, sendReceipt.New(receipt{OrderID: "custom-bulk"}, tasks.Queue("bulk")))
 	require.ErrorIs(t, err, tasks.ErrUnknownQueue)
-	require.ErrorContains(t, err, `"critical"`)
+	require.ErrorContains(t, err, `"bulk"`)
 	require.ErrorContains(t, err, "emails")
+
+	// The queue a declared kind names is known to every client of the program.
+	res, err = c.Enqueue(ctx, sendReceipt.New(receipt{OrderID: "custom-critical"}))
+	require.NoError(t, err)
+	require.Equal(t, "critical", res.Job.Queue)
 }
 
 func TestEnqueueRefusesInvalidTasks(t *testing.T) {

@@ -191,7 +191,19 @@ func (k *Kind[P]) defaultSettings() settings { return k.defaults }
 
 var registry sync.Map // kind name → kindInfo
 
-func register(k kindInfo) { registry.Store(k.Name(), k) }
+// declaredQueues holds the queues declared kinds name: a kind's own queue is
+// known to every client of the program that declares it.
+var declaredQueues sync.Map
+
+func register(k kindInfo) {
+	registry.Store(k.Name(), k)
+	declaredQueues.Store(k.Queue(), true)
+}
+
+func declaredQueue(q string) bool {
+	_, ok := declaredQueues.Load(q)
+	return ok
+}
 
 // Known reports whether a kind of this name was declared in this program.
 func Known(name string) bool {

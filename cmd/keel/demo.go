@@ -163,6 +163,16 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 		return usageError{err}
 	}
 	ob.attach(srv)
+	// Long jobs get a worker pool of their own, as the README advises.
+	reportsCfg := cfg
+	reportsCfg.Queues = map[string]int{handlers.ReportsQueue: 1}
+	reportsCfg.Concurrency = 2
+	reportsCfg.DisableRelay, reportsCfg.DisableReconciler = true, true
+	reports, err := server.New(reportsCfg, mux)
+	if err != nil {
+		srv.Close()
+		return usageError{err}
+	}
 	if err := ob.run(ctx, &wg); err != nil {
 		return err
 	}
@@ -187,6 +197,11 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 
 	workerErr := make(chan error, 1)
 	go func() { workerErr <- srv.Run(ctx) }()
+	wg.Go(func() {
+		if err := reports.Run(ctx); err != nil {
+			log.Error("demo: reports worker stopped", "err", err)
+		}
+	})
 
 	fmt.Fprintln(out, "keel demo is running. Ctrl-C stops everything.")
 	for _, u := range urls {
