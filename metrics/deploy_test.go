@@ -38,6 +38,9 @@ func exported(t *testing.T) map[string]bool {
 		require.NotNil(t, m, d.String())
 		names[m[1]] = true
 	}
+	zero := func() uint64 { return 0 }
+	require.NoError(t, metrics.RegisterOutbox(reg, metrics.OutboxOptions{Published: zero, Republished: zero,
+		LeasesReleased: zero, Pruned: zero}))
 	// One attempt so that every vector of the worker has a series to gather.
 	h := w.Middleware(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
 	require.NoError(t, h.ProcessTask(context.Background(), asynq.NewTask("k", nil)))

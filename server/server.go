@@ -254,6 +254,12 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 // Guard is the ledger middleware the server runs (for its stats).
 func (s *Server) Guard() *idempotency.Guard { return s.guard }
 
+// Relay is the server's embedded relay; nil with DisableRelay.
+func (s *Server) Relay() *outbox.Relay { return s.relay }
+
+// Reconciler is the server's embedded reconciler; nil with DisableReconciler.
+func (s *Server) Reconciler() *outbox.Reconciler { return s.recon }
+
 // Run processes jobs until ctx ends, then shuts down gracefully: it stops
 // fetching, gives running jobs ShutdownTimeout to finish and returns the rest
 // to their queues, so nothing is lost. Cancel ctx on SIGTERM/SIGINT

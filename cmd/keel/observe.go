@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/alert"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/metrics"
+	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 )
 
@@ -65,6 +66,30 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 	if err != nil {
 		return nil, err
 	}
+	stat := func(read func(*server.Server) uint64) func() uint64 {
+		return func() uint64 {
+			ob.mu.Lock()
+			defer ob.mu.Unlock()
+			if ob.srv == nil {
+				return 0
+			}
+			return read(ob.srv)
+		}
+	}
+	err = metrics.RegisterOutbox(ob.reg, metrics.OutboxOptions{
+		Published: stat(func(s *server.Server) uint64 {
+			if s.Relay() == nil {
+				return 0
+			}
+			return s.Relay().Published()
+		}),
+		Republished:    stat(func(s *server.Server) uint64 { return reconStats(s).Republished }),
+		LeasesReleased: stat(func(s *server.Server) uint64 { return reconStats(s).LeasesReleased }),
+		Pruned:         stat(func(s *server.Server) uint64 { return reconStats(s).Pruned }),
+	})
+	if err != nil {
+		return nil, err
+	}
 	// The worker metrics already count deaths; the alerter's own counter goes
 	// to a registry nobody serves so that deaths are not counted twice.
 	ob.alerter, err = alert.New(alert.Config{WebhookURL: o.alertWebhook, Logger: log, Registerer: prometheus.NewRegistry()})
@@ -81,6 +106,13 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 		}
 	}
 	return ob, nil
+}
+
+func reconStats(s *server.Server) outbox.ReconcileStats {
+	if s.Reconciler() == nil {
+		return outbox.ReconcileStats{}
+	}
+	return s.Reconciler().Stats()
 }
 
 // attach tells the observer which server's guard to read.

@@ -1,0 +1,40 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// OutboxOptions read the counters of a process's relay and reconciler at
+// scrape time. A nil func leaves its metric out.
+type OutboxOptions struct {
+	// Published: jobs the relay handed to Redis.
+	Published func() uint64
+	// Republished: jobs the reconciler found missing from Redis and
+	// published again (each one is drift repaired: Redis lost data).
+	Republished func() uint64
+	// LeasesReleased: leases of gone workers the reconciler released.
+	LeasesReleased func() uint64
+	// Pruned: finished jobs removed after their retention.
+	Pruned func() uint64
+}
+
+// RegisterOutbox registers the relay's and reconciler's counters on reg.
+func RegisterOutbox(reg prometheus.Registerer, o OutboxOptions) error {
+	for _, c := range []struct {
+		name, help string
+		fn         func() uint64
+	}{
+		{"keel_outbox_published_total", "Jobs the relay published from the ledger to Redis.", o.Published},
+		{"keel_reconciler_republished_total", "Jobs found missing from Redis and published again from the ledger.", o.Republished},
+		{"keel_reconciler_leases_released_total", "Leases of gone workers released by the reconciler.", o.LeasesReleased},
+		{"keel_ledger_pruned_total", "Succeeded and discarded jobs pruned after their retention.", o.Pruned},
+	} {
+		if c.fn == nil {
+			continue
+		}
+		fn := c.fn
+		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help},
+			func() float64 { return float64(fn()) })); err != nil {
+			return err
+		}
+	}
+	return nil
+}
