@@ -162,7 +162,7 @@ func TestTransientFailureDiesAfterBudgetWithFullContext(t *testing.T) {
 	require.Equal(t, 2, info.Retried)
 	require.Equal(t, []idempotency.DeadEvent{{
 		JobID: res.Job.ID, Kind: receipt.Name(), Queue: "default", BusinessKey: "order:flaky",
-		Class: string(retry.ClassTransient), Error: j.LastError, Attempts: 3,
+		Class: string(retry.ClassTransient), Error: j.LastError, TraceID: "trace-4711", Attempts: 3,
 	}}, dead.of(res.Job.ID))
 }
 

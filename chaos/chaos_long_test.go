@@ -1,0 +1,30 @@
+//go:build chaos
+
+package chaos_test
+
+import (
+	"testing"
+	"time"
+)
+
+// TestChaosLong is the full soak (see the package doc for the command):
+// 20,000 jobs over five minutes, a worker killed every 10 s meanwhile,
+// Redis emptied twice and, with KEEL_CHAOS_PG_RESTART_CMD, Postgres
+// restarted once. It must be done within 20 minutes.
+func TestChaosLong(t *testing.T) {
+	var kills []time.Duration
+	for at := 15 * time.Second; at <= 5*time.Minute; at += 10 * time.Second {
+		kills = append(kills, at)
+	}
+	soak(t, soakConfig{
+		Jobs:          20000,
+		Workers:       3,
+		Submitters:    16,
+		SubmitOver:    5 * time.Minute,
+		RedisRestarts: []time.Duration{40 * time.Second, 3*time.Minute + 5*time.Second},
+		RedisDown:     3 * time.Second,
+		Kills:         kills,
+		PGRestartAt:   2 * time.Minute,
+		Deadline:      20 * time.Minute,
+	})
+}

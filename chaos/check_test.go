@@ -1,0 +1,373 @@
+package chaos_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/scheduler"
+)
+
+// report is the outcome of the final check.
+type report struct {
+	table    string
+	failures []string
+}
+
+type jobRow struct {
+	id, kind, key, status string
+	attempts              int
+	lastErr, errClass     string
+}
+
+// kindStats is one line of the table.
+type kindStats struct {
+	accepted, dupSubmits, succeeded, dead, inDoubt, open, lost, effects, calls, maxAttempts int
+}
+
+// invariant is one assertion of the check: its count must be zero.
+type invariant struct {
+	name     string
+	n        int
+	examples []string
+}
+
+type invariants struct {
+	list []*invariant
+	by   map[string]*invariant
+}
+
+func newInvariants(names ...string) *invariants {
+	v := &invariants{by: map[string]*invariant{}}
+	for _, n := range names {
+		inv := &invariant{name: n}
+		v.list = append(v.list, inv)
+		v.by[n] = inv
+	}
+	return v
+}
+
+func (v *invariants) fail(name, example string) {
+	inv := v.by[name]
+	inv.n++
+	if len(inv.examples) < 5 {
+		inv.examples = append(inv.examples, example)
+	}
+}
+
+const (
+	invLost         = "jobs lost (accepted, not succeeded or dead)"
+	invDupEffect    = "local effects duplicated"
+	invDupCall      = "external calls duplicated (per step key)"
+	invWrongState   = "jobs ended in a state their kind does not predict"
+	invNoReason     = "dead jobs without last_error or error_class"
+	invEffect       = "succeeded without its effect, or effect without success"
+	invCall         = "succeeded external jobs without exactly one call"
+	invDupSubmit    = "duplicate submissions not resolved to one job"
+	invOrphan       = "EnqueueTx business rows and jobs that disagree"
+	invWaitAttempts = "rate-limited jobs whose waits counted as attempts"
+	invTickMissing  = "cron ticks without a job"
+	invTickBad      = "cron tick jobs not succeeded once"
+)
+
+// check reads the final state and tests every invariant.
+func (d *driver) check(ctx context.Context) report {
+	t := d.t
+	q := func(sql string, scan func(pgx.Rows) error) {
+		rows, err := d.pool.Query(ctx, sql)
+		if err != nil {
+			t.Fatalf("check: %v", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := scan(rows); err != nil {
+				t.Fatalf("check: %v", err)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatalf("check: %v", err)
+		}
+	}
+	jobs := map[string]jobRow{} // by business key
+	var ticks []jobRow
+	q(`SELECT id, kind, business_key, status, attempts, coalesce(last_error, ''), coalesce(error_class, '')
+		FROM keel_jobs WHERE kind LIKE 'chaos:%'`, func(r pgx.Rows) error {
+		var j jobRow
+		if err := r.Scan(&j.id, &j.kind, &j.key, &j.status, &j.attempts, &j.lastErr, &j.errClass); err != nil {
+			return err
+		}
+		if j.kind == tickKind.Name() {
+			ticks = append(ticks, j)
+		} else {
+			jobs[j.key] = j
+		}
+		return nil
+	})
+	effects := map[string]int{}
+	q(`SELECT business_key, count(*) FROM chaos_effects GROUP BY 1`, func(r pgx.Rows) error {
+		var k string
+		var n int
+		err := r.Scan(&k, &n)
+		effects[k] = n
+		return err
+	})
+	callsByStep := map[string]int{}
+	callsByKey := map[string]int{}
+	q(`SELECT step_key, business_key, count(*) FROM chaos_external_calls GROUP BY 1, 2`, func(r pgx.Rows) error {
+		var s, k string
+		var n int
+		err := r.Scan(&s, &k, &n)
+		callsByStep[s] += n
+		callsByKey[k] += n
+		return err
+	})
+	stepStatus := map[string]string{} // by job id
+	q(`SELECT job_id, status FROM keel_steps WHERE name = '`+stepName+`'`, func(r pgx.Rows) error {
+		var id, s string
+		err := r.Scan(&id, &s)
+		stepStatus[id] = s
+		return err
+	})
+	waits := map[string][]int32{} // attempt seen by each run of a rate-limited job
+	q(`SELECT business_key, attempts FROM chaos_waits`, func(r pgx.Rows) error {
+		var k string
+		var a []int32
+		err := r.Scan(&k, &a)
+		waits[k] = a
+		return err
+	})
+	orders := map[string]bool{}
+	q(`SELECT business_key FROM chaos_orders`, func(r pgx.Rows) error {
+		var k string
+		err := r.Scan(&k)
+		orders[k] = true
+		return err
+	})
+
+	inv := newInvariants(invLost, invDupEffect, invDupCall, invWrongState, invNoReason, invEffect, invCall,
+		invDupSubmit, invOrphan, invWaitAttempts, invTickMissing, invTickBad)
+	q(`SELECT business_key, kind, err FROM chaos_violations`, func(r pgx.Rows) error {
+		var k, kind, e string
+		err := r.Scan(&k, &kind, &e)
+		inv.fail(invDupEffect, fmt.Sprintf("%s (%s): %s", k, kind, e))
+		return err
+	})
+	for step, n := range callsByStep {
+		if n > 1 {
+			inv.fail(invDupCall, fmt.Sprintf("step %s called %d times", step, n))
+		}
+	}
+
+	stats := map[*class]*kindStats{}
+	for _, c := range classes {
+		stats[c] = &kindStats{}
+	}
+	var submits, tries, unaccepted int
+	d.mu.Lock()
+	keys := make([]string, 0, len(d.keys))
+	for k := range d.keys {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		rec := d.keys[key]
+		submits += rec.submits
+		tries += rec.submits + rec.errors
+		if !rec.accepted {
+			// Never accepted (the run ended first): no promise was made.
+			unaccepted++
+			continue
+		}
+		c, st := rec.class, stats[rec.class]
+		st.accepted++
+		if rec.planned > 1 {
+			st.dupSubmits++
+		}
+		row, ok := jobs[key]
+		switch {
+		case len(rec.jobIDs) != 1, rec.created > 1, rec.created == 0 && rec.errors == 0, ok && !rec.jobIDs[row.id]:
+			inv.fail(invDupSubmit, fmt.Sprintf("%s: %d submissions created %d jobs, ids %v, ledger %q (failed tries %d, last: %s)",
+				key, rec.submits, rec.created, rec.jobIDs, row.id, rec.errors, rec.lastErr))
+		}
+		if rec.viaTx && !orders[key] {
+			inv.fail(invOrphan, key+": job accepted through EnqueueTx but its business row is missing")
+		}
+		if !ok {
+			st.lost++
+			inv.fail(invLost, key+": no ledger row")
+			continue
+		}
+		st.maxAttempts = max(st.maxAttempts, row.attempts)
+		inDoubt := false
+		switch row.status {
+		case "succeeded":
+			st.succeeded++
+			if c.want != idempotency.StatusSucceeded {
+				inv.fail(invWrongState, fmt.Sprintf("%s (%s): succeeded, want %s", key, c.name, c.want))
+			}
+		case "dead":
+			st.dead++
+			if row.lastErr == "" || row.errClass == "" {
+				inv.fail(invNoReason, fmt.Sprintf("%s: last_error %q, error_class %q", key, row.lastErr, row.errClass))
+			}
+			inDoubt = strings.Contains(row.lastErr, idempotency.ErrInDoubt.Error())
+			switch {
+			case inDoubt && c.inDoubtOK:
+				st.inDoubt++
+				if stepStatus[row.id] != "started" {
+					inv.fail(invWrongState, fmt.Sprintf("%s: dead in doubt but its step is %q", key, stepStatus[row.id]))
+				}
+			case c.want != idempotency.StatusDead:
+				inv.fail(invWrongState, fmt.Sprintf("%s (%s): dead (%s: %s), want %s", key, c.name, row.errClass, firstLine(row.lastErr), c.want))
+			}
+		default:
+			st.open++
+			st.lost++
+			inv.fail(invLost, fmt.Sprintf("%s: still %s after %d attempts (%s)", key, row.status, row.attempts, firstLine(row.lastErr)))
+		}
+		e := effects[key]
+		st.effects += e
+		switch {
+		case e > 1:
+			inv.fail(invDupEffect, fmt.Sprintf("%s: %d effects", key, e))
+		case (row.status == "succeeded") != (e == 1):
+			inv.fail(invEffect, fmt.Sprintf("%s: %s with %d effects", key, row.status, e))
+		}
+		if c.external {
+			n := callsByKey[key]
+			st.calls += n
+			switch {
+			case n > 1:
+				inv.fail(invDupCall, fmt.Sprintf("%s: %d calls", key, n))
+			case row.status == "succeeded" && n != 1:
+				inv.fail(invCall, fmt.Sprintf("%s: succeeded with %d calls", key, n))
+			}
+		}
+		if c.kind == limitedKind && row.status == "succeeded" {
+			// Without waits counting, consecutive runs see the same attempt
+			// unless a crash came between; an attempt that went up at every
+			// run is the mark of waits counted as failures.
+			seen := waits[key]
+			rising := len(seen) > limitedWaits
+			for i := 1; i < len(seen); i++ {
+				rising = rising && seen[i] > seen[i-1]
+			}
+			if rising || len(seen) <= limitedWaits {
+				inv.fail(invWaitAttempts, fmt.Sprintf("%s: runs saw attempts %v (%d waits expected)", key, seen, limitedWaits))
+			}
+		}
+	}
+	d.mu.Unlock()
+	for k := range orders {
+		if _, ok := jobs[k]; !ok {
+			inv.fail(invOrphan, k+": business row committed without its job")
+		}
+	}
+
+	tickStats := d.checkTicks(ticks, effects, inv)
+
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 2, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "kind\tclass\taccepted\tsubmitted twice\tsucceeded\tdead\tin doubt\tnot terminal\teffects\text. calls\tmax attempts\t")
+	total := kindStats{}
+	row := func(kind, name string, s kindStats) {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", kind, name, s.accepted, s.dupSubmits, s.succeeded,
+			s.dead, s.inDoubt, s.open, s.effects, s.calls, s.maxAttempts)
+	}
+	for _, c := range classes {
+		s := *stats[c]
+		row(c.kind.Name(), c.name, s)
+		total.accepted += s.accepted
+		total.dupSubmits += s.dupSubmits
+		total.succeeded += s.succeeded
+		total.dead += s.dead
+		total.inDoubt += s.inDoubt
+		total.open += s.open
+		total.effects += s.effects
+		total.calls += s.calls
+		total.maxAttempts = max(total.maxAttempts, s.maxAttempts)
+	}
+	row(tickKind.Name(), "cron @every 1s", tickStats)
+	row("total", "", total)
+	tw.Flush()
+	fmt.Fprintf(&b, "\nsubmissions accepted %d (tries %d; keys never accepted %d)\n\n", submits, tries, unaccepted)
+
+	tw = tabwriter.NewWriter(&b, 2, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "invariant\tcount\tverdict")
+	var failures []string
+	for _, v := range inv.list {
+		verdict := "ok"
+		if v.n > 0 {
+			verdict = "FAIL"
+			failures = append(failures, fmt.Sprintf("%s: %d, e.g.\n  %s", v.name, v.n, strings.Join(v.examples, "\n  ")))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", v.name, v.n, verdict)
+	}
+	fmt.Fprintf(tw, "%s\t%d\t%s\n", "in doubt, parked for a person (allowed, unverified external only)", total.inDoubt, "info")
+	tw.Flush()
+	return report{table: b.String(), failures: failures}
+}
+
+// checkTicks asserts one succeeded job per tick of the scheduler's entry,
+// from its start to its stop, none missing.
+func (d *driver) checkTicks(ticks []jobRow, effects map[string]int, inv *invariants) kindStats {
+	var st kindStats
+	var zero time.Time
+	prefix := strings.TrimSuffix(scheduler.TickKey(tickEntry, zero), zero.Format(time.RFC3339))
+	var at []time.Time
+	for _, j := range ticks {
+		st.accepted++
+		st.maxAttempts = max(st.maxAttempts, j.attempts)
+		st.effects += effects[j.key]
+		switch j.status {
+		case "succeeded":
+			st.succeeded++
+		case "dead":
+			st.dead++
+		default:
+			st.open++
+		}
+		if j.status != "succeeded" || effects[j.key] != 1 {
+			inv.fail(invTickBad, fmt.Sprintf("%s: %s with %d effects (%s)", j.key, j.status, effects[j.key], firstLine(j.lastErr)))
+		}
+		tick, err := time.Parse(time.RFC3339, strings.TrimPrefix(j.key, prefix))
+		if err != nil || !strings.HasPrefix(j.key, prefix) {
+			inv.fail(invTickBad, fmt.Sprintf("%s: not a tick key of %s", j.key, tickEntry))
+			continue
+		}
+		at = append(at, tick)
+	}
+	if len(at) == 0 {
+		inv.fail(invTickMissing, "the scheduler made no job at all")
+		return st
+	}
+	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+	// A tick is due once a second; the ends may be a little late under load.
+	const slack = 5 * time.Second
+	if gap := at[0].Sub(d.schedStart); gap > time.Second+slack {
+		inv.fail(invTickMissing, fmt.Sprintf("first tick %s is %s after the scheduler started", at[0].Format(time.TimeOnly), gap))
+	}
+	if gap := d.schedStop.Sub(at[len(at)-1]); gap > time.Second+slack {
+		inv.fail(invTickMissing, fmt.Sprintf("last tick %s is %s before the scheduler stopped", at[len(at)-1].Format(time.TimeOnly), gap))
+	}
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap != time.Second {
+			inv.fail(invTickMissing, fmt.Sprintf("ticks %s and %s are %s apart", at[i-1].Format(time.TimeOnly), at[i].Format(time.TimeOnly), gap))
+		}
+	}
+	return st
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return s
+}
