@@ -216,7 +216,18 @@ func TestBrowser(t *testing.T) {
 	screenshot(t, ctx, shots, "dead.png")
 	noCSPViolations(t, ctx, "the dead letters")
 
-	// Its page, then replay: the handler now succeeds.
+	// Found by its business key from the overview's look-up form, as the
+	// operator asked about it: "what state is order 1's receipt in?".
+	run(t, ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("section.lookup")),
+		chromedp.SendKeys(chromedp.CSS(`section.lookup input[name="kind"]`), "order:send_receipt"),
+		chromedp.SendKeys(chromedp.CSS(`section.lookup input[name="key"]`), "order:1"),
+		chromedp.Submit(chromedp.CSS(`section.lookup input[name="key"]`)),
+		chromedp.WaitVisible(chromedp.ID("replay")))
+	require.Equal(t, "dead", text(t, ctx, "#status"))
+	require.Contains(t, eval[string](t, ctx, `document.location.toString()`), replayed.ID, "the look-up should open the job's page")
+
+	// Its page from the dead letters, then replay: the handler now succeeds.
+	run(t, ctx, chromedp.Navigate(base+"/dead"), chromedp.WaitVisible(chromedp.CSS("#job-"+replayed.ID)))
 	run(t, ctx, chromedp.Click(chromedp.CSS("#job-"+replayed.ID+" a.key")), chromedp.WaitVisible(chromedp.ID("replay")))
 	require.Equal(t, "dead", text(t, ctx, "#status"))
 	require.Equal(t, xssError, text(t, ctx, "#last-error"))
