@@ -1,0 +1,18 @@
+// Package idempotency is keel's ledger: the Postgres table that remembers
+// every business action (one row per kind and business key), its embedded
+// migrations, and the asynq middleware (Guard) that makes deliveries of a
+// job run its handler at most once at a time and never again after it
+// finished.
+//
+// Inside a handler run by the Guard:
+//
+//   - InTx commits the handler's local writes in the same transaction as the
+//     job's "succeeded" mark, and refuses if this worker lost the job's lease;
+//   - Step records an external call under a stable idempotency key (job id
+//     and step name): a finished step is skipped on retry, and a step that
+//     started but never recorded an outcome is verified (Verify) or parked
+//     for a person — never repeated blindly.
+//
+// The Store reads jobs (Get, Lookup, Steps, Audit, ListDead) and carries the
+// operator's actions: Replay, Discard, ResolveStep and their bulk forms.
+package idempotency
