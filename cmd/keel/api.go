@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/handlers"
-	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -20,23 +19,13 @@ func apiCmd(c *conn) *cobra.Command {
 		Short: "Serve the example order API (POST /orders, GET /orders/{id}), enqueueing through the ledger",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			redis, err := c.redis()
-			if err != nil {
-				return err
-			}
-			log, err := c.logger()
-			if err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			svc, err := c.openService(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if err := idempotency.CheckSchema(ctx, pool); err != nil {
-				return err
-			}
+			defer svc.pool.Close()
+			redis, pool, log := svc.redis, svc.pool, svc.log
 			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: log})
 			if err != nil {
 				return err

@@ -166,26 +166,16 @@ func relayCmd(c *conn) *cobra.Command {
 		Short: "Publish committed ledger jobs to Redis (workers run one too; run this for a dedicated relay)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
-			if err != nil {
-				return err
-			}
-			redis, err := c.redis()
-			if err != nil {
-				return err
-			}
 			if cfg.PollInterval < 0 || cfg.BatchSize < 0 || rcfg.Interval < 0 || rcfg.Grace < 0 {
 				return usageError{fmt.Errorf("--poll-interval, --batch-size, --reconcile-interval and --grace must not be negative")}
 			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			svc, err := c.openService(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if err := idempotency.CheckSchema(ctx, pool); err != nil {
-				return err
-			}
+			defer svc.pool.Close()
+			redis, pool, log := svc.redis, svc.pool, svc.log
 			cfg.Logger = log
 			r := outbox.NewRelay(pool, redis, cfg)
 			defer r.Close()

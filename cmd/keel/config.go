@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
@@ -187,4 +188,33 @@ func (w *workerFlags) config() (server.Config, error) {
 	return server.Config{Queues: qs, Concurrency: w.concurrency, ShutdownTimeout: w.shutdownTimeout,
 		StrictPriority: w.strict, DisableRelay: w.noRelay, DisableReconciler: w.noReconciler,
 		Reconciler: outbox.ReconcilerConfig{Retention: w.retention}}, nil
+}
+
+// service is what a long-running subcommand connects to.
+type service struct {
+	log   *slog.Logger
+	redis asynq.RedisConnOpt
+	pool  *pgxpool.Pool
+}
+
+// openService checks the settings, connects to the ledger and refuses a
+// schema this binary does not know. Close the pool when done.
+func (c *conn) openService(ctx context.Context) (*service, error) {
+	log, err := c.logger()
+	if err != nil {
+		return nil, err
+	}
+	redis, err := c.redis()
+	if err != nil {
+		return nil, err
+	}
+	pool, err := c.pool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := idempotency.CheckSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &service{log: log, redis: redis, pool: pool}, nil
 }

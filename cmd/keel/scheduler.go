@@ -13,7 +13,6 @@ import (
 
 	// Declares the example kinds, so schedules naming them pass the kind check.
 	_ "github.com/keeljobs/keel/handlers"
-	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -54,27 +53,17 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 				// 0 means "default" in Config; here it was asked for.
 				policy = scheduler.Skip
 			}
-			log, err := c.logger()
-			if err != nil {
-				return err
-			}
-			redis, err := c.redis()
-			if err != nil {
-				return err
-			}
 			// Listen before anything slow: SIGHUP's default action kills.
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			svc, err := c.openService(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if err := idempotency.CheckSchema(ctx, pool); err != nil {
-				return err
-			}
+			defer svc.pool.Close()
+			redis, pool, log := svc.redis, svc.pool, svc.log
 			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: log})
 			if err != nil {
 				return err

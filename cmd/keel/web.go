@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/web"
 )
 
@@ -54,24 +53,14 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 			if err != nil {
 				return err
 			}
-			log, err := c.logger()
-			if err != nil {
-				return err
-			}
-			redis, err := c.redis()
-			if err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			svc, err := c.openService(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if err := idempotency.CheckSchema(ctx, pool); err != nil {
-				return err
-			}
-			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
+			defer svc.pool.Close()
+			log := svc.log
+			cfg.Redis, cfg.Pool, cfg.Logger = svc.redis, svc.pool, log
 			if len(cfg.Secret) == 0 {
 				log.Warn("keel web: KEEL_WEB_SECRET is not set; sessions end when this server restarts and are not valid on other replicas")
 			}
