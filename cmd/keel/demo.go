@@ -240,13 +240,16 @@ func drive(ctx context.Context, apiURL string, rate float64, seed uint64, log *s
 	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
 	defer t.Stop()
 	var keys []string
+	// Keys unique to this run: a new demo run makes new orders, not
+	// duplicates of the last run's.
+	run := time.Now().UnixNano()
 	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		key := fmt.Sprintf("demo-%d-%d", seed, n)
+		key := fmt.Sprintf("demo-%d-%d", run, n)
 		email := fmt.Sprintf("customer%d@example.com", n)
 		switch roll := rnd.Float64(); {
 		case roll < 0.10 && len(keys) > 0:
