@@ -1,10 +1,19 @@
-// Package bench measures what keel's ledger costs: the processing rate of
-// no-op jobs on plain Asynq and on a keel worker (ledger guard and retry
-// middleware), one after the other on the same Redis and Postgres, so that
-// the ratio between the two is measured under the same conditions.
+// Package bench measures what keel costs and what it buys, each figure
+// against a baseline measured in the same run on the same Redis and
+// Postgres:
 //
-// Processing is what `keel bench` runs; BenchmarkLedgerVsPlain runs it under
-// `go test -bench`.
+//   - processing: no-op jobs per second on plain Asynq and on a keel worker;
+//   - enqueue: Asynq's Client.Enqueue against keel's Enqueue and EnqueueTx,
+//     one producer and many, with per-call percentiles;
+//   - latency: from EnqueueTx's commit to the handler's start on an idle
+//     worker;
+//   - relay: how fast relays publish rows committed by EnqueueTx;
+//   - recovery: how long after Redis loses every queued job the reconciler
+//     and a worker take to run them all;
+//   - memory: the resident size of a worker at concurrency 100.
+//
+// Run runs any of them (`keel bench` calls it); Processing runs the first
+// alone, and BenchmarkLedgerVsPlain runs it under `go test -bench`.
 package bench
 
 import (
@@ -12,7 +21,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -50,12 +58,12 @@ const Queue = "default"
 // Queues are the weighted queues both workers read.
 func Queues() map[string]int { return map[string]int{"critical": 6, "default": 3, "low": 1} }
 
-// Options configures Processing.
+// Options configures Processing and Run.
 type Options struct {
 	// Jobs is how many no-op jobs each worker processes. Default 20000, or
 	// 5000 with Quick.
 	Jobs int
-	// Quick selects the short run (5000 jobs) when Jobs is not set.
+	// Quick selects the short run of every part when its size is not set.
 	Quick bool
 	// Rounds is how many times to measure both workers, alternating (plain,
 	// keel, plain, keel…). The report's figures are those of the round with
@@ -65,34 +73,113 @@ type Options struct {
 	Concurrency int
 	// RedisAddr and RedisDB name the Redis database the queues live in. Its
 	// critical, default and low queues must be empty; give the benchmark a
-	// database of its own. Default 127.0.0.1:6379, database 0.
+	// database of its own: Run empties those queues between parts. Default
+	// 127.0.0.1:6379, database 0.
 	RedisAddr string
 	RedisDB   int
 	// RedisPassword, if Redis needs one.
 	RedisPassword string
 	// DatabaseURL is the Postgres database of the ledger. Default the local
-	// test database.
+	// test database. The recovery part's reconciler takes a database-wide
+	// advisory lock: a database of the benchmark's own keeps other keel
+	// processes from delaying it.
 	DatabaseURL string
 	// Schema is where the benchmark's ledger lives. It is DROPPED and created
 	// again on every run. Default keel_bench; "public" is refused.
 	Schema string
 	// Timeout bounds each phase. Default 60s plus 10ms per job.
 	Timeout time.Duration
-	// Logger receives progress lines (Info) and the workers' warnings. The
-	// workers log at Warn level at most, so logging does not dominate.
-	// Default: discard.
+	// Logger receives the workers' warnings. The workers log at Warn level
+	// at most, so logging does not dominate. Default: discard.
 	Logger *slog.Logger
+	// Progress, when set, is told what is being measured and how far it
+	// has come (see Progress).
+	Progress func(Progress)
+
+	// Parts selects what Run measures, in this order: processing, enqueue,
+	// latency, relay, recovery, memory (see AllParts). Empty means all.
+	// Processing ignores it.
+	Parts []string
+	// EnqueueJobs is how many jobs each enqueue row enqueues. Default 3000,
+	// or 1000 with Quick.
+	EnqueueJobs int
+	// Producers is how many goroutines enqueue at once in the concurrent
+	// enqueue rows. Default 16.
+	Producers int
+	// LatencySamples is how many jobs each latency row commits, one at a
+	// time. Default 500, or 200 with Quick.
+	LatencySamples int
+	// LatencyPause is the mean pause between two of them (each pause is
+	// drawn from [½, 1½] of it). Default 10ms.
+	LatencyPause time.Duration
+	// Poll is how long an idle worker waits before it looks at empty queues
+	// again (asynq's TaskCheckInterval) for the latency part's keel worker
+	// and the asynq worker it is compared with. Default
+	// server.DefaultTaskCheckInterval.
+	Poll time.Duration
+	// RelayJobs is how many committed rows the relays publish. Default
+	// 20000, or 5000 with Quick.
+	RelayJobs int
+	// RecoveryJobs is how many accepted jobs Redis loses. Default 10000, or
+	// 3000 with Quick.
+	RecoveryJobs int
+	// RecoveryInterval and RecoveryGrace configure the recovery part's
+	// reconciler. Default 1s each.
+	RecoveryInterval time.Duration
+	RecoveryGrace    time.Duration
+	// RedisServer is the redis-server program the recovery part starts on
+	// a free loopback port (the shared Redis is never flushed). Default
+	// "redis-server", looked up in PATH.
+	RedisServer string
+	// MemoryJobs is the backlog each worker of the memory part processes.
+	// Default 10000, or 3000 with Quick.
+	MemoryJobs int
+	// MemoryConcurrency is the concurrency of those workers. Default 100.
+	MemoryConcurrency int
+	// WorkerCommand starts this program as a child worker for the memory
+	// part, which sets WorkerEnv in its environment; the program must then
+	// call ServeWorker. Without it the memory part is skipped.
+	WorkerCommand []string
 }
 
 func (o Options) withDefaults() Options {
-	if o.Jobs <= 0 {
-		o.Jobs = DefaultJobs
-		if o.Quick {
-			o.Jobs = QuickJobs
+	pick := func(v *int, full, quick int) {
+		if *v <= 0 {
+			*v = full
+			if o.Quick {
+				*v = quick
+			}
 		}
 	}
+	pick(&o.Jobs, DefaultJobs, QuickJobs)
+	pick(&o.EnqueueJobs, 3000, 1000)
+	pick(&o.LatencySamples, 500, 200)
+	pick(&o.RelayJobs, 20000, 5000)
+	pick(&o.RecoveryJobs, 10000, 3000)
+	pick(&o.MemoryJobs, 10000, 3000)
 	if o.Concurrency <= 0 {
 		o.Concurrency = DefaultConcurrency
+	}
+	if o.Producers <= 0 {
+		o.Producers = 16
+	}
+	if o.MemoryConcurrency <= 0 {
+		o.MemoryConcurrency = 100
+	}
+	if o.LatencyPause <= 0 {
+		o.LatencyPause = 10 * time.Millisecond
+	}
+	if o.Poll <= 0 {
+		o.Poll = server.DefaultTaskCheckInterval
+	}
+	if o.RecoveryInterval <= 0 {
+		o.RecoveryInterval = time.Second
+	}
+	if o.RecoveryGrace <= 0 {
+		o.RecoveryGrace = time.Second
+	}
+	if o.RedisServer == "" {
+		o.RedisServer = "redis-server"
 	}
 	if o.Rounds <= 0 {
 		o.Rounds = 1
@@ -110,9 +197,14 @@ func (o Options) withDefaults() Options {
 		o.Timeout = time.Minute + time.Duration(o.Jobs)*10*time.Millisecond
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return o
+}
+
+// timeout bounds a phase of n jobs.
+func (o Options) timeout(n int) time.Duration {
+	return max(o.Timeout, time.Minute+time.Duration(n)*10*time.Millisecond)
 }
 
 // Phase is the measurement of one worker.
@@ -213,26 +305,24 @@ func optMs(measured bool, v float64) string {
 
 // Processing measures plain Asynq and then keel processing opts.Jobs no-op
 // jobs each (opts.Rounds times), and checks that the ledger recorded every
-// keel job as succeeded after exactly one attempt. It drops and recreates opts.Schema, and refuses to
-// run when the Redis database's queues hold tasks.
+// keel job as succeeded after exactly one attempt. It drops and recreates
+// opts.Schema, and refuses to run when the Redis database's queues hold
+// tasks.
 func Processing(ctx context.Context, opts Options) (Report, error) {
-	o := opts.withDefaults()
-	if o.Schema == "public" {
-		return Report{}, errors.New("keel bench: refusing to drop schema public; name a schema of the benchmark's own")
-	}
-	rep := Report{Jobs: o.Jobs, Concurrency: o.Concurrency, Queues: server.FormatQueues(Queues())}
-	redisOpt := asynq.RedisClientOpt{Addr: o.RedisAddr, DB: o.RedisDB, Password: o.RedisPassword}
-	if err := checkQueuesEmpty(redisOpt); err != nil {
-		return rep, err
-	}
-	pool, err := ledgerPool(ctx, o)
+	e, err := open(ctx, opts.withDefaults())
 	if err != nil {
-		return rep, err
+		return Report{}, err
 	}
-	defer pool.Close()
+	defer e.close()
+	e.part, e.index, e.parts = PartProcessing, 1, 1
+	return e.processing(ctx)
+}
 
+func (e *env) processing(ctx context.Context) (Report, error) {
+	o := e.o
+	rep := Report{Jobs: o.Jobs, Concurrency: o.Concurrency, Queues: server.FormatQueues(Queues())}
 	for i := range o.Rounds {
-		rd, err := round(ctx, o, redisOpt, pool)
+		rd, err := e.round(ctx, i)
 		if err != nil {
 			if o.Rounds > 1 {
 				err = fmt.Errorf("round %d: %w", i+1, err)
@@ -252,33 +342,36 @@ func Processing(ctx context.Context, opts Options) (Report, error) {
 	return rep, nil
 }
 
-func round(ctx context.Context, o Options, redisOpt asynq.RedisClientOpt, pool *pgxpool.Pool) (Round, error) {
+func (e *env) round(ctx context.Context, i int) (Round, error) {
 	var rd Round
 	var err error
-	o.Logger.Info("keel bench: plain asynq", "jobs", o.Jobs)
-	rd.Plain, err = runPlain(ctx, o, redisOpt)
+	suffix := ""
+	if e.o.Rounds > 1 {
+		suffix = fmt.Sprintf(" (round %d of %d)", i+1, e.o.Rounds)
+	}
+	rd.Plain, err = e.runPlain(ctx, "asynq worker"+suffix)
 	if err != nil {
 		return rd, fmt.Errorf("keel bench: plain asynq: %w", err)
 	}
-	o.Logger.Info("keel bench: plain asynq done", "jobs_per_second", int(rd.Plain.JobsPerSecond))
-
-	o.Logger.Info("keel bench: keel", "jobs", o.Jobs)
-	rd.Keel, rd.Ledger, err = runKeel(ctx, o, redisOpt, pool)
+	rd.Keel, rd.Ledger, err = e.runKeel(ctx, "keel worker"+suffix)
 	if err != nil {
 		return rd, fmt.Errorf("keel bench: keel: %w", err)
 	}
-	o.Logger.Info("keel bench: keel done", "jobs_per_second", int(rd.Keel.JobsPerSecond))
 	if rd.Plain.JobsPerSecond > 0 {
 		rd.Ratio = rd.Keel.JobsPerSecond / rd.Plain.JobsPerSecond
 	}
-	if rd.Ledger.Succeeded != o.Jobs || rd.Ledger.NotSucceeded != 0 || rd.Ledger.Attempts != o.Jobs {
+	n := e.o.Jobs
+	if rd.Ledger.Succeeded != n || rd.Ledger.NotSucceeded != 0 || rd.Ledger.Attempts != n {
 		return rd, fmt.Errorf("keel bench: ledger check failed: %d of %d jobs succeeded, %d not, %d attempts",
-			rd.Ledger.Succeeded, o.Jobs, rd.Ledger.NotSucceeded, rd.Ledger.Attempts)
+			rd.Ledger.Succeeded, n, rd.Ledger.NotSucceeded, rd.Ledger.Attempts)
 	}
 	return rd, nil
 }
 
 func checkQueuesEmpty(r asynq.RedisClientOpt) error {
+	if err := registerQueues(r); err != nil {
+		return err
+	}
 	insp := asynq.NewInspector(r)
 	defer insp.Close()
 	qs, err := insp.Queues()
@@ -314,13 +407,7 @@ func ledgerPool(ctx context.Context, o Options) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("keel bench: schema %s: %w", o.Schema, err)
 	}
-	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = o.Schema
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := schemaPool(ctx, o.DatabaseURL, o.Schema, 20)
 	if err != nil {
 		return nil, err
 	}
@@ -329,6 +416,18 @@ func ledgerPool(ctx context.Context, o Options) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("keel bench: migrate: %w", err)
 	}
 	return pool, nil
+}
+
+// schemaPool is a pool of at most maxConns connections whose search_path
+// is schema.
+func schemaPool(ctx context.Context, url, schema string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // enqueue puts n tasks into Redis from many goroutines (asynq's client sends
@@ -359,7 +458,10 @@ func enqueue(ctx context.Context, r asynq.RedisClientOpt, n int, task func(i int
 	}
 	wg.Wait()
 	close(errs)
-	return <-errs
+	if err := <-errs; err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 var payload = []byte(`{}`)
@@ -374,11 +476,17 @@ type counter struct {
 func newCounter(want int) *counter { return &counter{want: int64(want), all: make(chan struct{})} }
 
 func (c *counter) ProcessTask(context.Context, *asynq.Task) error {
+	c.add()
+	return nil
+}
+
+func (c *counter) add() {
 	if c.n.Add(1) == c.want {
 		close(c.all)
 	}
-	return nil
 }
+
+func (c *counter) done() int { return int(c.n.Load()) }
 
 // waitEmpty returns when the queue holds no task any more. It polls Redis
 // slowly until the handler has seen every job, then closely.
@@ -387,6 +495,7 @@ func waitEmpty(ctx context.Context, r asynq.RedisClientOpt, c *counter, stopped 
 	insp := asynq.NewInspector(r)
 	defer insp.Close()
 	interval := 250 * time.Millisecond
+	all := c.all
 	for {
 		select {
 		case err := <-stopped:
@@ -396,8 +505,8 @@ func waitEmpty(ctx context.Context, r asynq.RedisClientOpt, c *counter, stopped 
 			return err
 		case <-ctx.Done():
 			return fmt.Errorf("queue %s not empty after %d handler runs: %w", Queue, c.n.Load(), ctx.Err())
-		case <-c.all:
-			c.all = nil // receive once; nil blocks from now on
+		case <-all:
+			all = nil // receive once; nil blocks from now on
 			interval = 5 * time.Millisecond
 		case <-time.After(interval):
 		}
@@ -411,34 +520,37 @@ func waitEmpty(ctx context.Context, r asynq.RedisClientOpt, c *counter, stopped 
 	}
 }
 
-func runPlain(ctx context.Context, o Options, r asynq.RedisClientOpt) (Phase, error) {
+func (e *env) runPlain(ctx context.Context, step string) (Phase, error) {
+	o, r := e.o, e.redis
 	ph := Phase{Name: "asynq", Jobs: o.Jobs}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	start := time.Now()
-	err := enqueue(ctx, r, o.Jobs, func(int) (*asynq.Task, []asynq.Option) {
-		return asynq.NewTask(Kind, payload), []asynq.Option{asynq.Queue(Queue)}
-	})
+	err := e.prefillPlain(ctx, r, o.Jobs)
 	if err != nil {
 		return ph, fmt.Errorf("enqueue: %w", err)
 	}
 	ph.PrefillSeconds = time.Since(start).Seconds()
 
 	srv := asynq.NewServer(r, asynq.Config{
-		Concurrency: o.Concurrency,
-		Queues:      Queues(),
-		Logger:      quietAsynq{o.Logger},
-		LogLevel:    asynq.WarnLevel,
+		Concurrency:       o.Concurrency,
+		Queues:            Queues(),
+		TaskCheckInterval: o.Poll, // as the keel worker's
+		Logger:            quietAsynq{o.Logger},
+		LogLevel:          asynq.WarnLevel,
 	})
 	c := newCounter(o.Jobs)
+	finish := e.step(step, o.Jobs, c.done)
 	m := startMeter()
 	start = time.Now()
 	if err := srv.Start(c); err != nil {
+		finish()
 		return ph, err
 	}
 	err = waitEmpty(ctx, r, c, nil)
 	ph.Seconds = time.Since(start).Seconds()
 	m.stop(&ph)
+	finish()
 	srv.Shutdown()
 	if err != nil {
 		return ph, err
@@ -447,68 +559,75 @@ func runPlain(ctx context.Context, o Options, r asynq.RedisClientOpt) (Phase, er
 	return ph, nil
 }
 
-func runKeel(ctx context.Context, o Options, r asynq.RedisClientOpt, pool *pgxpool.Pool) (Phase, LedgerCheck, error) {
-	ph := Phase{Name: "keel", Jobs: o.Jobs}
-	var lc LedgerCheck
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
-	defer cancel()
+// prefillPlain puts n no-op tasks into the queue.
+func (e *env) prefillPlain(ctx context.Context, r asynq.RedisClientOpt, n int) error {
+	return enqueue(ctx, r, n, func(int) (*asynq.Task, []asynq.Option) {
+		return asynq.NewTask(Kind, payload), []asynq.Option{asynq.Queue(Queue)}
+	})
+}
+
+// prefillKeel records n no-op jobs in the ledger as published and puts
+// them into Redis, as Enqueue would have, but in bulk: the relay has nothing
+// to do. The ledger must not hold jobs of Kind already.
+func (e *env) prefillKeel(ctx context.Context, r asynq.RedisClientOpt, n int) error {
 	const maxRetry = 3
 	prefix := "bench-" + uuid.NewString()[:8] + "-"
-	id := func(i int) string { return fmt.Sprintf("%s%08d", prefix, i) }
-
-	if _, err := pool.Exec(ctx, `TRUNCATE keel_jobs CASCADE`); err != nil {
-		return ph, lc, err
-	}
-	start := time.Now()
-	// The ledger rows, published already: the relay has nothing to do.
-	_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, published_at)
+	_, err := e.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, published_at)
 		SELECT $1 || lpad(i::text, 8, '0'), $2, $1 || lpad(i::text, 8, '0'), $3, $4, $5, now()
-		FROM generate_series(0, $6 - 1) AS i`, prefix, Kind, Queue, payload, maxRetry, o.Jobs)
+		FROM generate_series(0, $6 - 1) AS i`, prefix, Kind, Queue, payload, maxRetry, n)
 	if err != nil {
-		return ph, lc, fmt.Errorf("ledger rows: %w", err)
+		return fmt.Errorf("ledger rows: %w", err)
 	}
-	if _, err := pool.Exec(ctx, `ANALYZE keel_jobs`); err != nil {
-		return ph, lc, err
+	if _, err := e.pool.Exec(ctx, `ANALYZE keel_jobs`); err != nil {
+		return err
 	}
-	err = enqueue(ctx, r, o.Jobs, func(i int) (*asynq.Task, []asynq.Option) {
-		jid := id(i)
+	err = enqueue(ctx, r, n, func(i int) (*asynq.Task, []asynq.Option) {
+		jid := fmt.Sprintf("%s%08d", prefix, i)
 		t := asynq.NewTaskWithHeaders(Kind, payload, map[string]string{idempotency.HeaderBusinessKey: jid})
 		return t, []asynq.Option{asynq.TaskID(jid), asynq.Queue(Queue), asynq.MaxRetry(maxRetry)}
 	})
 	if err != nil {
-		return ph, lc, fmt.Errorf("enqueue: %w", err)
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	return nil
+}
+
+func (e *env) runKeel(ctx context.Context, step string) (Phase, LedgerCheck, error) {
+	o, r, pool := e.o, e.redis, e.pool
+	ph := Phase{Name: "keel", Jobs: o.Jobs}
+	var lc LedgerCheck
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if err := e.truncate(ctx); err != nil {
+		return ph, lc, err
+	}
+	start := time.Now()
+	if err := e.prefillKeel(ctx, r, o.Jobs); err != nil {
+		return ph, lc, err
 	}
 	ph.PrefillSeconds = time.Since(start).Seconds()
 
-	logger := slog.New(levelAtLeast{o.Logger.Handler(), slog.LevelWarn})
 	c := newCounter(o.Jobs)
 	srv, err := server.New(server.Config{
 		Redis:       r,
 		Pool:        pool,
 		Queues:      Queues(),
 		Concurrency: o.Concurrency,
-		Logger:      logger,
+		Logger:      e.warn,
 	}, c)
 	if err != nil {
 		return ph, lc, err
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	runDone := make(chan error, 1)
+	finish := e.step(step, o.Jobs, c.done)
 	m := startMeter()
 	start = time.Now()
-	go func() { runDone <- srv.Run(runCtx) }()
-	stopped := make(chan error, 1)
-	go func() {
-		err := <-runDone
-		stopped <- err
-		runDone <- err
-	}()
-	err = waitEmpty(ctx, r, c, stopped)
+	w := startServer(srv)
+	err = waitEmpty(ctx, r, c, w.stopped)
 	ph.Seconds = time.Since(start).Seconds()
 	m.stop(&ph)
-	stop()
-	if rerr := <-runDone; err == nil {
-		err = rerr
+	finish()
+	if serr := w.stop(); err == nil {
+		err = serr
 	}
 	if err != nil {
 		return ph, lc, err
@@ -517,9 +636,39 @@ func runKeel(ctx context.Context, o Options, r asynq.RedisClientOpt, pool *pgxpo
 
 	st := srv.Guard().Stats()
 	lc.Claimed, lc.DuplicatesSkipped, lc.LeaseBusy, lc.LedgerErrors = st.Claimed, st.DuplicatesSkipped, st.LeaseBusy, st.LedgerErrors
-	err = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status <> 'succeeded'),
-		coalesce(sum(attempts), 0) FROM keel_jobs WHERE kind = $1`, Kind).Scan(&lc.Succeeded, &lc.NotSucceeded, &lc.Attempts)
+	lc, err = ledgerCheck(ctx, pool, lc)
 	return ph, lc, err
+}
+
+// ledgerCheck fills in what the ledger says of the benchmark's jobs.
+func ledgerCheck(ctx context.Context, pool *pgxpool.Pool, lc LedgerCheck) (LedgerCheck, error) {
+	err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status <> 'succeeded'),
+		coalesce(sum(attempts), 0) FROM keel_jobs WHERE kind = $1`, Kind).Scan(&lc.Succeeded, &lc.NotSucceeded, &lc.Attempts)
+	return lc, err
+}
+
+// running is a keel worker running in the background.
+type running struct {
+	cancel  context.CancelFunc
+	done    chan error // Run's result, once
+	stopped chan error // a copy of it, for waiters that watch for an early stop
+}
+
+func startServer(srv *server.Server) *running {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &running{cancel: cancel, done: make(chan error, 1), stopped: make(chan error, 1)}
+	go func() {
+		err := srv.Run(ctx)
+		w.stopped <- err
+		w.done <- err
+	}()
+	return w
+}
+
+// stop shuts the worker down and returns Run's error.
+func (w *running) stop() error {
+	w.cancel()
+	return <-w.done
 }
 
 // levelAtLeast raises a handler's minimum level.

@@ -2,10 +2,15 @@ package bench_test
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/keeljobs/keel/bench"
 	"github.com/keeljobs/keel/internal/testenv"
@@ -16,15 +21,38 @@ var (
 	rounds = flag.Int("keel.rounds", 1, "rounds (plain then keel) in BenchmarkLedgerVsPlain; the median ratio's round is reported")
 )
 
+// TestMain doubles as the memory part's child worker: the smoke test starts
+// this test binary again with bench.WorkerEnv set.
+func TestMain(m *testing.M) {
+	if os.Getenv(bench.WorkerEnv) != "" {
+		if err := bench.ServeWorker(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
 func options(tb testing.TB, n int) bench.Options {
 	r := testenv.Redis(tb, testenv.DBBench) // flushed: the queues start empty
 	return bench.Options{
 		Jobs:        n,
 		RedisAddr:   r.Addr,
 		RedisDB:     r.DB,
-		DatabaseURL: testenv.DatabaseURL(),
-		Schema:      "keel_bench",
+		DatabaseURL: database(tb, "keel_bench_test"),
+		Schema:      "keel_bench_test",
 	}
+}
+
+// database makes sure the test database exists and returns its URL.
+func database(tb testing.TB, schema string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := testenv.PoolConfig(ctx, schema); err != nil {
+		tb.Fatal(err)
+	}
+	return testenv.DatabaseURL()
 }
 
 // BenchmarkLedgerVsPlain measures no-op jobs per second on plain Asynq and
@@ -58,7 +86,9 @@ func BenchmarkLedgerVsPlain(b *testing.B) {
 // succeeded after exactly one attempt. It asserts no timing.
 func TestProcessingSmoke(t *testing.T) {
 	const n = 500
-	rep, err := bench.Processing(context.Background(), options(t, n))
+	o := tiny(t, bench.PartProcessing)
+	o.Jobs = n
+	rep, err := bench.Processing(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +101,172 @@ func TestProcessingSmoke(t *testing.T) {
 	}
 	if rep.Ledger.Claimed != n {
 		t.Fatalf("guard claimed %d jobs, want %d", rep.Ledger.Claimed, n)
+	}
+}
+
+// tiny returns options for a run of part at tiny sizes, in parallel with
+// the other parts' tests: each has a Redis server and a schema of its own.
+func tiny(t *testing.T, part string) bench.Options {
+	t.Parallel()
+	schema := "keel_bench_test_" + part
+	o := bench.Options{Jobs: 100, RedisAddr: testenv.StartRedis(t).Addr(), DatabaseURL: database(t, schema), Schema: schema}
+	o.Parts = []string{part}
+	o.EnqueueJobs = 40
+	o.Producers = 4
+	o.LatencySamples = 8
+	o.LatencyPause = time.Millisecond
+	o.RelayJobs = 300
+	o.RecoveryJobs = 200
+	o.RecoveryInterval = 200 * time.Millisecond
+	o.RecoveryGrace = 200 * time.Millisecond
+	o.MemoryJobs = 200
+	o.MemoryConcurrency = 20
+	o.WorkerCommand = []string{os.Args[0]}
+	return o
+}
+
+// run runs one part and checks what every part must give: no error, the
+// part's result and nothing else, a table that names it, and JSON.
+func run(t *testing.T, o bench.Options) bench.Results {
+	t.Helper()
+	var mu sync.Mutex
+	var steps, finished int
+	o.Progress = func(p bench.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Part != o.Parts[0] || p.Index != 1 || p.Parts != 1 || p.Done > p.Total {
+			t.Errorf("progress %+v", p)
+		}
+		if p.Finished {
+			finished++
+		} else if p.Done == 0 && p.Elapsed == 0 {
+			steps++
+		}
+	}
+	res, err := bench.Run(context.Background(), o)
+	t.Logf("\n%s", res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) != 0 || len(res.Parts) != 1 || res.Parts[0] != o.Parts[0] {
+		t.Fatalf("parts %v, errors %v", res.Parts, res.Errors)
+	}
+	if res.Env.Cores <= 0 || res.Env.Redis == "?" || res.Env.Postgres == "?" || res.Env.GoVersion == "" {
+		t.Fatalf("header: %+v", res.Env)
+	}
+	mu.Lock()
+	if steps == 0 || steps != finished {
+		t.Errorf("%d steps started, %d finished", steps, finished)
+	}
+	mu.Unlock()
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range bench.AllParts() {
+		if _, ok := back[p]; ok != (p == o.Parts[0]) {
+			t.Fatalf("JSON has part %s: %v, want %v", p, ok, !ok)
+		}
+	}
+	return res
+}
+
+func TestEnqueueSmoke(t *testing.T) {
+	o := tiny(t, bench.PartEnqueue)
+	rep := run(t, o).Enqueue
+	methods := []string{bench.MethodAsynq, bench.MethodEnqueue, bench.MethodEnqueueTx, bench.MethodInsert}
+	if len(rep.Rows) != 2*len(methods) {
+		t.Fatalf("%d rows, want %d", len(rep.Rows), 2*len(methods))
+	}
+	for i, row := range rep.Rows {
+		producers := 1
+		if i >= len(methods) {
+			producers = o.Producers
+		}
+		if row.Method != methods[i%len(methods)] || row.Producers != producers || row.Jobs != o.EnqueueJobs {
+			t.Fatalf("row %d: %+v", i, row)
+		}
+		if row.JobsPerSecond <= 0 || row.Call.P50 <= 0 || row.Call.P99 < row.Call.P50 || row.Ratio <= 0 {
+			t.Fatalf("row %d: %+v", i, row)
+		}
+	}
+}
+
+func TestLatencySmoke(t *testing.T) {
+	o := tiny(t, bench.PartLatency)
+	rep := run(t, o).Latency
+	if len(rep.Rows) != 3 {
+		t.Fatalf("%d rows, want 3", len(rep.Rows))
+	}
+	for _, row := range rep.Rows {
+		if row.Samples != o.LatencySamples {
+			t.Fatalf("%s: %d samples, want %d", row.Name, row.Samples, o.LatencySamples)
+		}
+		if l := row.Latency; l.P50 <= 0 || l.P99 < l.P50 || l.Max < l.P99 {
+			t.Fatalf("%s: %+v", row.Name, l)
+		}
+	}
+	if !strings.Contains(rep.String(), "target p99") {
+		t.Fatalf("no verdict in\n%s", rep)
+	}
+}
+
+func TestRelaySmoke(t *testing.T) {
+	o := tiny(t, bench.PartRelay)
+	rep := run(t, o).Relay
+	if len(rep.Rows) != 3 || rep.EnqueueTxJobsPerSecond <= 0 {
+		t.Fatalf("%+v", rep)
+	}
+	for _, row := range rep.Rows {
+		if row.Jobs != o.RelayJobs || row.JobsPerSecond <= 0 || row.Ratio <= 0 {
+			t.Fatalf("%+v", row)
+		}
+	}
+	if rep.Rows[1].Relays != 1 || rep.Rows[2].Relays != 2 {
+		t.Fatalf("relays: %+v", rep.Rows)
+	}
+}
+
+func TestRecoverySmoke(t *testing.T) {
+	o := tiny(t, bench.PartRecovery)
+	rep := run(t, o).Recovery
+	n := o.RecoveryJobs
+	if rep.Ledger.Succeeded != n || rep.Ledger.NotSucceeded != 0 {
+		t.Fatalf("ledger: %+v", rep.Ledger)
+	}
+	if rep.Republished < uint64(n) {
+		t.Fatalf("reconciler republished %d of %d lost jobs", rep.Republished, n)
+	}
+	if rep.Seconds <= 0 || rep.DrainSeconds <= 0 {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+func TestMemorySmoke(t *testing.T) {
+	o := tiny(t, bench.PartMemory)
+	rep := run(t, o).Memory
+	if rep.Skipped != "" {
+		t.Skip(rep.Skipped)
+	}
+	if len(rep.Rows) != 2 || rep.Ratio <= 0 {
+		t.Fatalf("%+v", rep)
+	}
+	for _, row := range rep.Rows {
+		if row.IdleMiB <= 0 || row.PeakMiB < row.IdleMiB || row.MeanMiB <= 0 {
+			t.Fatalf("%+v", row)
+		}
+	}
+}
+
+func TestRunRefusesUnknownPart(t *testing.T) {
+	o := options(t, 1)
+	o.Parts = []string{"enqueue", "nonsense"}
+	if _, err := bench.Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "nonsense") {
+		t.Fatalf("err = %v, want an unknown part", err)
 	}
 }
 

@@ -45,6 +45,15 @@ func (m *meter) stop(p *Phase) {
 	}
 }
 
+// ProcessCPU is the CPU time this process has used so far (0 where the
+// system does not tell).
+func ProcessCPU() time.Duration { return processCPU() }
+
+// ServerCPU is the CPU time the redis-server and postgres processes visible
+// in /proc have used so far (ok is false where there is no /proc or neither
+// server runs on this host). Take it before and after a measurement.
+func ServerCPU() (redis, postgres time.Duration, ok bool) { return serverCPU() }
+
 // hostCPU is the busy time of all CPUs of the host, from /proc/stat.
 func hostCPU() (time.Duration, bool) {
 	b, err := os.ReadFile("/proc/stat")
@@ -120,4 +129,36 @@ func serverCPU() (redis, pg time.Duration, ok bool) {
 		ok = true
 	}
 	return redis, pg, ok
+}
+
+// noise measures the CPU time that other processes of the host use: not
+// this one, its children (child workers, a private redis-server) once they
+// have exited, Redis or Postgres.
+type noise struct {
+	start                 time.Time
+	host, self, redis, pg time.Duration
+	ok                    bool
+}
+
+func startNoise() *noise {
+	n := &noise{start: time.Now(), self: processCPU() + childrenCPU()}
+	var hostOK, serversOK bool
+	n.host, hostOK = hostCPU()
+	n.redis, n.pg, serversOK = serverCPU()
+	n.ok = hostOK && serversOK
+	return n
+}
+
+// stop returns how many cores the others kept busy on average, or -1 when
+// that cannot be known here.
+func (n *noise) stop() float64 {
+	wall := time.Since(n.start)
+	host, hostOK := hostCPU()
+	redis, pg, serversOK := serverCPU()
+	if !n.ok || !hostOK || !serversOK || wall <= 0 {
+		return -1
+	}
+	self := processCPU() + childrenCPU() - n.self
+	other := (host - n.host) - self - (redis - n.redis) - (pg - n.pg)
+	return max(0, float64(other)/float64(wall))
 }

@@ -3,8 +3,12 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"log/slog"
+	"io"
+	"os"
 	"runtime"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
@@ -15,16 +19,29 @@ import (
 func benchCmd(c *conn) *cobra.Command {
 	var opts bench.Options
 	var asJSON bool
+	var jsonOut string
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure keel's processing rate against plain asynq on the same Redis, in one run",
-		Long: `Runs the same no-op jobs through a plain asynq worker and through a keel worker
-(ledger claim, lease and completion for every job), alternating, on the same
-Redis and Postgres, and prints both rates and their ratio.
+		Short: "Measure keel against plain asynq on the same Redis and Postgres, in one run",
+		Long: `Measures, each against a baseline taken in the same run:
 
-It needs a Redis database whose critical, default and low queues are empty
-(default: database 14 of --redis-url's server) and drops and recreates the
-Postgres schema --schema (default keel_bench) in --database-url's database.`,
+  processing  no-op jobs per second: a plain asynq worker vs a keel worker
+  enqueue     asynq Client.Enqueue vs keel Enqueue vs keel EnqueueTx (one job
+              per transaction), one producer and --producers at once
+  latency     EnqueueTx commit → handler start on an idle worker (p50/p99)
+  relay       how fast relays publish rows committed by EnqueueTx
+  recovery    a private redis-server holding 10,000 accepted jobs is
+              FLUSHALL'd: how long until the reconciler and a worker ran them
+  memory      resident size of a worker process at concurrency 100
+
+--only picks parts (default all); a full run takes about a minute, --quick
+about 20 seconds. It needs a Redis database whose critical, default and low
+queues are empty (default: database 14 of --redis-url's server; the benchmark
+empties those queues between parts) and drops and recreates the Postgres
+schema --schema (default keel_bench) in --database-url's database; give it a
+database of its own for the cleanest figures. The recovery part starts its
+own redis-server (--redis-server) and never flushes the shared one. See
+BENCHMARKS.md for what each figure is bounded by.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			redis, err := c.redis()
@@ -38,6 +55,11 @@ Postgres schema --schema (default keel_bench) in --database-url's database.`,
 			if !cmd.Flags().Changed("redis-url") && envOr("REDIS_URL", "") == "" {
 				ro.DB = 14
 			}
+			for _, p := range opts.Parts {
+				if !isPart(p) {
+					return usageError{fmt.Errorf("--only %q: parts are %s", p, strings.Join(bench.AllParts(), ","))}
+				}
+			}
 			opts.RedisAddr, opts.RedisDB, opts.RedisPassword = ro.Addr, ro.DB, ro.Password
 			opts.DatabaseURL = c.databaseURL
 			if err := c.createDatabase(cmd.Context()); err != nil {
@@ -47,31 +69,138 @@ Postgres schema --schema (default keel_bench) in --database-url's database.`,
 			if err != nil {
 				return err
 			}
-			if !asJSON {
-				opts.Logger = log
-			} else {
-				opts.Logger = slog.New(slog.DiscardHandler)
+			opts.Logger = log
+			if exe, err := os.Executable(); err == nil {
+				opts.WorkerCommand = []string{exe, "bench", "worker"}
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "keel bench: %d cores, %s, redis %s db %d\n", runtime.NumCPU(), runtime.Version(), ro.Addr, ro.DB)
-			rep, err := bench.Processing(cmd.Context(), opts)
-			if err != nil {
-				return err
+			stderr := cmd.ErrOrStderr()
+			bar := newProgressBar(stderr)
+			opts.Progress = bar.report
+			fmt.Fprintf(stderr, "keel bench: %d cores, %s, redis %s db %d\n", runtime.NumCPU(), runtime.Version(), ro.Addr, ro.DB)
+			res, runErr := bench.Run(cmd.Context(), opts)
+			bar.clear()
+			if jsonOut != "" {
+				if err := writeJSON(jsonOut, res); err != nil {
+					return err
+				}
 			}
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				if err := enc.Encode(res); err != nil {
+					return err
+				}
+			} else if len(res.Parts) > 0 {
+				fmt.Fprint(cmd.OutOrStdout(), res.String())
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), rep.String())
-			return nil
+			return runErr
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&opts.Quick, "quick", false, "a short run (5,000 jobs per worker)")
-	f.IntVar(&opts.Jobs, "jobs", 0, "jobs per worker (default 20,000)")
-	f.IntVar(&opts.Rounds, "rounds", 1, "alternate plain/keel this many times and report the median round")
-	f.IntVar(&opts.Concurrency, "concurrency", 50, "worker concurrency")
+	f.StringSliceVar(&opts.Parts, "only", nil, "parts to run, comma-separated: "+strings.Join(bench.AllParts(), ",")+" (default all)")
+	f.BoolVar(&opts.Quick, "quick", false, "every part at small sizes (about 20 seconds)")
+	f.IntVar(&opts.Jobs, "jobs", 0, "processing: jobs per worker (default 20,000; 5,000 with --quick)")
+	f.IntVar(&opts.Rounds, "rounds", 1, "processing: alternate plain/keel this many times and report the median round")
+	f.IntVar(&opts.Concurrency, "concurrency", 50, "worker concurrency (processing, latency, recovery)")
+	f.IntVar(&opts.EnqueueJobs, "enqueue-jobs", 0, "enqueue: jobs per row (default 3,000; 1,000 with --quick)")
+	f.IntVar(&opts.Producers, "producers", 16, "enqueue: concurrent producers of the concurrent rows")
+	f.IntVar(&opts.LatencySamples, "latency-samples", 0, "latency: jobs per row (default 500; 200 with --quick)")
+	f.IntVar(&opts.RelayJobs, "relay-jobs", 0, "relay: committed jobs to publish (default 20,000; 5,000 with --quick)")
+	f.IntVar(&opts.RecoveryJobs, "recovery-jobs", 0, "recovery: jobs Redis loses (default 10,000; 3,000 with --quick)")
+	f.StringVar(&opts.RedisServer, "redis-server", "redis-server", "recovery: the redis-server program to start privately")
+	f.IntVar(&opts.MemoryJobs, "memory-jobs", 0, "memory: backlog per worker (default 10,000; 3,000 with --quick)")
+	f.IntVar(&opts.MemoryConcurrency, "memory-concurrency", 100, "memory: worker concurrency")
 	f.StringVar(&opts.Schema, "schema", "keel_bench", "Postgres schema to (re)create for the benchmark's ledger")
-	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	f.BoolVar(&asJSON, "json", false, "print the results as JSON instead of tables")
+	f.StringVar(&jsonOut, "json-out", "", "also write the results as JSON to this file")
+	cmd.AddCommand(benchWorkerCmd())
 	return cmd
+}
+
+// benchWorkerCmd is the child worker the memory part starts and measures.
+func benchWorkerCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    "worker",
+		Short:  "The worker process keel bench's memory part measures (started by keel bench)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.ServeWorker(cmd.Context())
+		},
+	}
+}
+
+func isPart(p string) bool {
+	for _, q := range bench.AllParts() {
+		if strings.EqualFold(strings.TrimSpace(p), q) {
+			return true
+		}
+	}
+	return false
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// progressBar shows a run's progress: on a terminal, one line redrawn in
+// place (finished steps stay above it); otherwise a plain line when each
+// step starts and ends.
+type progressBar struct {
+	mu    sync.Mutex
+	w     io.Writer
+	tty   bool
+	drawn bool // a bar is on the current line
+}
+
+func newProgressBar(w io.Writer) *progressBar {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil {
+			tty = fi.Mode()&os.ModeCharDevice != 0
+		}
+	}
+	return &progressBar{w: w, tty: tty}
+}
+
+func (b *progressBar) report(p bench.Progress) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	prefix := fmt.Sprintf("[%d/%d] %s: %s", p.Index, p.Parts, p.Part, p.Step)
+	if !b.tty {
+		switch {
+		case p.Finished:
+			fmt.Fprintf(b.w, "%s: done, %d of %d in %s\n", prefix, p.Done, p.Total, p.Elapsed.Round(10*time.Millisecond))
+		case p.Done == 0 && p.Elapsed == 0:
+			fmt.Fprintf(b.w, "%s: %d…\n", prefix, p.Total)
+		}
+		return
+	}
+	if p.Finished {
+		fmt.Fprintf(b.w, "\r\x1b[K✓ %s: %d in %s\n", prefix, p.Done, p.Elapsed.Round(10*time.Millisecond))
+		b.drawn = false
+		return
+	}
+	const width = 30
+	filled := 0
+	if p.Total > 0 {
+		filled = min(width, p.Done*width/p.Total)
+	}
+	fmt.Fprintf(b.w, "\r\x1b[K%s [%s%s] %d/%d %s", prefix, strings.Repeat("█", filled), strings.Repeat("░", width-filled),
+		p.Done, p.Total, p.Elapsed.Round(100*time.Millisecond))
+	b.drawn = true
+}
+
+// clear removes an unfinished bar from the terminal.
+func (b *progressBar) clear() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.tty && b.drawn {
+		fmt.Fprint(b.w, "\r\x1b[K")
+		b.drawn = false
+	}
 }

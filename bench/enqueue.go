@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// The enqueue part's methods.
+const (
+	MethodAsynq     = "asynq Client.Enqueue"
+	MethodEnqueue   = "keel Enqueue"
+	MethodEnqueueTx = "keel EnqueueTx, 1 job/tx"
+	MethodInsert    = "ledger INSERT, 1 row/tx"
+)
+
+// EnqueueRow is one enqueue method measured with some producers.
+type EnqueueRow struct {
+	Method    string `json:"method"`
+	Producers int    `json:"producers"`
+	Jobs      int    `json:"jobs"`
+	// Seconds from the first call until the last returned.
+	Seconds       float64 `json:"seconds"`
+	JobsPerSecond float64 `json:"jobs_per_second"`
+	// Call is the duration of one call (for EnqueueTx: begin, enqueue and
+	// commit).
+	Call Latency `json:"per_call"`
+	// Ratio is the rate over plain Asynq's with as many producers.
+	Ratio float64 `json:"ratio_to_asynq"`
+}
+
+// EnqueueReport is the enqueue part's result: each method with one
+// producer, then with Producers at once.
+type EnqueueReport struct {
+	Jobs      int          `json:"jobs"`
+	Producers int          `json:"producers"`
+	Rows      []EnqueueRow `json:"rows"`
+}
+
+// String renders the report as a table.
+func (r EnqueueReport) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d jobs per row, one producer and then %d at once; the ledger and the queue are emptied between rows\n\n",
+		r.Jobs, r.Producers)
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "method\tproducers\tjobs/s\tp50 ms\tp99 ms\tvs asynq\t")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.2f\t\n", row.Method, row.Producers, row.JobsPerSecond,
+			fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio)
+	}
+	tw.Flush()
+	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT (commit), asynq enqueue, UPDATE published_at (commit).\n"+
+		"keel EnqueueTx: BEGIN, INSERT, pg_notify, COMMIT; the relay publishes later.\n"+
+		"ledger INSERT: the same INSERT in its own transaction without pg_notify (Postgres' floor for EnqueueTx).\n")
+	return sb.String()
+}
+
+// enqueueMethod enqueues job i (with a business key unique in the run).
+type enqueueMethod struct {
+	name string
+	call func(ctx context.Context, key string) error
+}
+
+func (e *env) enqueueRates(ctx context.Context) (EnqueueReport, error) {
+	o := e.o
+	rep := EnqueueReport{Jobs: o.EnqueueJobs, Producers: o.Producers}
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool, Logger: e.warn})
+	if err != nil {
+		return rep, err
+	}
+	defer client.Close()
+	ac := asynq.NewClient(e.redis)
+	defer ac.Close()
+	methods := []enqueueMethod{
+		{MethodAsynq, func(ctx context.Context, _ string) error {
+			_, err := ac.EnqueueContext(ctx, asynq.NewTask(Kind, payload), asynq.Queue(Queue))
+			return err
+		}},
+		{MethodEnqueue, func(ctx context.Context, key string) error {
+			res, err := client.Enqueue(ctx, tasks.NewRaw(Kind, payload, key, tasks.Queue(Queue)))
+			if err == nil && !res.Published {
+				err = fmt.Errorf("job %s was not published", res.Job.ID)
+			}
+			return err
+		}},
+		{MethodEnqueueTx, func(ctx context.Context, key string) error {
+			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				_, err := client.EnqueueTx(ctx, tx, tasks.NewRaw(Kind, payload, key, tasks.Queue(Queue)))
+				return err
+			})
+		}},
+		{MethodInsert, func(ctx context.Context, key string) error {
+			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				_, _, err := client.Store().Insert(ctx, tx, idempotency.NewJob{Kind: Kind, BusinessKey: key, Queue: Queue,
+					Payload: payload, MaxRetry: tasks.DefaultMaxRetry})
+				return err
+			})
+		}},
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout(8*o.EnqueueJobs))
+	defer cancel()
+	for _, producers := range []int{1, o.Producers} {
+		var asynqRate float64
+		for _, m := range methods {
+			if err := e.reset(ctx); err != nil {
+				return rep, err
+			}
+			row, err := e.measureEnqueue(ctx, m, producers, o.EnqueueJobs)
+			if m.name == MethodAsynq {
+				asynqRate = row.JobsPerSecond
+			}
+			row.Ratio = ratio(row.JobsPerSecond, asynqRate)
+			rep.Rows = append(rep.Rows, row)
+			if err != nil {
+				return rep, fmt.Errorf("%s, %d producers: %w", m.name, producers, err)
+			}
+		}
+	}
+	return rep, e.reset(ctx)
+}
+
+// measureEnqueue makes n calls of m from producers goroutines and times each.
+func (e *env) measureEnqueue(ctx context.Context, m enqueueMethod, producers, n int) (EnqueueRow, error) {
+	row := EnqueueRow{Method: m.name, Producers: producers, Jobs: n}
+	var next, done atomic.Int64
+	durations := make([][]time.Duration, producers)
+	errs := make([]error, producers)
+	finish := e.step(fmt.Sprintf("%s ×%d", m.name, producers), n, func() int { return int(done.Load()) })
+	var wg sync.WaitGroup
+	start := time.Now()
+	for p := range producers {
+		wg.Go(func() {
+			ds := make([]time.Duration, 0, n/producers+1)
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					break
+				}
+				t0 := time.Now()
+				if err := m.call(ctx, fmt.Sprintf("enq-%d-%d", producers, i)); err != nil {
+					errs[p] = err
+					break
+				}
+				ds = append(ds, time.Since(t0))
+				done.Add(1)
+			}
+			durations[p] = ds
+		})
+	}
+	wg.Wait()
+	row.Seconds = time.Since(start).Seconds()
+	finish()
+	var all []time.Duration
+	for _, ds := range durations {
+		all = append(all, ds...)
+	}
+	row.Call = summarize(all)
+	row.JobsPerSecond = float64(len(all)) / row.Seconds
+	for _, err := range errs {
+		if err != nil {
+			return row, err
+		}
+	}
+	if len(all) != n {
+		return row, fmt.Errorf("%d of %d calls made: %w", len(all), n, ctx.Err())
+	}
+	return row, nil
+}

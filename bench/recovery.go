@@ -1,0 +1,264 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/server"
+)
+
+// RecoveryTarget is how soon after Redis lost them keel aims to have run
+// 10,000 accepted jobs.
+const RecoveryTarget = 30 * time.Second
+
+// RecoveryReport is the recovery part's result.
+type RecoveryReport struct {
+	Jobs int `json:"jobs"`
+	// The reconciler's settings.
+	IntervalSeconds float64 `json:"interval_seconds"`
+	GraceSeconds    float64 `json:"grace_seconds"`
+	// DrainSeconds is how long the same worker and reconciler took to run
+	// as many jobs that Redis still held: the baseline.
+	DrainSeconds float64 `json:"drain_seconds"`
+	// Seconds is from FLUSHALL until the ledger recorded every job as
+	// succeeded.
+	Seconds float64 `json:"seconds"`
+	// Ratio is Seconds over DrainSeconds.
+	Ratio float64 `json:"ratio_to_drain"`
+	// Republished is how many jobs the reconciler published again.
+	Republished uint64 `json:"republished"`
+	// What the ledger and the guard say of the recovered jobs.
+	Ledger LedgerCheck `json:"ledger"`
+	// TargetSeconds is RecoveryTarget, for 10,000 jobs.
+	TargetSeconds float64 `json:"target_seconds"`
+	MetTarget     bool    `json:"met_target"`
+}
+
+// String renders the report as a table.
+func (r RecoveryReport) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d jobs accepted and published to a private Redis, which is then FLUSHALL'd; a worker and a reconciler\n"+
+		"(interval %gs, grace %gs) start; plain asynq would have lost every one of them\n\n", r.Jobs, r.IntervalSeconds, r.GraceSeconds)
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\tjobs\tseconds\tjobs/s\tvs drain\t")
+	fmt.Fprintf(tw, "drain: Redis intact\t%d\t%.2f\t%.0f\t1.00\t\n", r.Jobs, r.DrainSeconds, float64(r.Jobs)/r.DrainSeconds)
+	fmt.Fprintf(tw, "recovery: Redis flushed\t%d\t%.2f\t%.0f\t%.2f\t\n", r.Jobs, r.Seconds, float64(r.Jobs)/r.Seconds, r.Ratio)
+	tw.Flush()
+	verdict := "met"
+	if !r.MetTarget {
+		verdict = "NOT met"
+	}
+	fmt.Fprintf(&sb, "\nreconciler republished %d; ledger: %d succeeded, %d not, %d attempts; guard: %d duplicates skipped\n",
+		r.Republished, r.Ledger.Succeeded, r.Ledger.NotSucceeded, r.Ledger.Attempts, r.Ledger.DuplicatesSkipped)
+	fmt.Fprintf(&sb, "target: all 10,000 run within %gs of the flush (scaled to %d jobs: %.1fs): %s\n",
+		r.TargetSeconds, r.Jobs, r.TargetSeconds*float64(r.Jobs)/10000, verdict)
+	return sb.String()
+}
+
+func (e *env) recovery(ctx context.Context) (RecoveryReport, error) {
+	o := e.o
+	n := o.RecoveryJobs
+	rep := RecoveryReport{Jobs: n, IntervalSeconds: o.RecoveryInterval.Seconds(), GraceSeconds: o.RecoveryGrace.Seconds(),
+		TargetSeconds: RecoveryTarget.Seconds()}
+	rs, err := startRedis(ctx, o.RedisServer)
+	if err != nil {
+		return rep, err
+	}
+	defer rs.stop()
+	r := asynq.RedisClientOpt{Addr: rs.addr}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout(3*n))
+	defer cancel()
+
+	// The baseline: the same worker runs n jobs Redis holds.
+	if err := e.truncate(ctx); err != nil {
+		return rep, err
+	}
+	if err := e.prefillKeel(ctx, r, n); err != nil {
+		return rep, err
+	}
+	drain, _, err := e.runRecoveryWorker(ctx, r, n, "drain, Redis intact")
+	rep.DrainSeconds = drain.Seconds()
+	if err != nil {
+		return rep, fmt.Errorf("drain: %w", err)
+	}
+
+	// The loss: n jobs accepted and in Redis, then Redis is emptied.
+	if err := e.truncate(ctx); err != nil {
+		return rep, err
+	}
+	if err := rs.flush(ctx); err != nil {
+		return rep, err
+	}
+	if err := e.prefillKeel(ctx, r, n); err != nil {
+		return rep, err
+	}
+	if err := rs.flush(ctx); err != nil {
+		return rep, err
+	}
+	took, st, err := e.runRecoveryWorker(ctx, r, n, "after FLUSHALL")
+	rep.Seconds = took.Seconds()
+	rep.Ratio = ratio(rep.Seconds, rep.DrainSeconds)
+	rep.Republished = st.recon.Republished
+	rep.Ledger.Claimed, rep.Ledger.DuplicatesSkipped = st.guard.Claimed, st.guard.DuplicatesSkipped
+	rep.Ledger.LeaseBusy, rep.Ledger.LedgerErrors = st.guard.LeaseBusy, st.guard.LedgerErrors
+	if err != nil {
+		return rep, fmt.Errorf("recovery: %w", err)
+	}
+	if rep.Ledger, err = ledgerCheck(ctx, e.pool, rep.Ledger); err != nil {
+		return rep, err
+	}
+	rep.MetTarget = took <= time.Duration(float64(RecoveryTarget)*float64(n)/10000)
+	if rep.Ledger.Succeeded != n || rep.Ledger.NotSucceeded != 0 {
+		return rep, fmt.Errorf("ledger check failed: %d of %d jobs succeeded, %d not", rep.Ledger.Succeeded, n, rep.Ledger.NotSucceeded)
+	}
+	return rep, nil
+}
+
+type recoveryStats struct {
+	guard idempotency.GuardStats
+	recon outbox.ReconcileStats
+}
+
+// runRecoveryWorker runs a keel worker and a reconciler on r until the
+// ledger records n jobs as succeeded, and returns how long that took.
+func (e *env) runRecoveryWorker(ctx context.Context, r asynq.RedisClientOpt, n int, step string) (time.Duration, recoveryStats, error) {
+	var st recoveryStats
+	// The reconciler warns once per job it republishes; those lines are the
+	// expected outcome here, not news.
+	quiet := slog.New(levelAtLeast{e.o.Logger.Handler(), slog.LevelError})
+	c := newCounter(n)
+	srv, err := server.New(server.Config{Redis: r, Pool: e.pool, Queues: Queues(), Concurrency: e.o.Concurrency,
+		DisableReconciler: true, Logger: quiet}, c)
+	if err != nil {
+		return 0, st, err
+	}
+	recon := outbox.NewReconciler(e.pool, r, outbox.ReconcilerConfig{Interval: e.o.RecoveryInterval,
+		Grace: e.o.RecoveryGrace, Logger: quiet})
+	defer recon.Close()
+	finish := e.step(step, n, c.done)
+	rctx, stopRecon := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	start := time.Now()
+	w := startServer(srv)
+	wg.Go(func() { _ = recon.Run(rctx) })
+	err = e.waitSucceeded(ctx, c, n, w.stopped)
+	took := time.Since(start)
+	finish()
+	stopRecon()
+	wg.Wait()
+	err = errors.Join(err, w.stop())
+	st.guard = srv.Guard().Stats()
+	st.recon = recon.Stats()
+	return took, st, err
+}
+
+// waitSucceeded returns when the ledger records n jobs of Kind as
+// succeeded. It polls slowly until the handler has run n times, then
+// closely.
+func (e *env) waitSucceeded(ctx context.Context, c *counter, n int, stopped <-chan error) error {
+	interval := 250 * time.Millisecond
+	all := c.all
+	for {
+		select {
+		case err := <-stopped:
+			if err == nil {
+				err = errors.New("worker stopped early")
+			}
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("%d handler runs: %w", c.done(), ctx.Err())
+		case <-all:
+			all = nil
+			interval = 5 * time.Millisecond
+		case <-time.After(interval):
+		}
+		var succeeded int
+		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'succeeded'`, Kind).Scan(&succeeded)
+		if err != nil {
+			return err
+		}
+		if succeeded >= n {
+			return nil
+		}
+	}
+}
+
+// redisProcess is a private redis-server without persistence.
+type redisProcess struct {
+	cmd    *exec.Cmd
+	addr   string
+	output bytes.Buffer
+	exited chan struct{}
+}
+
+// startRedis starts program (a redis-server) on a free loopback port and
+// waits until it answers.
+func startRedis(ctx context.Context, program string) (*redisProcess, error) {
+	path, err := exec.LookPath(program)
+	if err != nil {
+		return nil, fmt.Errorf("a private Redis is needed (the shared one is never flushed): %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	p := &redisProcess{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	p.cmd = exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--daemonize", "no", "--loglevel", "warning")
+	p.cmd.Stdout, p.cmd.Stderr = &p.output, &p.output
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", path, err)
+	}
+	p.exited = make(chan struct{})
+	go func() {
+		_ = p.cmd.Wait()
+		close(p.exited)
+	}()
+	rc := redis.NewClient(&redis.Options{Addr: p.addr})
+	defer rc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if rc.Ping(ctx).Err() == nil {
+			return p, nil
+		}
+		select {
+		case <-p.exited:
+			return nil, fmt.Errorf("%s on port %d exited: %s", path, port, strings.TrimSpace(p.output.String()))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			p.stop()
+			return nil, fmt.Errorf("%s on port %d does not answer", path, port)
+		}
+	}
+}
+
+// flush empties the private Redis.
+func (p *redisProcess) flush(ctx context.Context) error {
+	rc := redis.NewClient(&redis.Options{Addr: p.addr})
+	defer rc.Close()
+	return rc.FlushAll(ctx).Err()
+}
+
+// stop kills the server; it kept nothing on disk.
+func (p *redisProcess) stop() {
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}

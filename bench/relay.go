@@ -1,0 +1,205 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// RelayTxJobs is how many EnqueueTx calls share one transaction when the
+// relay part fills the ledger.
+const RelayTxJobs = 1000
+
+// RelayRow is one way of getting the committed jobs into Redis, timed.
+type RelayRow struct {
+	Name    string  `json:"name"`
+	Relays  int     `json:"relays,omitempty"`
+	Jobs    int     `json:"jobs"`
+	Seconds float64 `json:"seconds"`
+	// JobsPerSecond is how many jobs reached Redis per second.
+	JobsPerSecond float64 `json:"jobs_per_second"`
+	// Ratio is the rate over that of asynq's client, one producer.
+	Ratio float64 `json:"ratio_to_asynq"`
+}
+
+// RelayReport is the relay part's result.
+type RelayReport struct {
+	Jobs int `json:"jobs"`
+	// TxJobs is how many jobs each EnqueueTx transaction held, and
+	// EnqueueTxJobsPerSecond how fast they went in (the mean over every
+	// fill of the ledger).
+	TxJobs                 int     `json:"tx_jobs"`
+	EnqueueTxJobsPerSecond float64 `json:"enqueue_tx_jobs_per_second"`
+	// BatchSize is how many rows one relay pass claims.
+	BatchSize int        `json:"batch_size"`
+	Rows      []RelayRow `json:"rows"`
+}
+
+// String renders the report as a table.
+func (r RelayReport) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d jobs committed with EnqueueTx, %d per transaction (%.0f jobs/s), no relay running; then the relays publish them\n\n",
+		r.Jobs, r.TxJobs, r.EnqueueTxJobsPerSecond)
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "publisher\tjobs\tseconds\tjobs/s\tvs asynq\t")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t\n", row.Name, row.Jobs, row.Seconds, row.JobsPerSecond, row.Ratio)
+	}
+	tw.Flush()
+	fmt.Fprintf(&sb, "\nA relay pass claims up to %d rows (FOR UPDATE SKIP LOCKED), enqueues each with asynq's client and marks\n"+
+		"them published in the same transaction; asynq Client.Enqueue, one producer, is the same Redis work alone.\n", r.BatchSize)
+	return sb.String()
+}
+
+func (e *env) relay(ctx context.Context) (RelayReport, error) {
+	o := e.o
+	n := o.RelayJobs
+	rep := RelayReport{Jobs: n, TxJobs: RelayTxJobs, BatchSize: outbox.DefaultBatchSize}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout(4*n))
+	defer cancel()
+
+	// The baseline: the same jobs through asynq's client, one at a time.
+	base := RelayRow{Name: "asynq Client.Enqueue, 1 producer", Jobs: n}
+	ac := asynq.NewClient(e.redis)
+	var sent atomic.Int64
+	finish := e.step(base.Name, n, func() int { return int(sent.Load()) })
+	start := time.Now()
+	var err error
+	for i := 0; i < n && err == nil; i++ {
+		_, err = ac.EnqueueContext(ctx, asynq.NewTask(Kind, payload), asynq.Queue(Queue))
+		sent.Add(1)
+	}
+	base.Seconds = time.Since(start).Seconds()
+	finish()
+	ac.Close()
+	if err != nil {
+		return rep, err
+	}
+	base.JobsPerSecond, base.Ratio = float64(n)/base.Seconds, 1
+	rep.Rows = append(rep.Rows, base)
+
+	var fillRate float64
+	for k, relays := range []int{1, 2} {
+		if err := e.reset(ctx); err != nil {
+			return rep, err
+		}
+		rate, err := e.fillUnpublished(ctx, n)
+		if err != nil {
+			return rep, err
+		}
+		fillRate += rate
+		rep.EnqueueTxJobsPerSecond = fillRate / float64(k+1)
+		row, err := e.runRelays(ctx, relays, n)
+		row.Ratio = ratio(row.JobsPerSecond, base.JobsPerSecond)
+		rep.Rows = append(rep.Rows, row)
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, e.reset(ctx)
+}
+
+// fillUnpublished commits n jobs with EnqueueTx, RelayTxJobs per
+// transaction, while no relay runs, and returns how many went in per second.
+func (e *env) fillUnpublished(ctx context.Context, n int) (float64, error) {
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool, Logger: e.warn})
+	if err != nil {
+		return 0, err
+	}
+	defer client.Close()
+	var committed atomic.Int64
+	finish := e.step(fmt.Sprintf("EnqueueTx, %d jobs per transaction", RelayTxJobs), n, func() int { return int(committed.Load()) })
+	defer finish()
+	start := time.Now()
+	for done := 0; done < n; done = min(done+RelayTxJobs, n) {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			for j := done; j < min(done+RelayTxJobs, n); j++ {
+				t := tasks.NewRaw(Kind, payload, fmt.Sprintf("relay-%d", j), tasks.Queue(Queue))
+				if _, err := client.EnqueueTx(ctx, tx, t); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		committed.Store(int64(min(done+RelayTxJobs, n)))
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	if _, err := e.pool.Exec(ctx, `ANALYZE keel_jobs`); err != nil {
+		return rate, err
+	}
+	return rate, nil
+}
+
+// runRelays runs k relays until they have published n jobs, and checks that
+// the ledger and Redis agree they did.
+func (e *env) runRelays(ctx context.Context, k, n int) (RelayRow, error) {
+	row := RelayRow{Name: fmt.Sprintf("%d outbox.Relay", k), Relays: k, Jobs: n}
+	if k > 1 {
+		row.Name += "s"
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	relays := make([]*outbox.Relay, k)
+	for i := range relays {
+		relays[i] = outbox.NewRelay(e.pool, e.redis, outbox.RelayConfig{Logger: e.warn})
+	}
+	published := func() int {
+		sum := 0
+		for _, r := range relays {
+			sum += int(r.Published())
+		}
+		return sum
+	}
+	finish := e.step(row.Name, n, published)
+	start := time.Now()
+	for _, r := range relays {
+		wg.Go(func() { _ = r.Run(rctx) })
+	}
+	var err error
+	for published() < n && err == nil {
+		select {
+		case <-ctx.Done():
+			err = fmt.Errorf("%d of %d jobs published: %w", published(), n, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	row.Seconds = time.Since(start).Seconds()
+	finish()
+	stop()
+	wg.Wait()
+	for _, r := range relays {
+		err = errors.Join(err, r.Close())
+	}
+	row.JobsPerSecond = float64(published()) / row.Seconds
+	if err != nil {
+		return row, err
+	}
+	var unpublished int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
+		return row, err
+	}
+	insp := asynq.NewInspector(e.redis)
+	defer insp.Close()
+	info, err := insp.GetQueueInfo(Queue)
+	if err != nil {
+		return row, err
+	}
+	if unpublished != 0 || info.Pending != n || published() != n {
+		return row, fmt.Errorf("relays published %d, ledger has %d unpublished, queue holds %d, want %d", published(), unpublished, info.Pending, n)
+	}
+	return row, nil
+}
