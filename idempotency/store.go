@@ -217,16 +217,52 @@ func (s *Store) GetMany(ctx context.Context, db DB, ids []string) ([]Job, error)
 // PublishOnly hands j to Redis without recording it; the caller records it
 // (the relay does so in the transaction that claimed the row).
 func (s *Store) PublishOnly(ctx context.Context, c *asynq.Client, j Job) error {
+	_, err := s.PublishNew(ctx, c, j)
+	return err
+}
+
+// PublishNew is PublishOnly that also says whether Redis got a new task
+// (false: it already held one under the job's id).
+func (s *Store) PublishNew(ctx context.Context, c *asynq.Client, j Job) (bool, error) {
 	t := asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{HeaderBusinessKey: j.BusinessKey})
 	_, err := c.EnqueueContext(ctx, t, TaskOptions(j)...)
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("keel: publish job %s: %w", j.ID, err)
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("keel: publish job %s: %w", j.ID, err)
 	}
-	return nil
+	return true, nil
 }
 
 // LookupIn returns the job of one business action as db sees it: pass a
 // transaction to see a job enqueued in it before it commits.
 func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error) {
 	return (*Store)(nil).lookup(ctx, db, kind, businessKey)
+}
+
+// ClaimUnpublished marks up to limit committed, unpublished jobs as
+// published and returns them, in a transaction of its own: the rows are not
+// locked while the caller talks to Redis, so a worker that receives a job at
+// once can claim it. The caller publishes them and hands back, with
+// Unpublish, any it could not; a caller that dies in between leaves jobs the
+// reconciler republishes after its grace period.
+func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) {
+	rows, err := s.pool.Query(ctx, `UPDATE keel_jobs SET published_at = now()
+		WHERE id = ANY (ARRAY (
+			SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending'
+			ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+		RETURNING `+jobColumns, limit)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+	return jobs, interpretError(err)
+}
+
+// Unpublish hands jobs a publisher could not publish back to the relay.
+func (s *Store) Unpublish(ctx context.Context, ids []string) error {
+	_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = NULL
+		WHERE id = ANY($1) AND status = 'pending'`, ids)
+	return interpretError(err)
 }

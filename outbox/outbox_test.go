@@ -401,3 +401,37 @@ func TestUpkeepQueriesUseIndexes(t *testing.T) {
 	p = plan(`SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' ORDER BY run_at LIMIT 200 FOR UPDATE SKIP LOCKED`)
 	require.Contains(t, p, "keel_jobs_unpublished", p)
 }
+
+// A relay pass while Redis is down hands every claimed row back, so the
+// next pass (or another relay) publishes it; nothing waits for the reconciler.
+func TestRelayHandsBackWhatRedisRefused(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for i := range 5 {
+			if _, err := c.EnqueueTx(ctx, tx, work.New(item{ID: fmt.Sprint("back-", i)})); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer r.Close()
+	b.redis.Stop()
+	n, err := r.PublishBatch(ctx)
+	require.Error(t, err)
+	require.Equal(t, 0, n)
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`), "claimed rows were not handed back")
+
+	b.redis.Start()
+	n, err = r.PublishBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	info, err := insp.GetQueueInfo("default")
+	require.NoError(t, err)
+	require.Equal(t, 5, info.Pending)
+}

@@ -125,7 +125,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-const reconcileLock = 7365434902
+const (
+	reconcileLock      = 736543490
+	reconcileLockSQL   = `SELECT pg_try_advisory_lock($1::int4, hashtext(current_schema()))`
+	reconcileUnlockSQL = `SELECT pg_advisory_unlock($1::int4, hashtext(current_schema()))`
+)
 
 // Reconcile runs one full pass over the open jobs and returns how many it
 // published again. It returns 0 without work when another pass holds the lock.
@@ -136,10 +140,12 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	}
 	defer conn.Release()
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, reconcileLock).Scan(&got); err != nil || !got {
+	// One lock per ledger: keyed by schema, so ledgers in other schemas of
+	// the same database do not wait for each other.
+	if err := conn.QueryRow(ctx, reconcileLockSQL, reconcileLock).Scan(&got); err != nil || !got {
 		return 0, err
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, reconcileLock) //nolint:errcheck // dropped with the session anyway
+	defer conn.Exec(context.WithoutCancel(ctx), reconcileUnlockSQL, reconcileLock) //nolint:errcheck // dropped with the session anyway
 
 	released, err := r.releaseExpiredLeases(ctx)
 	if err != nil {
@@ -185,8 +191,12 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 			if j.Status == idempotency.StatusFailed {
 				j.RunAt = time.Now() // its retry time was in the lost Redis entry
 			}
-			if err := r.store.PublishOnly(ctx, r.pub, j); err != nil {
+			created, err := r.store.PublishNew(ctx, r.pub, j)
+			if err != nil {
 				return repaired, err
+			}
+			if !created {
+				continue // Redis held it after all (asynq no longer lists its queue, say)
 			}
 			repaired++
 			r.cfg.Logger.Warn("keel reconciler: job missing from Redis, published again", "job_id", j.ID, "kind", j.Kind, "status", j.Status)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -138,51 +137,34 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	}
 }
 
-const claimUnpublishedSQL = `SELECT id FROM keel_jobs
-	WHERE published_at IS NULL AND status = 'pending'
-	ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED`
-
 // PublishBatch publishes one batch of unpublished rows and returns how many
 // it published.
 func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
-	n := 0
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, claimUnpublishedSQL, r.cfg.BatchSize)
-		if err != nil {
-			return err
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil || len(ids) == 0 {
-			return err
-		}
-		jobs, err := r.store.GetMany(ctx, tx, ids)
-		if err != nil {
-			return err
-		}
-		var done []string
-		var pubErr error
-		for _, j := range jobs {
-			if err := r.store.PublishOnly(ctx, r.asynq, j); err != nil {
-				// Redis is likely down: keep what went out, retry the rest later.
-				pubErr = err
-				break
-			}
-			done = append(done, j.ID)
-		}
-		if len(done) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE keel_jobs SET published_at = now() WHERE id = ANY($1)`, done); err != nil {
-				return err
-			}
-		}
-		n = len(done)
-		if pubErr != nil && n == 0 {
-			return pubErr
-		}
-		return nil
-	})
+	jobs, err := r.store.ClaimUnpublished(ctx, r.cfg.BatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("keel relay: %w", err)
 	}
+	n := 0
+	var pubErr error
+	for _, j := range jobs {
+		if pubErr = r.store.PublishOnly(ctx, r.asynq, j); pubErr != nil {
+			break // Redis is likely down: hand the rest back
+		}
+		n++
+	}
+	if rest := jobs[n:]; len(rest) > 0 {
+		ids := make([]string, len(rest))
+		for i, j := range rest {
+			ids[i] = j.ID
+		}
+		// Without the ledger the reconciler republishes them after its grace.
+		if err := r.store.Unpublish(context.WithoutCancel(ctx), ids); err != nil {
+			r.cfg.Logger.Warn("keel relay: could not hand back unpublished jobs", "jobs", len(ids), "err", err)
+		}
+	}
 	r.published.Add(uint64(n))
+	if pubErr != nil && n == 0 {
+		return 0, fmt.Errorf("keel relay: %w", pubErr)
+	}
 	return n, nil
 }
