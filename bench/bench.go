@@ -80,9 +80,7 @@ type Options struct {
 	// RedisPassword, if Redis needs one.
 	RedisPassword string
 	// DatabaseURL is the Postgres database of the ledger. Default the local
-	// test database. The recovery part's reconciler takes a database-wide
-	// advisory lock: a database of the benchmark's own keeps other keel
-	// processes from delaying it.
+	// test database.
 	DatabaseURL string
 	// Schema is where the benchmark's ledger lives. It is DROPPED and created
 	// again on every run. Default keel_bench; "public" is refused.

@@ -57,8 +57,8 @@ func (r RelayReport) String() string {
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t\n", row.Name, row.Jobs, row.Seconds, row.JobsPerSecond, row.Ratio)
 	}
 	tw.Flush()
-	fmt.Fprintf(&sb, "\nA relay pass claims up to %d rows (FOR UPDATE SKIP LOCKED), enqueues each with asynq's client and marks\n"+
-		"them published in the same transaction; asynq Client.Enqueue, one producer, is the same Redis work alone.\n", r.BatchSize)
+	fmt.Fprintf(&sb, "\nA relay pass claims up to %d rows (FOR UPDATE SKIP LOCKED), marks them published and commits,\n"+
+		"then enqueues each with asynq's client; asynq Client.Enqueue, one producer, is the same Redis work alone.\n", r.BatchSize)
 	return sb.String()
 }
 
