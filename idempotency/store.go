@@ -45,6 +45,9 @@ type NewJob struct {
 	RunAt          time.Time // zero: now
 	PayloadSummary string
 	TraceID        string
+	// WakeRelay sends the relays a notification, delivered when the
+	// transaction commits, when a new row is written (EnqueueTx sets it).
+	WakeRelay bool
 }
 
 // MaxBusinessKeyBytes bounds a business key so it always fits the unique index.
@@ -76,6 +79,13 @@ const insertSQL = `INSERT INTO keel_jobs
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns
 
+// insertWakeSQL is insertSQL that also notifies the relays, in the same
+// round trip; Postgres folds a transaction's identical notifications into
+// one, delivered at commit.
+const insertWakeSQL = `WITH ins AS (` + insertSQL + `),
+	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins)
+	SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
+
 // Insert records nj in db (a pool or the caller's transaction). When a row for
 // (kind, business key) already exists it is returned with existed = true and
 // nothing is written: one business action, one job.
@@ -103,7 +113,11 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	// Two tries: the conflicting row can vanish between the insert and the
 	// read (pruned, or the other transaction rolled back).
 	for range 2 {
-		job, err = scanJob(db.QueryRow(ctx, insertSQL, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
+		sql := insertSQL
+		if nj.WakeRelay {
+			sql = insertWakeSQL
+		}
+		job, err = scanJob(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
 			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID))
 		if err == nil {
 			return job, false, nil

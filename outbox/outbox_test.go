@@ -435,3 +435,38 @@ func TestRelayHandsBackWhatRedisRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 5, info.Pending)
 }
+
+// The relay is woken by the notification EnqueueTx sends at commit, not by
+// its poll: with an hour-long poll the job still reaches Redis at once.
+func TestEnqueueTxWakesTheRelay(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour})
+	defer r.Close()
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(300 * time.Millisecond) // the first pass and LISTEN are done
+
+	var id string
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		// Several jobs in one transaction: one wake-up is enough.
+		for i := range 3 {
+			res, err := c.EnqueueTx(ctx, tx, work.New(item{ID: fmt.Sprint("wake-", i)}))
+			if err != nil {
+				return err
+			}
+			id = res.Job.ID
+		}
+		return nil
+	}))
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		_, err := insp.GetTaskInfo("default", id)
+		return err == nil
+	}, "the relay was not woken by the commit")
+	require.EqualValues(t, 3, r.Published())
+}

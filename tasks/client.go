@@ -129,14 +129,10 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, t *Task) (*Result, er
 	if err != nil {
 		return nil, err
 	}
+	nj.WakeRelay = true
 	job, existed, err := c.store.Insert(ctx, tx, nj)
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
-	}
-	if !existed {
-		if err := idempotency.NotifyRelay(ctx, tx); err != nil {
-			return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
-		}
 	}
 	return &Result{Job: job, Existed: existed}, nil
 }
