@@ -60,7 +60,7 @@ func (r EnqueueReport) String() string {
 	}
 	tw.Flush()
 	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT (commit), asynq enqueue, UPDATE published_at (commit).\n"+
-		"keel EnqueueTx: BEGIN, INSERT, pg_notify, COMMIT; the relay publishes later.\n"+
+		"keel EnqueueTx: BEGIN, INSERT with pg_notify in the same statement, COMMIT; the relay publishes later.\n"+
 		"ledger INSERT: the same INSERT in its own transaction without pg_notify (Postgres' floor for EnqueueTx).\n")
 	return sb.String()
 }
