@@ -470,3 +470,44 @@ func TestEnqueueTxWakesTheRelay(t *testing.T) {
 	}, "the relay was not woken by the commit")
 	require.EqualValues(t, 3, r.Published())
 }
+
+// After Redis lost everything, republished jobs must sit in queues asynq
+// lists again, or asynqmon, the inspector and the metrics cannot see them.
+func TestReconcilerListsQueuesAgainAfterRedisLostThem(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	defer r.Close()
+	old := func() {
+		_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
+		require.NoError(t, err)
+	}
+	// A first repair makes the reconciler's own asynq client publish once,
+	// after which asynq never lists the queue again on its own.
+	first, err := c.Enqueue(ctx, work.New(item{ID: "first"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.NoError(t, insp.DeleteTask("default", first.Job.ID))
+	old()
+	n, err := r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	b.redis.Stop()
+	b.redis.Start()
+	old()
+	n, err = r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	queues, err := insp.Queues()
+	require.NoError(t, err)
+	require.Contains(t, queues, "default")
+	info, err := insp.GetTaskInfo("default", first.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	n, err = r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "a job Redis holds again is not repaired twice")
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
 )
@@ -80,19 +81,24 @@ type Reconciler struct {
 	store *idempotency.Store
 	insp  *asynq.Inspector
 	pub   *asynq.Client
+	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
 	repaired, released, pruned atomic.Uint64
 }
 
 // NewReconciler returns a reconciler; Run it, then Close it.
-func NewReconciler(pool *pgxpool.Pool, redis asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
-	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), insp: asynq.NewInspector(redis),
-		pub: asynq.NewClient(redis), cfg: cfg.withDefaults()}
+func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
+	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), insp: asynq.NewInspector(redisOpt),
+		pub: asynq.NewClient(redisOpt), rdb: redisOpt.MakeRedisClient().(redis.UniversalClient), cfg: cfg.withDefaults()}
 }
 
+// asynqQueuesKey is asynq's registry of queue names (asynq v0.26's
+// base.AllQueues).
+const asynqQueuesKey = "asynq:queues"
+
 // Close releases Redis connections.
-func (r *Reconciler) Close() error { return errors.Join(r.insp.Close(), r.pub.Close()) }
+func (r *Reconciler) Close() error { return errors.Join(r.insp.Close(), r.pub.Close(), r.rdb.Close()) }
 
 // ReconcileStats counts what reconcilers did.
 type ReconcileStats struct {
@@ -223,7 +229,16 @@ func (r *Reconciler) missing(j idempotency.Job) (bool, error) {
 		return true, nil
 	case err == nil:
 		return false, nil
-	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+	case errors.Is(err, asynq.ErrQueueNotFound):
+		// asynq lists a queue in its registry only on a client's first
+		// enqueue, so after Redis lost everything long-lived clients refill
+		// queues nobody lists, and asynqmon, the inspector and the metrics
+		// cannot see them. Listing it again is what any first enqueue does.
+		if err := r.rdb.SAdd(context.Background(), asynqQueuesKey, j.Queue).Err(); err != nil {
+			return false, fmt.Errorf("keel reconciler: list queue %q: %w", j.Queue, err)
+		}
+		return true, nil
+	case errors.Is(err, asynq.ErrTaskNotFound):
 		return true, nil
 	}
 	return false, fmt.Errorf("keel reconciler: look up job %s in Redis: %w", j.ID, err)
@@ -232,8 +247,10 @@ func (r *Reconciler) missing(j idempotency.Job) (bool, error) {
 // releaseExpiredLeases hands jobs whose worker is gone back to pending, so
 // the ledger no longer names a dead holder; the next delivery claims them.
 func (r *Reconciler) releaseExpiredLeases(ctx context.Context) (int, error) {
+	// Class "wait": not the job's own failure, and forgotten when it succeeds.
 	tag, err := r.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
 		last_error = coalesce(last_error || E'\n', '') || 'lease of ' || lease_holder || ' expired: worker gone',
+		error_class = 'wait',
 		updated_at = now()
 		WHERE status = 'running' AND lease_until < now() - $1 * interval '1 millisecond'`, r.cfg.Grace.Milliseconds())
 	if err != nil {
