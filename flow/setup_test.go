@@ -156,15 +156,7 @@ func workerConfig(redisOpt asynq.RedisConnOpt, pool *pgxpool.Pool, limits *flow.
 // the controller's cleanup first, so that it closes after the worker stops.
 func (b *bundle) startWorker(t *testing.T, mux *tasks.Mux, limits *flow.Controller) {
 	t.Helper()
-	srv, err := server.New(workerConfig(b.redis, b.pool, limits), mux)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	testenv.RunServer(t, workerConfig(b.redis, b.pool, limits), mux)
 }
 
 func (b *bundle) enqueue(t *testing.T, k *tasks.Kind[Report], r Report) string {
@@ -177,14 +169,7 @@ func (b *bundle) enqueue(t *testing.T, k *tasks.Kind[Report], r Report) string {
 
 func (b *bundle) waitStatus(t *testing.T, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
 	t.Helper()
-	var j idempotency.Job
-	testenv.Eventually(t, timeout, func() bool {
-		var err error
-		j, err = b.store.Get(context.Background(), id)
-		require.NoError(t, err)
-		return j.Status == want
-	}, "job %s never reached %s (last: %+v)", id, want, &j)
-	return j
+	return testenv.WaitStatus(t, b.store, id, want, timeout)
 }
 
 func (b *bundle) count(t *testing.T, sql string, args ...any) int {

@@ -60,16 +60,7 @@ func (b *bundle) startWorker(t *testing.T, mux *tasks.Mux, mod func(*server.Conf
 	if mod != nil {
 		mod(&cfg)
 	}
-	srv, err := server.New(cfg, mux)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return srv
+	return testenv.RunServer(t, cfg, mux)
 }
 
 func (b *bundle) count(t *testing.T, sql string, args ...any) int {
@@ -81,12 +72,5 @@ func (b *bundle) count(t *testing.T, sql string, args ...any) int {
 
 func (b *bundle) waitStatus(t *testing.T, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
 	t.Helper()
-	var j idempotency.Job
-	testenv.Eventually(t, timeout, func() bool {
-		var err error
-		j, err = b.store.Get(context.Background(), id)
-		require.NoError(t, err)
-		return j.Status == want
-	}, "job %s never reached %s (last: %+v)", id, want, &j)
-	return j
+	return testenv.WaitStatus(t, b.store, id, want, timeout)
 }

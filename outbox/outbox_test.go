@@ -88,12 +88,7 @@ func (b *bundle) worker(t *testing.T, mux *tasks.Mux, mod func(*server.Config)) 
 	if mod != nil {
 		mod(&cfg)
 	}
-	srv, err := server.New(cfg, mux)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	testenv.RunServer(t, cfg, mux)
 }
 
 func (b *bundle) count(t *testing.T, sql string, args ...any) int {

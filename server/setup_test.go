@@ -77,16 +77,7 @@ func (b *bundle) startWorker(t *testing.T, h asynq.Handler, mod func(*server.Con
 	if mod != nil {
 		mod(&cfg)
 	}
-	srv, err := server.New(cfg, h)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return srv
+	return testenv.RunServer(t, cfg, h)
 }
 
 func mark(ctx context.Context, pool *pgxpool.Pool, jobID, what, holder string) error {

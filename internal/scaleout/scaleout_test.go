@@ -124,14 +124,9 @@ func flow(t *testing.T, redisURL string) {
 
 func startWorker(t *testing.T, opt asynq.RedisConnOpt, pool *pgxpool.Pool, mux *tasks.Mux) {
 	t.Helper()
-	srv, err := server.New(server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
+	testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
 		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 		Reconciler: outbox.ReconcilerConfig{Interval: time.Second}}, mux)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 }
 
 func TestRedisCluster(t *testing.T) {
