@@ -19,10 +19,11 @@ import (
 )
 
 type app struct {
-	h    *keeltest.Harness
-	api  *httptest.Server
-	mail *handlers.MailSim
-	mux  func() // starts the worker
+	h       *keeltest.Harness
+	api     *httptest.Server
+	mail    *handlers.MailSim
+	mailURL string
+	mux     func() // starts the worker
 }
 
 func newApp(t *testing.T, faults handlers.Faults) *app {
@@ -32,6 +33,7 @@ func newApp(t *testing.T, faults handlers.Faults) *app {
 	a := &app{h: h, mail: handlers.NewMailSim(faults, 1)}
 	mailSrv := httptest.NewServer(a.mail)
 	t.Cleanup(mailSrv.Close)
+	a.mailURL = mailSrv.URL
 	api := &handlers.API{Pool: h.Pool, Client: h.Client}
 	a.api = httptest.NewServer(api.Handler())
 	t.Cleanup(a.api.Close)
@@ -163,6 +165,27 @@ func TestReceiptRetriesThroughServerErrors(t *testing.T) {
 	}, "the receipt was not retried")
 	require.Equal(t, string(retry.ClassTransient), j.ErrorClass)
 	a.mail.SetFaults(handlers.Faults{})
+	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
+	require.Equal(t, 1, a.mail.Stats().Mails)
+}
+
+// The tour's replay: a receipt dead because its mailbox bounced succeeds
+// when replayed after the mailbox is fixed.
+func TestReplayAfterTheMailboxIsFixed(t *testing.T) {
+	a := newApp(t, handlers.Faults{BounceDomain: "bounce.example"})
+	_, o := a.post(t, "fix-me", handlers.OrderRequest{Email: "y@bounce.example", Amount: 5})
+	a.mux()
+	j := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
+	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusDead)
+
+	mailURL := a.mailURL
+	resp, err := http.Post(mailURL+"/bounces/off", "", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	_, err = a.h.Store.Replay(context.Background(), nil, j.ID, "test", "mailbox fixed")
+	require.NoError(t, err)
 	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
 	require.Equal(t, 1, a.mail.Stats().Mails)
 }

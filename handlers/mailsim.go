@@ -81,9 +81,16 @@ type mailRequest struct {
 	OrderID string `json:"order_id"`
 }
 
-// ServeHTTP serves POST /send, GET /messages/{key} and GET /stats.
+// ServeHTTP serves POST /send, GET /messages/{key}, GET /stats, and POST
+// /bounces/off, which "fixes" the bouncing mailboxes so that dead receipts
+// can be replayed successfully.
 func (m *MailSim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/bounces/off":
+		m.mu.Lock()
+		m.faults.BounceDomain = ""
+		m.mu.Unlock()
+		fmt.Fprintln(w, "bouncing mailboxes fixed: replay their dead receipts now")
 	case r.Method == http.MethodPost && r.URL.Path == "/send":
 		m.send(w, r)
 	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/messages/"):
