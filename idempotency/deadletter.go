@@ -146,6 +146,15 @@ func (s *Store) ResolveStep(ctx context.Context, jobID, step string, happened bo
 		return ErrActorRequired
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Only a dead job's steps: a running job's step may be in flight, and
+		// forgetting its start would let the call happen twice.
+		var status Status
+		if err := tx.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = $1 FOR UPDATE`, jobID).Scan(&status); err != nil {
+			return interpretError(err)
+		}
+		if status != StatusDead {
+			return fmt.Errorf("%w: job %s is %s; steps are resolved on dead jobs only", ErrNotDead, jobID, status)
+		}
 		var tag interface{ RowsAffected() int64 }
 		var err error
 		action := "step-happened"

@@ -169,6 +169,7 @@ const (
 type claimResult struct {
 	outcome    claimOutcome
 	attempts   int
+	maxRetry   int
 	leaseUntil time.Time
 	status     Status
 	err        error
@@ -203,12 +204,13 @@ free AS (
 c AS (
 	UPDATE keel_jobs j SET status = 'running', lease_holder = $1,
 		lease_until = now() + $2 * interval '1 millisecond',
-		attempts = j.attempts + 1, updated_at = now()
+		attempts = j.attempts + 1, updated_at = now(),
+		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
-	RETURNING j.id, j.attempts)
-SELECT id, 0 FROM done
+	RETURNING j.id, j.attempts, j.max_retry)
+SELECT id, 0, 0 FROM done
 UNION ALL
-SELECT id, attempts FROM c`
+SELECT id, attempts, max_retry FROM c`
 
 // unclaimedSQL reads why jobs could not be claimed (the rare path).
 const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()) FROM keel_jobs WHERE id = ANY($1)`
@@ -246,14 +248,14 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	if err == nil {
 		for rows.Next() {
 			var id string
-			var attempts int
-			if err = rows.Scan(&id, &attempts); err != nil {
+			var attempts, maxRetry int
+			if err = rows.Scan(&id, &attempts, &maxRetry); err != nil {
 				break
 			}
 			if completing[id] {
 				done[id] = true
 			} else {
-				results[id] = claimResult{outcome: claimed, attempts: attempts, status: StatusRunning}
+				results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning}
 			}
 		}
 		rows.Close()
@@ -416,6 +418,11 @@ func (g *Guard) renewLoop(ctx context.Context) {
 func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		id := taskID(ctx, t)
+		if ValidateKey("task id", id) != nil {
+			// Not a ledger id, and one Postgres cannot even hold: it must not
+			// share (and fail) a round with the others.
+			return fmt.Errorf("%w: task id %q: %w", ErrUnknownJob, id, asynq.SkipRetry)
+		}
 		res := g.claim(ctx, id)
 		if res.err != nil {
 			g.stats.ledgerErrs.Add(1)
@@ -439,7 +446,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 
 		jc := &jobContext{guard: g, id: id, attempt: res.attempts}
 		g.track(id)
-		herr := next.ProcessTask(withJob(ctx, jc), t)
+		herr := next.ProcessTask(retry.WithRetried(withJob(ctx, jc), res.attempts-1), t)
 		g.untrack(id)
 
 		if jc.completed.Load() {
@@ -455,7 +462,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		if herr == nil {
 			return g.markSucceeded(ctx, id)
 		}
-		return g.recordFailure(ctx, t, id, res.attempts, herr)
+		return g.recordFailure(ctx, t, id, res, herr)
 	})
 }
 
@@ -516,12 +523,17 @@ func storableText(s string, max int) string {
 	return s
 }
 
-func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, attempts int, herr error) error {
+func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, res claimResult, herr error) error {
 	ctx = context.WithoutCancel(ctx)
+	attempts := res.attempts
 	class := g.cfg.Classifier.Classify(herr)
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
-	lastTry := hasMax && retried >= maxRetry
+	// asynq archives a task at its own last try; the ledger's count decides
+	// the job's budget, because asynq's starts again whenever a job is
+	// published anew (a republish after Redis lost data, a wait handed back).
+	asynqLastTry := hasMax && retried >= maxRetry
+	lastTry := asynqLastTry || attempts-1 >= res.maxRetry
 	status := StatusFailed
 	uncount := 0
 	unpublish := false
@@ -531,7 +543,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, att
 		// Not a failure: the attempt does not count. On the last asynq try a
 		// wait would be archived, so hand the job back to the relay instead.
 		status, uncount = StatusPending, 1
-		if lastTry {
+		if asynqLastTry {
 			unpublish = true
 			if e, ok := retry.Marked(herr); ok {
 				delay = e.Delay

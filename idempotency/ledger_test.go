@@ -417,3 +417,77 @@ func TestWaitIsForgottenOnSuccess(t *testing.T) {
 	require.Empty(t, j.ErrorClass)
 	require.Equal(t, 1, j.Attempts)
 }
+
+// asynq's retry count starts again when a job is published anew (here as
+// after Redis lost it); the ledger's count still ends the budget.
+func TestBudgetHoldsAcrossRepublish(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		return retry.Transient(errors.New("still down"))
+	})
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "budget"}, tasks.MaxRetry(1)))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) { c.DisableReconciler = true })
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		j, err := b.store.Get(ctx, res.Job.ID)
+		require.NoError(t, err)
+		return j.Status == idempotency.StatusFailed && j.Attempts == 1
+	}, "first attempt never failed")
+	// Redis loses the task; it is published anew with asynq's count at zero.
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	require.NoError(t, insp.DeleteTask("default", res.Job.ID))
+	j, err := b.store.Get(ctx, res.Job.ID)
+	require.NoError(t, err)
+	ac := asynq.NewClient(b.redis)
+	defer ac.Close()
+	require.NoError(t, b.store.PublishOnly(ctx, ac, j))
+
+	dead := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
+	require.Equal(t, 2, dead.Attempts, "max retry 1 means two attempts in all")
+	require.NotNil(t, dead.PublishedAt)
+}
+
+// A task whose id Postgres cannot hold is refused at once, and does not
+// spoil the claims of the jobs that share its round.
+func TestTaskIDPostgresCannotHoldIsRefused(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error { runs.Add(1); return nil })
+	ac := asynq.NewClient(b.redis)
+	defer ac.Close()
+	_, err := ac.Enqueue(asynq.NewTask(receipt.Name(), []byte(`{"order_id":"x"}`)), asynq.TaskID("bad\x00id"))
+	require.NoError(t, err)
+	good, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "good"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	b.waitStatus(t, good.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err := insp.GetTaskInfo("default", "bad\x00id")
+		return err == nil && info.State == asynq.TaskStateArchived
+	}, "the bad id should be archived at once")
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// A person may not forget the start of a step while its job runs: the call
+// may be in flight.
+func TestResolveStepOnlyOnDeadJobs(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "resolve"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', lease_holder = 'w', lease_until = now() + interval '1 minute' WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	startedStep(t, b.pool, res.Job.ID, "mail")
+	err = b.store.ResolveStep(ctx, res.Job.ID, "mail", false, "ops", "")
+	require.ErrorIs(t, err, idempotency.ErrNotDead)
+	steps, err := b.store.Steps(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Len(t, steps, 1, "the in-flight step's record must stay")
+}

@@ -136,11 +136,17 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	if err != nil {
 		return zero, retry.Permanent(fmt.Errorf("keel: step %q result does not encode: %w", name, err))
 	}
-	if _, err := pool.Exec(bg, `UPDATE keel_steps SET status = 'done', result = $3, finished_at = now()
-		WHERE job_id = $1 AND name = $2`, jc.id, name, result); err != nil {
+	tag, err := pool.Exec(bg, `UPDATE keel_steps SET status = 'done', result = $3, finished_at = now()
+		WHERE job_id = $1 AND name = $2 AND status = 'started'`, jc.id, name, result)
+	if err != nil {
 		// The call happened but we could not say so: the next attempt finds
 		// the step in doubt and verifies it.
 		return zero, fmt.Errorf("keel: step %q done but not recorded: %w", name, interpretError(err))
+	}
+	if tag.RowsAffected() == 0 {
+		// Someone removed the step's record while the call ran: whether it
+		// counts is for a person, not for a silent second call.
+		return zero, retry.Permanent(fmt.Errorf("keel: step %q of job %s lost its record during the call: %w", name, jc.id, ErrInDoubt))
 	}
 	return v, nil
 }

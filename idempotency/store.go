@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -60,6 +61,8 @@ func ValidateKey(what, s string) error {
 	switch {
 	case s == "":
 		return fmt.Errorf("%s is empty", what)
+	case strings.TrimSpace(s) == "":
+		return fmt.Errorf("%s is blank", what)
 	case len(s) > MaxBusinessKeyBytes:
 		return fmt.Errorf("%s is %d bytes, over the %d-byte limit", what, len(s), MaxBusinessKeyBytes)
 	case !utf8.ValidString(s):

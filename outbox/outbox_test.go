@@ -506,3 +506,28 @@ func TestReconcilerListsQueuesAgainAfterRedisLostThem(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 0, n, "a job Redis holds again is not repaired twice")
 }
+
+// One row Redis refuses (asynq will not take a blank task type) must not
+// keep the relay from publishing the rest.
+func TestRelayIsNotBlockedByOneBadJob(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, run_at)
+		VALUES ('poison', ' ', 'k', 'default', '\x7b7d', 3, now() - interval '1 hour')`)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for i := range 4 {
+			if _, err := c.EnqueueTx(ctx, tx, work.New(item{ID: fmt.Sprint("after-poison-", i)})); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer r.Close()
+	n, err := r.PublishBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`), "only the bad row waits")
+}

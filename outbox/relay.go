@@ -146,17 +146,27 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 	}
 	n := 0
 	var pubErr error
-	for _, j := range jobs {
-		if pubErr = r.store.PublishOnly(ctx, r.asynq, j); pubErr != nil {
-			break // Redis is likely down: hand the rest back
+	var failed []string
+	for i, j := range jobs {
+		err := r.store.PublishOnly(ctx, r.asynq, j)
+		if err == nil {
+			n++
+			continue
 		}
-		n++
+		pubErr = err
+		failed = append(failed, j.ID)
+		if i == len(failed)-1 && i >= 2 {
+			// The first three all failed: Redis is down, not one bad job.
+			for _, rest := range jobs[i+1:] {
+				failed = append(failed, rest.ID)
+			}
+			break
+		}
+		// One job Redis refuses must not hold up the rest of the batch.
+		r.cfg.Logger.Warn("keel relay: could not publish job", "job_id", j.ID, "kind", j.Kind, "err", err)
 	}
-	if rest := jobs[n:]; len(rest) > 0 {
-		ids := make([]string, len(rest))
-		for i, j := range rest {
-			ids[i] = j.ID
-		}
+	if len(failed) > 0 {
+		ids := failed
 		// Without the ledger the reconciler republishes them after its grace.
 		if err := r.store.Unpublish(context.WithoutCancel(ctx), ids); err != nil {
 			r.cfg.Logger.Warn("keel relay: could not hand back unpublished jobs", "jobs", len(ids), "err", err)

@@ -23,7 +23,25 @@ import (
 // the translated error. The task's MaxRetry, set at enqueue, still caps the
 // retries of every class.
 func (p Policy) Middleware(c *Classifier) func(asynq.Handler) asynq.Handler {
-	return p.middleware(c, asynq.GetRetryCount)
+	return p.middleware(c, retriedSoFar)
+}
+
+type retriedKey struct{}
+
+// WithRetried records how many counted attempts a job has failed before this
+// one. keel's ledger sets it: asynq's own count starts again at zero when a
+// job is published anew (a replay, a republish after Redis lost data), and a
+// budget read from it would never run out.
+func WithRetried(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, retriedKey{}, n)
+}
+
+// retriedSoFar prefers the ledger's count, then asynq's.
+func retriedSoFar(ctx context.Context) (int, bool) {
+	if n, ok := ctx.Value(retriedKey{}).(int); ok {
+		return n, true
+	}
+	return asynq.GetRetryCount(ctx)
 }
 
 // middleware takes the retry count as a function because asynq sets it in

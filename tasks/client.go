@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -154,7 +155,7 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if err := idempotency.ValidateKey("business key", t.s.key); err != nil {
 		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: %v", t.kind, ErrInvalidKey, err)
 	}
-	if !c.queues[t.s.queue] && !declaredQueue(t.s.queue) {
+	if strings.TrimSpace(t.s.queue) == "" || (!c.queues[t.s.queue] && !declaredQueue(t.s.queue)) {
 		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w %q (known: %v)", t.kind, ErrUnknownQueue, t.s.queue, c.queueList())
 	}
 	maxRetry := DefaultMaxRetry
