@@ -1,7 +1,6 @@
 package flow_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -260,7 +259,7 @@ func childWorker() error {
 // child is a worker process started by the test.
 type child struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.SyncBuffer
 	done chan struct{}
 	err  error
 }
@@ -270,7 +269,7 @@ func startChild(t *testing.T, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
-	c := &child{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	c := &child{cmd: cmd, out: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -323,21 +322,4 @@ func (b *bundle) waitReady(t *testing.T, n int64) {
 		require.NoError(t, err)
 		return got >= n
 	}, "%d workers never started", n)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -103,20 +103,13 @@ func workerCmd(c *conn) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log, err := c.logger()
-			if err != nil {
-				return err
-			}
-			redis, err := c.redis()
-			if err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			svc, err := c.openService(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer svc.pool.Close()
+			redis, pool, log := svc.redis, svc.pool, svc.log
 			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
 			rules, err := lf.rules()
 			if err != nil {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,24 +25,6 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// syncBuffer is written by the demo and read by the test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // The demo, run for a bounded time: orders are processed, no order is mailed
 // twice despite the faults, bounced mails are dead letters with reasons, and
 // the dashboard answers.
@@ -59,7 +40,7 @@ func TestDemoSmoke(t *testing.T) {
 	webAddr, apiAddr, mailAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 
 	root := newRoot()
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	root.SetOut(&out)
 	root.SetErr(&bytes.Buffer{})
 	root.SetArgs([]string{"--redis-url", "redis://" + testenv.RedisAddr() + "/" + strconv.Itoa(testenv.DBCmd),
