@@ -363,12 +363,7 @@ func TestUnknownTaskIDIsRefusedPermanently(t *testing.T) {
 	_, err := ac.Enqueue(asynq.NewTask(receipt.Name(), []byte(`{"order_id":"x"}`)), asynq.TaskID("not-in-ledger"))
 	require.NoError(t, err)
 	b.startWorker(t, mux, nil)
-	insp := asynq.NewInspector(b.redis)
-	defer insp.Close()
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		info, err := insp.GetTaskInfo("default", "not-in-ledger")
-		return err == nil && info.State == asynq.TaskStateArchived
-	}, "a task with no ledger row should be archived at once")
+	waitArchived(t, inspector(t, b), "default", "not-in-ledger") // refused at once, never run
 	require.EqualValues(t, 0, runs.Load())
 }
 
@@ -466,12 +461,7 @@ func TestTaskIDPostgresCannotHoldIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	b.startWorker(t, mux, nil)
 	b.waitStatus(t, good.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
-	insp := asynq.NewInspector(b.redis)
-	defer insp.Close()
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		info, err := insp.GetTaskInfo("default", "bad\x00id")
-		return err == nil && info.State == asynq.TaskStateArchived
-	}, "the bad id should be archived at once")
+	waitArchived(t, inspector(t, b), "default", "bad\x00id") // refused at once, never run
 	require.EqualValues(t, 1, runs.Load())
 }
 
