@@ -7,6 +7,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,6 +55,7 @@ func DatabaseURL() string {
 // Redis returns options for Redis database db, flushed.
 func Redis(t testing.TB, db int) asynq.RedisClientOpt {
 	t.Helper()
+	lockPackage(t, db)
 	opt := asynq.RedisClientOpt{Addr: RedisAddr(), DB: db}
 	c := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: db})
 	defer c.Close()
@@ -159,4 +163,32 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("timed out after %s: "+msg, append([]any{timeout}, args...)...)
+}
+
+var (
+	lockMu sync.Mutex
+	locked = map[int]*os.File{}
+)
+
+// lockPackage keeps two test processes of one package (two `go test` runs at
+// once, say) from sharing, and flushing, one Redis DB and schema: the first
+// holds a file lock for its lifetime, the second waits for it. Child
+// processes inherit the holder's environment and do not wait.
+func lockPackage(t testing.TB, db int) {
+	t.Helper()
+	env := fmt.Sprintf("KEEL_TESTENV_LOCKED_%d", db)
+	lockMu.Lock()
+	defer lockMu.Unlock()
+	if locked[db] != nil || os.Getenv(env) != "" {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), fmt.Sprintf("keel-testenv-%d.lock", db)), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatalf("testenv: lock file: %v", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatalf("testenv: lock: %v", err)
+	}
+	locked[db] = f // held until the process exits
+	os.Setenv(env, "1")
 }
