@@ -21,7 +21,11 @@ import (
 
 // Defaults of GuardConfig.
 const (
-	DefaultLease       = 60 * time.Second
+	// DefaultLease is short so that a killed worker's jobs are taken over
+	// in seconds (the reconciler's rescuer redelivers them once it expires);
+	// it is renewed every Lease/5, so a live worker misses four renewals
+	// before it loses a job.
+	DefaultLease       = 10 * time.Second
 	DefaultLedgerRetry = 10 * time.Second
 	DefaultBatchSize   = 128
 	// DefaultBatchLoops is how many rounds of claims and completions run at
@@ -37,8 +41,8 @@ type GuardConfig struct {
 	// Holder names this worker in lease rows. Default: host/pid/random.
 	Holder string
 	// Lease is how long a claim lasts without renewal; it is renewed every
-	// Lease/3 while the handler runs, so only a dead worker's lease expires.
-	// Default 60s, compatible with asynq's own 30s lease + 1m recoverer.
+	// Lease/5 while the handler runs (until its deadline), so only a dead
+	// worker's lease expires. Default 10s.
 	Lease time.Duration
 	// LedgerRetry is how long to wait before trying a task again when the
 	// ledger cannot be reached. Such waits do not use up attempts. Default 10s.
@@ -388,7 +392,7 @@ func (g *Guard) untrack(id string) {
 // statement, so that only a dead worker's lease ever expires.
 func (g *Guard) renewLoop(ctx context.Context) {
 	defer close(g.renewDone)
-	t := time.NewTicker(g.cfg.Lease / 3)
+	t := time.NewTicker(g.cfg.Lease / 5)
 	defer t.Stop()
 	for {
 		select {
