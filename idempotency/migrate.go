@@ -3,25 +3,51 @@ package idempotency
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
+// Markers a migration file declares in its leading comment lines (before the
+// first statement), one per line.
+const (
+	// MarkerNoTransaction runs the migration outside a transaction, one
+	// statement at a time, so that it may use CREATE INDEX CONCURRENTLY and
+	// build indexes without blocking writes. Every statement must be safe to
+	// run again (IF NOT EXISTS): a failure leaves the earlier ones applied and
+	// the next `keel migrate` runs them all again. Its CREATE INDEX statements
+	// must be CONCURRENTLY IF NOT EXISTS with a name; an INVALID index left by
+	// a failed build is dropped and built again.
+	MarkerNoTransaction = "-- keel:no-transaction"
+	// MarkerAdditive declares that the migration only adds: tables, indexes,
+	// and columns that are nullable or have a default. A binary that predates
+	// it keeps working against a database that has it (see CheckSchema).
+	MarkerAdditive = "-- keel:additive"
+)
+
 // Migration is one numbered schema change shipped inside the binary.
 type Migration struct {
 	Version int
 	Name    string
 	SQL     string
+	// NoTransaction is set by MarkerNoTransaction.
+	NoTransaction bool
+	// Additive is set by MarkerAdditive and recorded with the version, so
+	// that binaries without this file can read it from the database.
+	Additive bool
 }
 
 // Migrations returns the embedded migrations in order.
@@ -42,11 +68,131 @@ func Migrations() ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, Migration{Version: v, Name: strings.TrimSuffix(name, ".sql"), SQL: string(body)})
+		m, err := parseMigration(v, strings.TrimSuffix(name, ".sql"), string(body))
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, m)
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
 }
+
+var (
+	createIndexRE = regexp.MustCompile(`(?is)^CREATE\s+(UNIQUE\s+)?INDEX\b`)
+	// The name is captured as written so that to_regclass and DROP INDEX
+	// resolve it exactly as the CREATE does (search_path, quoting).
+	concurrentIndexRE = regexp.MustCompile(`(?is)^CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+("(?:[^"]|"")+"|[\w.$]+)\s+ON\b`)
+	concurrentlyRE    = regexp.MustCompile(`(?i)\bCONCURRENTLY\b`)
+)
+
+func parseMigration(version int, name, sql string) (Migration, error) {
+	m := Migration{Version: version, Name: name, SQL: sql}
+	for _, line := range strings.Split(sql, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if !strings.HasPrefix(line, "--") {
+			break // markers count only before the first statement
+		}
+		switch {
+		case line == MarkerNoTransaction:
+			m.NoTransaction = true
+		case line == MarkerAdditive:
+			m.Additive = true
+		case strings.HasPrefix(line, "-- keel:"):
+			return m, fmt.Errorf("keel: migration %s: unknown marker %q", name, line)
+		}
+	}
+	stmts, err := splitStatements(sql)
+	if err != nil {
+		return m, fmt.Errorf("keel: migration %s: %w", name, err)
+	}
+	for _, s := range stmts {
+		switch {
+		case !m.NoTransaction && concurrentlyRE.MatchString(s):
+			return m, fmt.Errorf("keel: migration %s: CONCURRENTLY needs %q", name, MarkerNoTransaction)
+		case m.NoTransaction && createIndexRE.MatchString(s) && !concurrentIndexRE.MatchString(s):
+			return m, fmt.Errorf("keel: migration %s: outside a transaction, an index must be built with CREATE INDEX CONCURRENTLY IF NOT EXISTS name: %.60q", name, s)
+		}
+	}
+	return m, nil
+}
+
+// splitStatements cuts SQL into statements at semicolons outside quotes and
+// comments, dropping comments. Outside a transaction each statement must be
+// sent alone: several in one message run as one implicit transaction, where
+// CREATE INDEX CONCURRENTLY is refused.
+func splitStatements(sql string) ([]string, error) {
+	var stmts []string
+	var cur strings.Builder
+	flush := func() {
+		if s := strings.TrimSpace(cur.String()); s != "" {
+			stmts = append(stmts, s)
+		}
+		cur.Reset()
+	}
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		switch {
+		case c == '-' && strings.HasPrefix(sql[i:], "--"):
+			end := strings.IndexByte(sql[i:], '\n')
+			if end < 0 {
+				end = len(sql) - i
+			}
+			cur.WriteByte(' ')
+			i += end
+		case c == '/' && strings.HasPrefix(sql[i:], "/*"):
+			end := strings.Index(sql[i+2:], "*/")
+			if end < 0 {
+				return nil, fmt.Errorf("unterminated comment")
+			}
+			cur.WriteByte(' ')
+			i += end + 4
+		case c == '\'' || c == '"':
+			end := i + 1
+			for {
+				j := strings.IndexByte(sql[end:], c)
+				if j < 0 {
+					return nil, fmt.Errorf("unterminated quote")
+				}
+				end += j + 1
+				if end < len(sql) && sql[end] == c { // doubled: an escaped quote
+					end++
+					continue
+				}
+				break
+			}
+			cur.WriteString(sql[i:end])
+			i = end
+		case c == '$':
+			tag := dollarTagRE.FindString(sql[i:])
+			if tag == "" {
+				cur.WriteByte(c)
+				i++
+				continue
+			}
+			j := strings.Index(sql[i+len(tag):], tag)
+			if j < 0 {
+				return nil, fmt.Errorf("unterminated %s quote", tag)
+			}
+			end := i + len(tag) + j + len(tag)
+			cur.WriteString(sql[i:end])
+			i = end
+		case c == ';':
+			flush()
+			i++
+		default:
+			cur.WriteByte(c)
+			i++
+		}
+	}
+	flush()
+	return stmts, nil
+}
+
+var dollarTagRE = regexp.MustCompile(`^\$([A-Za-z_][A-Za-z0-9_]*)?\$`)
 
 // SchemaVersion is the newest ledger schema this build knows.
 func SchemaVersion() int {
@@ -57,7 +203,8 @@ func SchemaVersion() int {
 	return ms[len(ms)-1].Version
 }
 
-// ErrSchemaTooNew means the database was migrated by a newer keel.
+// ErrSchemaTooNew means the database was migrated by a newer keel with a
+// change that is not additive, so this binary must not use it.
 var ErrSchemaTooNew = fmt.Errorf("keel: ledger schema is newer than this binary")
 
 // MigrateResult says what Migrate did.
@@ -66,84 +213,272 @@ type MigrateResult struct {
 	Applied  []string
 }
 
+// migrationLock is the advisory lock that serialises migrations. Any constant
+// works as long as every keel uses the same one; older keels take it as a
+// transaction lock, which conflicts with the session lock taken here.
+const migrationLock int64 = 7365434901
+
 // Migrate brings the ledger schema up to date. It is safe to run from many
 // processes at once (an advisory lock serialises them) and a no-op when the
-// schema is current. A schema newer than this binary is refused with
-// ErrSchemaTooNew, because an old binary could corrupt rows it does not
-// understand.
+// schema is current.
+//
+// Each migration runs in its own transaction and is recorded in it, except
+// those marked MarkerNoTransaction: they run statement by statement so that
+// indexes are built with CREATE INDEX CONCURRENTLY without blocking writers,
+// and are recorded only after every statement succeeded.
+//
+// The compatibility rule, shared with CheckSchema: a binary may use a
+// database that has migrations it does not know only if every one of them is
+// additive (MarkerAdditive, recorded in keel_schema_migrations). Otherwise
+// Migrate refuses with ErrSchemaTooNew, because an old binary could corrupt
+// rows it does not understand; when they are all additive it applies only
+// what it knows and is missing, usually nothing.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
 	ms, err := Migrations()
 	if err != nil {
 		return MigrateResult{}, err
 	}
-	var res MigrateResult
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		// Any constant works as long as every keel uses the same one.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7365434901)`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS keel_schema_migrations (
-			version    integer PRIMARY KEY,
-			name       text NOT NULL,
-			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT version FROM keel_schema_migrations`)
-		if err != nil {
-			return err
-		}
-		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		if err != nil {
-			return err
-		}
-		applied := map[int]bool{}
-		current := 0
-		for _, v := range versions {
-			applied[int(v)] = true
-			current = max(current, int(v))
-		}
-		res.From, res.To = current, current
-		known := ms[len(ms)-1].Version
-		if current > known {
-			return fmt.Errorf("%w: database is at version %d, this keel knows up to %d; upgrade keel", ErrSchemaTooNew, current, known)
-		}
-		// Applied by set, not by high-water mark: a migration merged after a
-		// higher-numbered one still runs.
-		for _, m := range ms {
-			if applied[m.Version] {
-				continue
-			}
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("keel: migration %s: %w", m.Name, err)
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-				return err
-			}
-			res.Applied = append(res.Applied, m.Name)
-			res.To = max(res.To, m.Version)
-		}
-		return nil
-	})
-	return res, err
+	return migrate(ctx, pool, ms)
 }
 
-// CheckSchema returns an error unless the ledger is exactly at the version this
-// binary knows: workers refuse to start on a stale or newer schema.
+func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res MigrateResult, err error) {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return res, interpretError(err)
+	}
+	conn := pc.Conn()
+	if err := lockMigrations(ctx, conn); err != nil {
+		pc.Release()
+		return res, err
+	}
+	defer func() {
+		// The lock belongs to the session: a connection that cannot say it
+		// unlocked is closed rather than returned to the pool holding it.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, uerr := conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, migrationLock); uerr != nil {
+			_ = pc.Hijack().Close(uctx)
+			return
+		}
+		pc.Release()
+	}()
+
+	if _, err := conn.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS keel_schema_migrations (
+			version    integer PRIMARY KEY,
+			name       text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now());
+		ALTER TABLE keel_schema_migrations ADD COLUMN IF NOT EXISTS additive boolean NOT NULL DEFAULT false`); err != nil {
+		return res, interpretError(err)
+	}
+	applied, err := appliedMigrations(ctx, conn)
+	if err != nil {
+		return res, err
+	}
+	for v := range applied {
+		res.From = max(res.From, v)
+	}
+	res.To = res.From
+	if err := tooNew(applied, ms); err != nil {
+		return res, err
+	}
+	// Record what this binary knows about migrations an older keel applied,
+	// so that binaries without their files can read it.
+	var versions []int32
+	var additive []bool
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; ok {
+			versions = append(versions, int32(m.Version))
+			additive = append(additive, m.Additive)
+		}
+	}
+	if _, err := conn.Exec(ctx, `UPDATE keel_schema_migrations s SET additive = f.additive
+		FROM unnest($1::integer[], $2::boolean[]) AS f(version, additive)
+		WHERE s.version = f.version AND s.additive <> f.additive`, versions, additive); err != nil {
+		return res, interpretError(err)
+	}
+
+	// Applied by set, not by high-water mark: a migration merged after a
+	// higher-numbered one still runs.
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; ok {
+			continue
+		}
+		if m.NoTransaction {
+			err = applyNoTransaction(ctx, conn, m)
+		} else {
+			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, m.SQL); err != nil {
+					return err
+				}
+				return record(ctx, tx, m)
+			})
+		}
+		if err != nil {
+			return res, fmt.Errorf("keel: migration %s: %w", m.Name, err)
+		}
+		res.Applied = append(res.Applied, m.Name)
+		res.To = max(res.To, m.Version)
+	}
+	return res, nil
+}
+
+// lockMigrations takes the migration lock for conn's session. It polls
+// instead of waiting in pg_advisory_lock: a waiting statement holds a
+// snapshot, and CREATE INDEX CONCURRENTLY in the process holding the lock
+// waits for every older snapshot to end, which would deadlock the two.
+func lockMigrations(ctx context.Context, conn *pgx.Conn) error {
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		var ok bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, migrationLock).Scan(&ok); err != nil {
+			return interpretError(err)
+		}
+		if ok {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func applyNoTransaction(ctx context.Context, conn *pgx.Conn, m Migration) error {
+	stmts, err := splitStatements(m.SQL)
+	if err != nil {
+		return err
+	}
+	for _, s := range stmts {
+		index := ""
+		if sub := concurrentIndexRE.FindStringSubmatch(s); sub != nil {
+			index = sub[1]
+		}
+		if index != "" {
+			// A failed or interrupted concurrent build leaves an INVALID
+			// index that IF NOT EXISTS would keep for good.
+			valid, exists, err := indexValid(ctx, conn, index)
+			if err != nil {
+				return err
+			}
+			if exists && !valid {
+				if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+index); err != nil {
+					return fmt.Errorf("drop invalid index %s: %w", index, err)
+				}
+			}
+		}
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return err
+		}
+		if index != "" {
+			if valid, exists, err := indexValid(ctx, conn, index); err != nil {
+				return err
+			} else if !exists || !valid {
+				return fmt.Errorf("index %s is not valid after it was built", index)
+			}
+		}
+	}
+	return record(ctx, conn, m)
+}
+
+func indexValid(ctx context.Context, conn *pgx.Conn, index string) (valid, exists bool, err error) {
+	err = conn.QueryRow(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)`, index).Scan(&valid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, false, nil
+	}
+	return valid, err == nil, err
+}
+
+type execer interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}
+
+func record(ctx context.Context, db execer, m Migration) error {
+	_, err := db.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name, additive) VALUES ($1, $2, $3)`, m.Version, m.Name, m.Additive)
+	return err
+}
+
+// appliedMigrations maps each recorded version to its additive flag. A
+// database only older keels migrated has no additive column: nothing in it
+// counts as additive.
+func appliedMigrations(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (map[int]bool, error) {
+	rows, err := db.Query(ctx, `SELECT version, coalesce((to_jsonb(m) ->> 'additive')::boolean, false)
+		FROM keel_schema_migrations m`)
+	if err != nil {
+		return nil, err
+	}
+	applied := map[int]bool{}
+	var v int32
+	var additive bool
+	_, err = pgx.ForEachRow(rows, []any{&v, &additive}, func() error {
+		applied[int(v)] = additive
+		return nil
+	})
+	return applied, err
+}
+
+// tooNew returns ErrSchemaTooNew if the database has a migration the binary
+// that knows ms does not, and it is not additive.
+func tooNew(applied map[int]bool, ms []Migration) error {
+	known := map[int]bool{}
+	newest := 0
+	for _, m := range ms {
+		known[m.Version] = true
+		newest = max(newest, m.Version)
+	}
+	var blocking []int
+	current := 0
+	for v, additive := range applied {
+		current = max(current, v)
+		if !known[v] && !additive {
+			blocking = append(blocking, v)
+		}
+	}
+	if len(blocking) == 0 {
+		return nil
+	}
+	sort.Ints(blocking)
+	return fmt.Errorf("%w: database is at version %d, this keel knows up to %d and migration %v is not additive; upgrade keel",
+		ErrSchemaTooNew, current, newest, blocking)
+}
+
+// CheckSchema returns an error unless this binary may use the ledger: workers
+// refuse to start on a schema they cannot use. The rule:
+//
+//   - every migration this binary knows must be applied, else it says to run
+//     `keel migrate`;
+//   - migrations the binary does not know (a newer keel applied them) are
+//     accepted if each is additive, so that during a rolling deploy the old
+//     workers keep starting after the new binary migrated; one that is not
+//     additive fails with ErrSchemaTooNew.
 func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	var current, count int
-	err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0), count(*) FROM keel_schema_migrations`).Scan(&current, &count)
+	return checkSchema(ctx, pool, mustMigrations())
+}
+
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, ms []Migration) error {
+	applied, err := appliedMigrations(ctx, pool)
 	if err != nil {
 		if isUndefinedTable(err) {
 			return fmt.Errorf("keel: the ledger has no schema yet: run `keel migrate`")
 		}
 		return interpretError(err)
 	}
-	known := SchemaVersion()
-	switch {
-	case current > known:
-		return fmt.Errorf("%w: database is at version %d, this keel knows up to %d; upgrade keel", ErrSchemaTooNew, current, known)
-	case current < known || count < len(mustMigrations()):
-		return fmt.Errorf("keel: ledger schema is at version %d, this keel needs %d: run `keel migrate`", current, known)
+	if err := tooNew(applied, ms); err != nil {
+		return err
+	}
+	current := 0
+	for v := range applied {
+		current = max(current, v)
+	}
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; !ok {
+			return fmt.Errorf("keel: ledger schema is at version %d without %s, this keel needs %d: run `keel migrate`",
+				current, m.Name, ms[len(ms)-1].Version)
+		}
 	}
 	return nil
 }

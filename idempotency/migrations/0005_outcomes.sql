@@ -1,3 +1,4 @@
+-- keel:additive
 -- What the guard needs to retire every job: runs that ended without an
 -- outcome (a crash), the last worker that held it, the time it spent waiting
 -- (rate limits, busy leases) and that time's ceiling. All additive: a worker

@@ -1,0 +1,301 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+)
+
+// migratePool is a second pool on the test schema whose sessions carry their
+// own application_name, so that the test can watch them in pg_stat_activity
+// apart from every other test run sharing the database.
+func migratePool(t *testing.T, base *pgxpool.Pool, name string) (*pgxpool.Pool, string) {
+	t.Helper()
+	cfg := base.Config().Copy()
+	app := fmt.Sprintf("keel-test-%s-%d", name, os.Getpid())
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, app
+}
+
+// waitForQuery waits until a session of app runs a statement mentioning
+// substr (waiting on a lock if waiting is set).
+func waitForQuery(t *testing.T, pool *pgxpool.Pool, app, substr string, waiting bool, sessions int) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND strpos(query, $2) > 0 AND (NOT $3 OR wait_event_type = 'Lock')`,
+			app, substr, waiting).Scan(&n))
+		return n >= sessions
+	}, "%d session(s) of %s running %q", sessions, app, substr)
+}
+
+func indexState(t *testing.T, pool *pgxpool.Pool, name string) (exists, valid bool) {
+	t.Helper()
+	err := pool.QueryRow(context.Background(),
+		`SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)`, name).Scan(&valid)
+	if err == pgx.ErrNoRows {
+		return false, false
+	}
+	require.NoError(t, err)
+	return true, valid
+}
+
+func recorded(t *testing.T, pool *pgxpool.Pool) map[int]bool {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT version, additive FROM keel_schema_migrations`)
+	require.NoError(t, err)
+	got := map[int]bool{}
+	var v int32
+	var additive bool
+	_, err = pgx.ForEachRow(rows, []any{&v, &additive}, func() error { got[int(v)] = additive; return nil })
+	require.NoError(t, err)
+	return got
+}
+
+func TestMigrateRacingOnAnEmptySchemaIsSerialisedAndIdempotent(t *testing.T) {
+	setup(t) // the package's locks: its schema and Redis DB are not touched here
+	ctx := context.Background()
+	cfg, err := testenv.PoolConfig(ctx, schema+"_migrate")
+	require.NoError(t, err)
+	base, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(base.Close)
+	a, app := migratePool(t, base, "race")
+	b, _ := migratePool(t, base, "race")
+
+	// Hold the migration lock so that both calls are waiting for it when it
+	// is released: the loser waits while the winner builds indexes
+	// concurrently, which must neither fail nor deadlock.
+	holder, err := base.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(7365434901)`)
+	require.NoError(t, err)
+
+	ms, err := idempotency.Migrations()
+	require.NoError(t, err)
+	results := make([]idempotency.MigrateResult, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, p := range []*pgxpool.Pool{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = idempotency.Migrate(ctx, p)
+		}()
+	}
+	waitForQuery(t, base, app, "advisory", false, 2)
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock(7365434901)`)
+	require.NoError(t, err)
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	applied := len(results[0].Applied) + len(results[1].Applied)
+	require.Equal(t, len(ms), applied, "one call applies everything, the other nothing: %v", results)
+	require.True(t, len(results[0].Applied) == 0 || len(results[1].Applied) == 0, "%v", results)
+
+	res, err := idempotency.Migrate(ctx, a)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied)
+	require.Equal(t, idempotency.SchemaVersion(), res.To)
+	require.NoError(t, idempotency.CheckSchema(ctx, a))
+
+	var invalid int
+	require.NoError(t, base.QueryRow(ctx, `SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE c.relnamespace = $1::regnamespace AND NOT i.indisvalid`, schema+"_migrate").Scan(&invalid))
+	require.Zero(t, invalid)
+	want := map[int]bool{}
+	for _, m := range ms {
+		want[m.Version] = m.Additive
+	}
+	require.Equal(t, want, recorded(t, base))
+}
+
+// unapplyNewest takes the database back to before migration 0006.
+func unapplyNewest(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `DROP INDEX keel_jobs_running_lease;
+		DELETE FROM keel_schema_migrations WHERE version = 6`)
+	require.NoError(t, err)
+}
+
+// holdWriter opens a transaction that wrote to keel_jobs and keeps it open:
+// a concurrent index build must wait for it to end.
+func holdWriter(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry)
+		VALUES ('held', 'test:migrate', 'held', 'default', '\x', 0)`)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `UPDATE keel_jobs SET attempts = attempts + 1 WHERE id = 'held'`)
+	require.NoError(t, err)
+	return tx
+}
+
+func TestMigrateDoesNotBlockWritersWhileItBuildsAnIndex(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	unapplyNewest(t, b.pool)
+	held := holdWriter(t, b.pool)
+
+	mp, app := migratePool(t, b.pool, "build")
+	done := make(chan error, 1)
+	go func() {
+		_, err := idempotency.Migrate(ctx, mp)
+		done <- err
+	}()
+	waitForQuery(t, b.pool, app, "keel_jobs_running_lease", true, 1)
+
+	// The build waits for the held writer; new writers must not queue behind
+	// it, as they would behind a plain CREATE INDEX's share lock.
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '3s'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry)
+			VALUES ('writer', 'test:migrate', 'writer', 'default', '\x', 0)`)
+		return err
+	})
+	require.NoError(t, err, "a writer was blocked by the index build")
+
+	require.NoError(t, held.Commit(ctx))
+	require.NoError(t, <-done)
+	exists, valid := indexState(t, b.pool, "keel_jobs_running_lease")
+	require.True(t, exists && valid)
+	require.Contains(t, recorded(t, b.pool), 6)
+	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+}
+
+func TestMigrateRebuildsAnIndexAnInterruptedBuildLeftInvalid(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	unapplyNewest(t, b.pool)
+	held := holdWriter(t, b.pool)
+
+	mp, app := migratePool(t, b.pool, "interrupt")
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := idempotency.Migrate(mctx, mp)
+		done <- err
+	}()
+	waitForQuery(t, b.pool, app, "keel_jobs_running_lease", true, 1)
+	exists, valid := indexState(t, b.pool, "keel_jobs_running_lease")
+	require.True(t, exists && !valid, "a concurrent build in progress shows as an invalid index")
+	cancel() // the deploy's migrate is killed mid-build
+	require.Error(t, <-done)
+
+	exists, valid = indexState(t, b.pool, "keel_jobs_running_lease")
+	require.True(t, exists && !valid, "the interrupted build left an invalid index")
+	require.NotContains(t, recorded(t, b.pool), 6, "recorded only once it succeeded")
+	require.ErrorContains(t, idempotency.CheckSchema(ctx, b.pool), "run `keel migrate`")
+
+	require.NoError(t, held.Commit(ctx))
+	res, err := idempotency.Migrate(ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0006_running_lease"}, res.Applied)
+	exists, valid = indexState(t, b.pool, "keel_jobs_running_lease")
+	require.True(t, exists && valid, "the next migrate rebuilt the index")
+	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+}
+
+// An old binary is simulated by the migration list minus the newest ones.
+func oldBinary(t *testing.T, newest int) []idempotency.Migration {
+	t.Helper()
+	ms, err := idempotency.Migrations()
+	require.NoError(t, err)
+	require.Equal(t, 6, ms[len(ms)-1].Version, "the tests below assume 0006 is the newest")
+	return ms[:len(ms)-newest]
+}
+
+func TestSchemaOlderBinaryStartsWhenNewerMigrationsAreAdditive(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	all := oldBinary(t, 0)
+	before := recorded(t, b.pool)
+	for _, older := range []int{1, 2} { // one and two versions behind: 0006, 0005 are additive
+		old := oldBinary(t, older)
+		require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, old), "%d behind", older)
+		res, err := idempotency.MigrateWith(ctx, b.pool, old)
+		require.NoError(t, err, "migrate from an old binary is a no-op")
+		require.Empty(t, res.Applied)
+		require.Equal(t, 6, res.To)
+	}
+	require.Equal(t, before, recorded(t, b.pool))
+	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, all))
+
+	// A newer keel's additive 0007 does not stop this binary either.
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name, additive) VALUES (7, '0007_future', true)`)
+	require.NoError(t, err)
+	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+	_, err = idempotency.Migrate(ctx, b.pool)
+	require.NoError(t, err)
+}
+
+func TestSchemaOlderBinaryRefusesANewerMigrationThatIsNotAdditive(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	old := oldBinary(t, 1)
+	_, err := b.pool.Exec(ctx, `UPDATE keel_schema_migrations SET additive = false WHERE version = 6`)
+	require.NoError(t, err)
+	require.ErrorIs(t, idempotency.CheckSchemaWith(ctx, b.pool, old), idempotency.ErrSchemaTooNew)
+	_, err = idempotency.MigrateWith(ctx, b.pool, old)
+	require.ErrorIs(t, err, idempotency.ErrSchemaTooNew)
+	// The binary that knows 0006 may use it.
+	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+
+	_, err = b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name) VALUES (7, '0007_future')`)
+	require.NoError(t, err)
+	err = idempotency.CheckSchema(ctx, b.pool)
+	require.ErrorIs(t, err, idempotency.ErrSchemaTooNew)
+	require.ErrorContains(t, err, "[7]")
+}
+
+func TestSchemaBehindTheBinaryMustBeMigrated(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	unapplyNewest(t, b.pool)
+	err := idempotency.CheckSchema(ctx, b.pool)
+	require.ErrorContains(t, err, "run `keel migrate`")
+	require.NotErrorIs(t, err, idempotency.ErrSchemaTooNew)
+	// The old binary that stops at 0005 is content.
+	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, oldBinary(t, 1)))
+}
+
+func TestMigrateRecordsAdditiveFlagsInADatabaseAnOlderKeelMigrated(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	// Keels before the compatibility rule recorded no flags.
+	_, err := b.pool.Exec(ctx, `ALTER TABLE keel_schema_migrations DROP COLUMN additive`)
+	require.NoError(t, err)
+	old := oldBinary(t, 1)
+	require.ErrorIs(t, idempotency.CheckSchemaWith(ctx, b.pool, old), idempotency.ErrSchemaTooNew,
+		"without flags nothing counts as additive")
+	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+
+	res, err := idempotency.Migrate(ctx, b.pool)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied)
+	got := recorded(t, b.pool)
+	require.True(t, got[5] && got[6])
+	require.False(t, got[1])
+	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, old))
+}
