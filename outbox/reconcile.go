@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,22 +20,39 @@ import (
 
 // Defaults of ReconcilerConfig.
 const (
-	DefaultReconcileInterval = time.Minute
-	DefaultGrace             = 2 * time.Minute
-	DefaultReconcileBatch    = 500
-	DefaultRetention         = 30 * 24 * time.Hour
-	DefaultPruneBatch        = 1000
+	// DefaultReconcileInterval: with DefaultGrace, a job Redis lost is
+	// published again 10–15s after the loss (plus the pass itself, well
+	// under a second per 10,000 open jobs), inside keel's 30s promise. A
+	// pass reads the open rows in pages without payloads and looks them up
+	// in Redis in one pipeline per page, so a short interval is cheap.
+	DefaultReconcileInterval = 5 * time.Second
+	// DefaultGrace covers the time between a ledger write and the Redis
+	// write that follows it (the relay's claim and its publish, a recorded
+	// failure and asynq's retry entry): milliseconds, with room for a
+	// stalled process or a slow Redis. Both ends of the comparison are
+	// Postgres's clock, so skew between hosts does not shorten it.
+	DefaultGrace          = 10 * time.Second
+	DefaultReconcileBatch = 1000
+	DefaultRetention      = 30 * 24 * time.Hour
+	DefaultPruneBatch     = 1000
+	// DefaultPruneInterval: pruning is not urgent, and its delete need
+	// not run at the reconcile pass's pace.
+	DefaultPruneInterval = time.Minute
 )
 
 // ReconcilerConfig configures a Reconciler.
 type ReconcilerConfig struct {
-	// Interval between passes. Default 1m.
+	// Interval between passes over the open jobs. Default 5s.
 	Interval time.Duration
 	// Grace is how long a job must have been left alone before its absence
 	// from Redis counts as lost; it covers jobs in flight between the two
-	// stores. Default 2m.
+	// stores. Default 10s.
 	Grace time.Duration
-	// BatchSize is how many ledger rows one query reads. Default 500.
+	// RescueInterval is how often Rescue looks for running jobs whose
+	// worker is gone. Default 1s; negative disables rescuing (asynq's own
+	// recovery then redelivers them after a minute or two).
+	RescueInterval time.Duration
+	// BatchSize is how many ledger rows one query reads. Default 1000.
 	BatchSize int
 	// Retention is how long succeeded and discarded jobs are kept. It is
 	// also the dedupe window of a business key: after it, the same key makes
@@ -42,6 +61,8 @@ type ReconcilerConfig struct {
 	Retention time.Duration
 	// PruneBatch is how many rows one delete removes. Default 1000.
 	PruneBatch int
+	// PruneInterval is the time between prunes. Default 1m.
+	PruneInterval time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -53,6 +74,9 @@ func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
 	if c.Grace <= 0 {
 		c.Grace = DefaultGrace
 	}
+	if c.RescueInterval == 0 {
+		c.RescueInterval = DefaultRescueInterval
+	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = DefaultReconcileBatch
 	}
@@ -61,6 +85,9 @@ func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
 	}
 	if c.PruneBatch <= 0 {
 		c.PruneBatch = DefaultPruneBatch
+	}
+	if c.PruneInterval <= 0 {
+		c.PruneInterval = DefaultPruneInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -71,26 +98,25 @@ func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
 // Reconciler makes Redis agree with the ledger again when they drift: jobs
 // the ledger says should run but Redis no longer holds (a restart without
 // persistence, FLUSHALL, a failover that lost writes) are published again;
-// leases of workers that are gone are released; finished jobs past their
-// retention are pruned. It never touches succeeded, discarded or dead jobs'
-// state, and publishes with the ledger id, so a job Redis still holds is
-// never doubled. Any number can run: a pass takes an advisory lock and
-// others skip it.
+// jobs of workers that are gone are handed back to Redis at once (Rescue);
+// finished jobs past their retention are pruned. It never touches
+// succeeded, discarded or dead jobs' state, and publishes with the ledger
+// id, so a job Redis still holds is never doubled. Any number can run: a
+// pass takes an advisory lock and others skip it; rescues are idempotent.
 type Reconciler struct {
 	pool  *pgxpool.Pool
 	store *idempotency.Store
-	insp  *asynq.Inspector
 	pub   *asynq.Client
 	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
-	repaired, released, pruned atomic.Uint64
+	repaired, rescued, pruned atomic.Uint64
 }
 
 // NewReconciler returns a reconciler; Run it, then Close it.
 func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
-	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), insp: asynq.NewInspector(redisOpt),
-		pub: asynq.NewClient(redisOpt), rdb: redisOpt.MakeRedisClient().(redis.UniversalClient), cfg: cfg.withDefaults()}
+	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), pub: asynq.NewClient(redisOpt),
+		rdb: redisOpt.MakeRedisClient().(redis.UniversalClient), cfg: cfg.withDefaults()}
 }
 
 // asynqQueuesKey is asynq's registry of queue names (asynq v0.26's
@@ -98,34 +124,60 @@ func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg Reconcil
 const asynqQueuesKey = "asynq:queues"
 
 // Close releases Redis connections.
-func (r *Reconciler) Close() error { return errors.Join(r.insp.Close(), r.pub.Close(), r.rdb.Close()) }
+func (r *Reconciler) Close() error { return errors.Join(r.pub.Close(), r.rdb.Close()) }
 
 // ReconcileStats counts what reconcilers did.
 type ReconcileStats struct {
-	Republished, LeasesReleased, Pruned uint64
+	// Republished: jobs Redis had lost, published again.
+	Republished uint64
+	// Rescued: jobs of workers that are gone, handed back to Redis.
+	Rescued uint64
+	// LeasesReleased is Rescued, under the name of the ledger-side release
+	// that Rescue replaced (metrics still export it).
+	LeasesReleased uint64
+	Pruned         uint64
 }
 
 // Stats returns this reconciler's counters.
 func (r *Reconciler) Stats() ReconcileStats {
-	return ReconcileStats{Republished: r.repaired.Load(), LeasesReleased: r.released.Load(), Pruned: r.pruned.Load()}
+	rescued := r.rescued.Load()
+	return ReconcileStats{Republished: r.repaired.Load(), Rescued: rescued, LeasesReleased: rescued, Pruned: r.pruned.Load()}
 }
 
-// Run reconciles and prunes every Interval until ctx ends.
+// Run rescues every RescueInterval, reconciles every Interval and prunes
+// every PruneInterval until ctx ends. Rescues run on their own, so a long
+// pass never delays them.
 func (r *Reconciler) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
+	var wg sync.WaitGroup
+	if r.cfg.RescueInterval > 0 {
+		wg.Go(func() { r.every(ctx, r.cfg.RescueInterval, "rescue", r.Rescue) })
+	}
+	var lastPrune time.Time
+	r.every(ctx, r.cfg.Interval, "pass", func(ctx context.Context) (int, error) {
+		n, err := r.Reconcile(ctx)
+		if r.cfg.Retention > 0 && time.Since(lastPrune) >= r.cfg.PruneInterval && ctx.Err() == nil {
+			lastPrune = time.Now()
+			if _, perr := r.Prune(ctx); perr != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("keel reconciler: prune failed", "err", perr)
+			}
+		}
+		return n, err
+	})
+	wg.Wait()
+	return nil
+}
+
+// every runs fn now and then every d until ctx ends.
+func (r *Reconciler) every(ctx context.Context, d time.Duration, what string, fn func(context.Context) (int, error)) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
-		if _, err := r.Reconcile(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("keel reconciler: pass failed", "err", err)
-		}
-		if r.cfg.Retention > 0 {
-			if _, err := r.Prune(ctx); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("keel reconciler: prune failed", "err", err)
-			}
+		if _, err := fn(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("keel reconciler: "+what+" failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
 		}
 	}
@@ -137,8 +189,31 @@ const (
 	reconcileUnlockSQL = `SELECT pg_advisory_unlock($1::int4, hashtext(current_schema()))`
 )
 
+// reconcileSQL pages through open, published jobs left alone for longer
+// than the grace, by keyset on keel_jobs_open. It reads no payload: most
+// jobs turn out to be in Redis. held: a live lease, so a worker runs it.
+const reconcileSQL = `SELECT id, queue, coalesce(lease_until > now(), false) FROM keel_jobs
+	WHERE status IN ('pending', 'running', 'failed') AND published_at IS NOT NULL
+	  AND greatest(updated_at, published_at) < now() - $1 * interval '1 millisecond' AND id > $2
+	ORDER BY id LIMIT $3`
+
+// ReconcileSQL and RescueSQL are the statements a pass and a rescue page
+// with, exported for plan inspection.
+func ReconcileSQL() string { return reconcileSQL }
+
+// RescueSQL: see ReconcileSQL.
+func RescueSQL() string { return rescueSQL }
+
+type openJob struct {
+	ID, Queue string
+	Held      bool
+}
+
 // Reconcile runs one full pass over the open jobs and returns how many it
-// published again. It returns 0 without work when another pass holds the lock.
+// published again. It returns 0 without work when another pass holds the
+// lock. A page costs one query and one Redis pipeline; payloads are read
+// only for the jobs it publishes again, so memory stays at one page however
+// many jobs are open.
 func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
@@ -153,110 +228,106 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), reconcileUnlockSQL, reconcileLock) //nolint:errcheck // dropped with the session anyway
 
-	released, err := r.releaseExpiredLeases(ctx)
-	if err != nil {
-		return 0, err
-	}
-	r.released.Add(uint64(released))
-
 	repaired := 0
 	cursor := ""
 	for {
-		// Keyset pagination over the partial index keeps each query cheap
-		// however large the ledger grows.
-		rows, err := r.pool.Query(ctx, `SELECT id FROM keel_jobs
-			WHERE status IN ('pending', 'running', 'failed') AND published_at IS NOT NULL
-			  AND updated_at < now() - $1 * interval '1 millisecond' AND id > $2
-			ORDER BY id LIMIT $3`, r.cfg.Grace.Milliseconds(), cursor, r.cfg.BatchSize)
+		rows, err := conn.Query(ctx, reconcileSQL, r.cfg.Grace.Milliseconds(), cursor, r.cfg.BatchSize)
 		if err != nil {
 			return repaired, err
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
+		page, err := pgx.CollectRows(rows, pgx.RowToStructByPos[openJob])
+		if err != nil || len(page) == 0 {
 			return repaired, err
 		}
-		if len(ids) == 0 {
-			break
-		}
-		cursor = ids[len(ids)-1]
-		jobs, err := r.store.GetMany(ctx, r.pool, ids)
-		if err != nil {
+		cursor = page[len(page)-1].ID
+		n, err := r.reconcilePage(ctx, page)
+		repaired += n
+		r.repaired.Add(uint64(n))
+		if err != nil || len(page) < r.cfg.BatchSize {
 			return repaired, err
-		}
-		for _, j := range jobs {
-			if j.Status == idempotency.StatusRunning && j.LeaseUntil != nil && j.LeaseUntil.After(time.Now()) {
-				continue // a live worker holds it
-			}
-			lost, err := r.missing(j)
-			if err != nil {
-				return repaired, err
-			}
-			if !lost {
-				continue
-			}
-			if j.Status == idempotency.StatusFailed {
-				j.RunAt = time.Now() // its retry time was in the lost Redis entry
-			}
-			created, err := r.store.PublishNew(ctx, r.pub, j)
-			if err != nil {
-				return repaired, err
-			}
-			if !created {
-				continue // Redis held it after all (asynq no longer lists its queue, say)
-			}
-			repaired++
-			r.cfg.Logger.Warn("keel reconciler: job missing from Redis, published again", "job_id", j.ID, "kind", j.Kind, "status", j.Status)
-		}
-		if len(ids) < r.cfg.BatchSize {
-			break
 		}
 	}
-	r.repaired.Add(uint64(repaired))
-	return repaired, nil
 }
 
-// missing reports whether Redis holds no live task for j. An archived task
-// of a job the ledger says should still run (its failure was never
-// recorded, or another deployment's worker refused it) is drift too: it is
-// removed so the job can be published again.
-func (r *Reconciler) missing(j idempotency.Job) (bool, error) {
-	info, err := r.insp.GetTaskInfo(j.Queue, j.ID)
-	switch {
-	case err == nil && info.State == asynq.TaskStateArchived:
-		if err := r.insp.DeleteTask(j.Queue, j.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			return false, fmt.Errorf("keel reconciler: remove archived copy of open job %s: %w", j.ID, err)
+func (r *Reconciler) reconcilePage(ctx context.Context, page []openJob) (int, error) {
+	ids, queues := make([]string, 0, len(page)), make([]string, 0, len(page))
+	for _, j := range page {
+		if !j.Held { // a live worker runs it; its Redis copy may be gone already
+			ids, queues = append(ids, j.ID), append(queues, j.Queue)
 		}
-		return true, nil
-	case err == nil:
-		return false, nil
-	case errors.Is(err, asynq.ErrQueueNotFound):
-		// asynq lists a queue in its registry only on a client's first
-		// enqueue, so after Redis lost everything long-lived clients refill
-		// queues nobody lists, and asynqmon, the inspector and the metrics
-		// cannot see them. Listing it again is what any first enqueue does.
-		if err := r.rdb.SAdd(context.Background(), asynqQueuesKey, j.Queue).Err(); err != nil {
-			return false, fmt.Errorf("keel reconciler: list queue %q: %w", j.Queue, err)
-		}
-		return true, nil
-	case errors.Is(err, asynq.ErrTaskNotFound):
-		return true, nil
 	}
-	return false, fmt.Errorf("keel reconciler: look up job %s in Redis: %w", j.ID, err)
+	states, err := taskStates(ctx, r.rdb, queues, ids)
+	if err != nil {
+		return 0, fmt.Errorf("keel reconciler: look up jobs in Redis: %w", err)
+	}
+	var lost []string
+	for i, st := range states {
+		switch st {
+		case "":
+			lost = append(lost, ids[i])
+		case asynqArchived:
+			// The job's failure was never recorded, or another deployment's
+			// worker refused it: drift too. The archived copy holds its id.
+			if _, err := deleteFinished(ctx, r.rdb, queues[i], asynqArchived, ids[i]); err != nil {
+				return 0, fmt.Errorf("keel reconciler: remove archived copy of open job %s: %w", ids[i], err)
+			}
+			lost = append(lost, ids[i])
+		}
+	}
+	return r.republish(ctx, lost, func(j idempotency.Job) bool {
+		switch j.Status {
+		case idempotency.StatusPending, idempotency.StatusFailed:
+			return true
+		case idempotency.StatusRunning:
+			return j.LeaseUntil == nil || j.LeaseUntil.Before(time.Now())
+		}
+		return false
+	}, "keel reconciler: job missing from Redis, published again")
 }
 
-// releaseExpiredLeases hands jobs whose worker is gone back to pending, so
-// the ledger no longer names a dead holder; the next delivery claims them.
-func (r *Reconciler) releaseExpiredLeases(ctx context.Context) (int, error) {
-	// Class "wait": not the job's own failure, and forgotten when it succeeds.
-	tag, err := r.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
-		last_error = coalesce(last_error || E'\n', '') || 'lease of ' || lease_holder || ' expired: worker gone',
-		error_class = 'wait',
-		updated_at = now()
-		WHERE status = 'running' AND lease_until < now() - $1 * interval '1 millisecond'`, r.cfg.Grace.Milliseconds())
+// republish publishes again those of jobs ids that keep accepts, reading
+// their rows (payloads) now. A job Redis holds after all (published by
+// someone else meanwhile) is a task id conflict and not counted.
+func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idempotency.Job) bool, msg string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	jobs, err := r.store.GetMany(ctx, r.pool, ids)
 	if err != nil {
 		return 0, err
 	}
-	return int(tag.RowsAffected()), nil
+	jobs = slices.DeleteFunc(jobs, func(j idempotency.Job) bool { return !keep(j) })
+	if len(jobs) == 0 {
+		return 0, nil
+	}
+	// asynq lists a queue in its registry only on a client's first enqueue,
+	// so after Redis lost everything long-lived clients refill queues nobody
+	// lists, and asynqmon, the inspector and the metrics cannot see them.
+	// Listing them again is what any first enqueue does.
+	var qs []any
+	for _, j := range jobs {
+		if !slices.Contains(qs, any(j.Queue)) {
+			qs = append(qs, j.Queue)
+		}
+	}
+	if err := r.rdb.SAdd(ctx, asynqQueuesKey, qs...).Err(); err != nil {
+		return 0, fmt.Errorf("keel reconciler: list queues %v: %w", qs, err)
+	}
+	n := 0
+	for _, j := range jobs {
+		if j.Status == idempotency.StatusFailed {
+			j.RunAt = time.Now() // its retry time was in the lost Redis entry
+		}
+		created, err := r.store.PublishNew(ctx, r.pub, j)
+		if err != nil {
+			return n, err
+		}
+		if created {
+			n++
+			r.cfg.Logger.Warn(msg, "job_id", j.ID, "kind", j.Kind, "status", j.Status)
+		}
+	}
+	return n, nil
 }
 
 // Prune deletes succeeded and discarded jobs (and their steps) finished

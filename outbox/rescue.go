@@ -1,0 +1,297 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// DefaultRescueInterval is how often a reconciler looks for jobs whose
+// worker died. A dead worker's ledger lease (idempotency.DefaultLease, 10s,
+// renewed every 2s) runs out 8–10s after its death; looking every second
+// puts the job back in Redis within about a second of that.
+const DefaultRescueInterval = time.Second
+
+// asynq v0.26's Redis layout (internal/base/base.go). Every key of one task
+// carries its queue's hash tag, so the scripts below touch one cluster slot.
+func asynqQueuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
+
+func asynqTaskKey(queue, id string) string { return asynqQueuePrefix(queue) + "t:" + id }
+
+// asynqWorkersKey is asynq's registry of live servers' worker hashes
+// (base.AllWorkers), scored by when each hash expires.
+const asynqWorkersKey = "asynq:workers"
+
+// asynq's task states (the "state" field of a task's hash).
+const (
+	asynqActive      = "active"
+	asynqPending     = "pending"
+	asynqScheduled   = "scheduled"
+	asynqRetry       = "retry"
+	asynqArchived    = "archived"
+	asynqCompleted   = "completed"
+	asynqAggregating = "aggregating"
+)
+
+// freshAsynqLease is how far ahead an asynq lease that was taken or extended
+// in the last few seconds still reaches. asynq leases a task for 30s at
+// dequeue and extends it by 30s every 5s from the worker's heartbeat, in
+// whole seconds. A task dequeued less than ~6s ago may not be in its
+// server's worker list yet; its lease still reaches at least 23s ahead. A
+// dead worker's lease stopped moving when it died, and its ledger lease ran
+// out 8s or more after that: at most 22s ahead.
+const freshAsynqLease = 23 * time.Second
+
+// requeueActiveScript moves a task a dead worker held back to the head of
+// its queue, as asynq's own requeue at shutdown does (requeueCmd), but only
+// if it is still active and its asynq lease is not fresh (see
+// freshAsynqLease). Returns 1 moved, 0 not active any more, -1 fresh lease.
+//
+// KEYS[1] asynq:{q}:active  KEYS[2] asynq:{q}:lease  KEYS[3] asynq:{q}:pending
+// KEYS[4] asynq:{q}:t:<id>  ARGV[1] id  ARGV[2] fresh-lease cutoff (unix s)
+// ARGV[3] now (unix ns)
+var requeueActiveScript = redis.NewScript(`
+if redis.call("HGET", KEYS[4], "state") ~= "active" then
+	return 0
+end
+local s = redis.call("ZSCORE", KEYS[2], ARGV[1])
+if s and tonumber(s) >= tonumber(ARGV[2]) then
+	return -1
+end
+if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+	return 0
+end
+redis.call("ZREM", KEYS[2], ARGV[1])
+redis.call("RPUSH", KEYS[3], ARGV[1])
+redis.call("HSET", KEYS[4], "state", "pending", "pending_since", ARGV[3])
+return 1`)
+
+// forwardNowScript moves one task from the scheduled or retry set to the
+// head of its queue, as asynq's forwarder does when its time has come.
+// Returns 1 moved, 0 not in that set (moved meanwhile).
+//
+// KEYS[1] asynq:{q}:scheduled or :retry  KEYS[2] asynq:{q}:pending
+// KEYS[3] asynq:{q}:t:<id>  ARGV[1] id  ARGV[2] now (unix ns)
+var forwardNowScript = redis.NewScript(`
+local group = redis.call("HGET", KEYS[3], "group")
+if group and group ~= "" then
+	return 0
+end
+if redis.call("ZREM", KEYS[1], ARGV[1]) == 0 then
+	return 0
+end
+redis.call("RPUSH", KEYS[2], ARGV[1])
+redis.call("HSET", KEYS[3], "state", "pending", "pending_since", ARGV[2])
+return 1`)
+
+// deleteFinishedScript deletes a task asynq keeps in its archived or
+// completed set, which reserves the task id; keel then publishes the job
+// again under the same id. Returns 1 deleted, 0 not in that set.
+//
+// KEYS[1] asynq:{q}:archived or :completed  KEYS[2] asynq:{q}:t:<id>
+// ARGV[1] id
+var deleteFinishedScript = redis.NewScript(`
+if redis.call("ZREM", KEYS[1], ARGV[1]) == 0 then
+	return 0
+end
+redis.call("DEL", KEYS[2])
+return 1`)
+
+// requeueActive runs requeueActiveScript for one task.
+func requeueActive(ctx context.Context, rdb redis.Scripter, queue, id string, now time.Time) (int64, error) {
+	p := asynqQueuePrefix(queue)
+	return requeueActiveScript.Run(ctx, rdb, []string{p + "active", p + "lease", p + "pending", asynqTaskKey(queue, id)},
+		id, now.Add(freshAsynqLease).Unix(), now.UnixNano()).Int64()
+}
+
+// forwardNow runs forwardNowScript for one task in set (scheduled or retry).
+func forwardNow(ctx context.Context, rdb redis.Scripter, queue, set, id string, now time.Time) (int64, error) {
+	p := asynqQueuePrefix(queue)
+	return forwardNowScript.Run(ctx, rdb, []string{p + set, p + "pending", asynqTaskKey(queue, id)}, id, now.UnixNano()).Int64()
+}
+
+// deleteFinished runs deleteFinishedScript for one task in set (archived
+// or completed).
+func deleteFinished(ctx context.Context, rdb redis.Scripter, queue, set, id string) (int64, error) {
+	p := asynqQueuePrefix(queue)
+	return deleteFinishedScript.Run(ctx, rdb, []string{p + set, asynqTaskKey(queue, id)}, id).Int64()
+}
+
+// taskStates reads asynq's state of each task in one pipeline (go-redis
+// splits it by slot on a cluster). A task Redis does not hold is "".
+func taskStates(ctx context.Context, rdb redis.UniversalClient, queues, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.StringCmd, len(ids))
+	pipe := rdb.Pipeline()
+	for i, id := range ids {
+		cmds[i] = pipe.HGet(ctx, asynqTaskKey(queues[i], id), "state")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	states := make([]string, len(ids))
+	for i, c := range cmds {
+		s, err := c.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		states[i] = s
+	}
+	return states, nil
+}
+
+// runningOnLiveServer reports which of ids a live asynq server lists among
+// the tasks it is running: its worker hash expires 10s after its last
+// heartbeat, so a killed server's list is gone within 10s.
+func runningOnLiveServer(ctx context.Context, rdb redis.UniversalClient, ids []string, now time.Time) (map[string]bool, error) {
+	live := map[string]bool{}
+	if len(ids) == 0 {
+		return live, nil
+	}
+	// Scores are whole seconds, rounded down: a hash expiring within the
+	// next second may carry the score of the second just gone.
+	keys, err := rdb.ZRangeByScore(ctx, asynqWorkersKey, &redis.ZRangeBy{Min: strconv.FormatInt(now.Unix()-1, 10), Max: "+inf"}).Result()
+	if err != nil || len(keys) == 0 {
+		return live, err
+	}
+	type probe struct {
+		id  string
+		cmd *redis.BoolCmd
+	}
+	probes := make([]probe, 0, len(keys)*len(ids))
+	pipe := rdb.Pipeline()
+	for _, k := range keys {
+		for _, id := range ids {
+			probes = append(probes, probe{id, pipe.HExists(ctx, k, id)})
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	for _, p := range probes {
+		if p.cmd.Val() {
+			live[p.id] = true
+		}
+	}
+	return live, nil
+}
+
+// rescueSQL finds jobs whose worker stopped renewing its lease: it died, or
+// lost the ledger. It runs every second in every worker, so it stays on
+// keel_jobs_running_lease (running rows only: a few per worker slot).
+const rescueSQL = `SELECT id, queue, coalesce(lease_holder, '') FROM keel_jobs
+	WHERE status = 'running' AND lease_until < now() AND id > $1
+	ORDER BY id LIMIT $2`
+
+// Rescue hands the jobs of workers that are gone back to Redis so that
+// another worker starts them now, instead of after asynq's own recovery
+// (a 30s task lease, a recoverer every minute and a retry delay). It finds
+// ledger rows still running under an expired lease and looks at asynq's
+// copy of each:
+//
+//   - active, and no live asynq server runs it: moved to the head of its
+//     queue (a server that still runs it — alive, only cut off from the
+//     ledger — keeps it);
+//   - waiting for a later retry or scheduled: moved to its queue now;
+//   - archived or completed: deleted, and the job published again;
+//   - missing: published again from the ledger;
+//   - pending: left alone, a worker takes it next.
+//
+// It never changes the ledger row: the worker that claims the job next
+// counts the crash against the job's budget. Every step is a conditional
+// atomic script or a publish under the job's id, so any number of
+// reconcilers may rescue at once. It returns how many jobs it handed back.
+func (r *Reconciler) Rescue(ctx context.Context) (int, error) {
+	rescued := 0
+	cursor := ""
+	for {
+		rows, err := r.pool.Query(ctx, rescueSQL, cursor, r.cfg.BatchSize)
+		if err != nil {
+			return rescued, err
+		}
+		cands, err := pgx.CollectRows(rows, pgx.RowToStructByPos[orphan])
+		if err != nil || len(cands) == 0 {
+			return rescued, err
+		}
+		cursor = cands[len(cands)-1].ID
+		n, err := r.rescueBatch(ctx, cands)
+		rescued += n
+		r.rescued.Add(uint64(n))
+		if err != nil || len(cands) < r.cfg.BatchSize {
+			return rescued, err
+		}
+	}
+}
+
+// orphan is a running job whose ledger lease ran out.
+type orphan struct {
+	ID, Queue, Holder string
+}
+
+func (r *Reconciler) rescueBatch(ctx context.Context, jobs []orphan) (int, error) {
+	ids, queues := make([]string, len(jobs)), make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i], queues[i] = j.ID, j.Queue
+	}
+	states, err := taskStates(ctx, r.rdb, queues, ids)
+	if err != nil {
+		return 0, fmt.Errorf("keel rescuer: read task states: %w", err)
+	}
+	var active []string
+	for i, st := range states {
+		if st == asynqActive {
+			active = append(active, ids[i])
+		}
+	}
+	now := time.Now()
+	live, err := runningOnLiveServer(ctx, r.rdb, active, now)
+	if err != nil {
+		return 0, fmt.Errorf("keel rescuer: read asynq's worker lists: %w", err)
+	}
+	rescued := 0
+	var republish []string
+	for i, j := range jobs {
+		var moved int64
+		var err error
+		switch st := states[i]; st {
+		case asynqActive:
+			if live[j.ID] {
+				continue // its server is alive: only the ledger lost touch with it
+			}
+			moved, err = requeueActive(ctx, r.rdb, j.Queue, j.ID, now)
+		case asynqRetry, asynqScheduled:
+			moved, err = forwardNow(ctx, r.rdb, j.Queue, st, j.ID, now)
+		case asynqArchived, asynqCompleted:
+			if moved, err = deleteFinished(ctx, r.rdb, j.Queue, st, j.ID); err == nil && moved == 1 {
+				republish = append(republish, j.ID)
+				continue
+			}
+		case "":
+			republish = append(republish, j.ID)
+			continue
+		default: // pending, aggregating: a worker takes it next
+			continue
+		}
+		if err != nil {
+			return rescued, fmt.Errorf("keel rescuer: hand back job %s (%s in asynq): %w", j.ID, states[i], err)
+		}
+		if moved == 1 {
+			rescued++
+			r.cfg.Logger.Info("keel rescuer: job of a gone worker handed back to its queue", "job_id", j.ID,
+				"queue", j.Queue, "holder", j.Holder, "asynq_state", states[i])
+		}
+	}
+	n, err := r.republish(ctx, republish, func(j idempotency.Job) bool {
+		return j.Status == idempotency.StatusRunning && j.LeaseUntil != nil && j.LeaseUntil.Before(time.Now())
+	}, "keel rescuer: job of a gone worker missing from Redis, published again")
+	return rescued + n, err
+}
