@@ -1,0 +1,134 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/server"
+)
+
+// countingOpt connects to the real Redis and counts round trips: each
+// single command and each pipeline is one.
+type countingOpt struct {
+	asynq.RedisClientOpt
+	trips *atomic.Int64
+}
+
+func (o countingOpt) MakeRedisClient() any {
+	c := o.RedisClientOpt.MakeRedisClient().(*redis.Client)
+	c.AddHook(tripHook{o.trips})
+	return c
+}
+
+type tripHook struct{ n *atomic.Int64 }
+
+func (h tripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h tripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+
+func (h tripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
+}
+
+// A pass finds the few jobs Redis lost among thousands it holds with a
+// Redis round trip per page, not per job.
+func TestReconcilePassFindsLostJobsAmongManyWithFewRoundTrips(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	const n, batch = 3000, 500
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, updated_at)
+		SELECT 'j' || lpad(g::text, 5, '0'), $1, 'key' || g, 'default', convert_to('{"id":"' || g || '"}', 'UTF8'), 3,
+		       (ARRAY['pending', 'failed'])[1 + g % 2]::text, now() - interval '1 hour', now() - interval '1 hour'
+		FROM generate_series(1, $2::int) g`, work.Name(), n)
+	require.NoError(t, err)
+	store := idempotency.NewStore(b.pool)
+	ac := asynq.NewClient(b.opt)
+	defer ac.Close()
+	var ids []string
+	for i := 1; i <= n; i++ {
+		ids = append(ids, fmt.Sprintf("j%05d", i))
+	}
+	all, err := store.GetMany(ctx, b.pool, ids)
+	require.NoError(t, err)
+	for _, j := range all {
+		j.RunAt = time.Now().Add(time.Hour) // kept in Redis, not run
+		require.NoError(t, store.PublishOnly(ctx, ac, j))
+	}
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	lost := []string{"j00007", "j01234", "j01500", "j02999", "j03000"}
+	for _, id := range lost {
+		require.NoError(t, insp.DeleteTask("default", id))
+	}
+	require.NoError(t, insp.ArchiveTask("default", "j00100"))
+
+	var trips atomic.Int64
+	r := outbox.NewReconciler(b.pool, countingOpt{b.opt, &trips}, outbox.ReconcilerConfig{BatchSize: batch})
+	defer r.Close()
+	trips.Store(0)
+	got, err := r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(lost)+1, got)
+	t.Logf("%d open jobs, %d lost: %d Redis round trips", n, len(lost)+1, trips.Load())
+	// A pipeline per page, and a few commands per job published again.
+	require.Less(t, trips.Load(), int64(n/batch+1+4*(len(lost)+1)), "Redis round trips per open job")
+	for _, id := range append(lost, "j00100") {
+		info, err := insp.GetTaskInfo("default", id)
+		require.NoError(t, err, id)
+		require.Contains(t, []asynq.TaskState{asynq.TaskStatePending, asynq.TaskStateScheduled}, info.State, id)
+	}
+	q, err := insp.GetQueueInfo("default")
+	require.NoError(t, err)
+	require.Equal(t, n, q.Size)
+	got, err = r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Zero(t, got)
+}
+
+// keel's default settings bring back every job a flushed Redis lost within
+// 30 seconds, each run once.
+func TestDefaultsHealAFlushedRedisWithin30s(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	const n = 2000
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, err := c.Enqueue(ctx, work.New(item{ID: fmt.Sprint("healed-", i)}))
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NOT NULL`))
+	b.redis.Stop()
+	b.redis.Start()
+	lostAt := time.Now()
+
+	var runs atomic.Int64
+	testenv.RunServer(t, server.Config{Redis: b.opt, Pool: b.pool}, b.effectMux(&runs))
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE status = 'succeeded'`) == n
+	}, "the jobs Redis lost never all ran")
+	took := time.Since(lostAt)
+	t.Logf("%d jobs lost by Redis, all run %.1fs later", n, took.Seconds())
+	require.Less(t, took, 30*time.Second)
+	require.Equal(t, n, b.count(t, `SELECT count(DISTINCT item) FROM effects`))
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM effects`))
+}
