@@ -103,6 +103,11 @@ func workerCmd(c *conn) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Every flag is checked before anything is connected to.
+			rules, err := lf.rules()
+			if err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			svc, err := c.openService(ctx)
 			if err != nil {
@@ -111,10 +116,6 @@ func workerCmd(c *conn) *cobra.Command {
 			defer svc.pool.Close()
 			redis, pool, log := svc.redis, svc.pool, svc.log
 			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
-			rules, err := lf.rules()
-			if err != nil {
-				return err
-			}
 			if len(rules) > 0 {
 				limits, err := flow.New(redis, flow.Config{Rules: rules, Logger: log})
 				if err != nil {
@@ -153,14 +154,18 @@ func workerCmd(c *conn) *cobra.Command {
 func relayCmd(c *conn) *cobra.Command {
 	var cfg outbox.RelayConfig
 	var rcfg outbox.ReconcilerConfig
+	var rf reconcileFlags
 	var noReconcile bool
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Publish committed ledger jobs to Redis (workers run one too; run this for a dedicated relay)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cfg.PollInterval < 0 || cfg.BatchSize < 0 || rcfg.Interval < 0 || rcfg.Grace < 0 {
-				return usageError{fmt.Errorf("--poll-interval, --batch-size, --reconcile-interval and --grace must not be negative")}
+			if cfg.PollInterval < 0 || cfg.BatchSize < 0 {
+				return usageError{fmt.Errorf("--poll-interval and --batch-size must not be negative")}
+			}
+			if err := rf.apply(&rcfg); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			svc, err := c.openService(ctx)
@@ -189,8 +194,10 @@ func relayCmd(c *conn) *cobra.Command {
 	cmd.Flags().DurationVar(&cfg.PollInterval, "poll-interval", outbox.DefaultPollInterval, "fallback poll interval")
 	cmd.Flags().IntVar(&cfg.BatchSize, "batch-size", outbox.DefaultBatchSize, "rows per publish pass")
 	cmd.Flags().BoolVar(&noReconcile, "no-reconciler", false, "publish only; do not reconcile with Redis or prune")
-	cmd.Flags().DurationVar(&rcfg.Interval, "reconcile-interval", outbox.DefaultReconcileInterval, "time between reconcile passes")
-	cmd.Flags().DurationVar(&rcfg.Grace, "grace", outbox.DefaultGrace, "how long a job may be absent from Redis before it counts as lost")
+	rf.bind(cmd)
+	// --grace is the name this flag had before the worker got it too.
+	cmd.Flags().DurationVar(&rf.grace, "grace", rf.grace, "")
+	_ = cmd.Flags().MarkDeprecated("grace", "use --reconcile-grace")
 	cmd.Flags().DurationVar(&rcfg.Retention, "retention", envDuration("KEEL_RETENTION", outbox.DefaultRetention),
 		"keep succeeded/discarded jobs this long; also the business-key dedupe window (env KEEL_RETENTION)")
 	return cmd

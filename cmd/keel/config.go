@@ -155,6 +155,33 @@ type workerFlags struct {
 	noRelay         bool
 	noReconciler    bool
 	retention       time.Duration
+	reconcile       reconcileFlags
+}
+
+// reconcileFlags are the reconciler's settings, the same on every
+// subcommand that runs one (worker, relay).
+type reconcileFlags struct {
+	interval, grace time.Duration
+}
+
+func (r *reconcileFlags) bind(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.DurationVar(&r.interval, "reconcile-interval", envDuration("KEEL_RECONCILE_INTERVAL", outbox.DefaultReconcileInterval),
+		"time between reconcile passes, which publish again jobs Redis lost (env KEEL_RECONCILE_INTERVAL)")
+	f.DurationVar(&r.grace, "reconcile-grace", envDuration("KEEL_RECONCILE_GRACE", outbox.DefaultGrace),
+		"how long an open job may be missing from Redis before it counts as lost (env KEEL_RECONCILE_GRACE)")
+}
+
+// apply checks the settings and writes them into c.
+func (r reconcileFlags) apply(c *outbox.ReconcilerConfig) error {
+	if r.interval <= 0 {
+		return usageError{fmt.Errorf("--reconcile-interval / KEEL_RECONCILE_INTERVAL must be a positive duration like 5s")}
+	}
+	if r.grace <= 0 {
+		return usageError{fmt.Errorf("--reconcile-grace / KEEL_RECONCILE_GRACE must be a positive duration like 10s")}
+	}
+	c.Interval, c.Grace = r.interval, r.grace
+	return nil
 }
 
 func (w *workerFlags) bind(cmd *cobra.Command) {
@@ -169,6 +196,7 @@ func (w *workerFlags) bind(cmd *cobra.Command) {
 		"do not run a reconciler/pruner inside the worker (env KEEL_NO_RECONCILER)")
 	f.DurationVar(&w.retention, "retention", envDuration("KEEL_RETENTION", outbox.DefaultRetention),
 		"keep succeeded/discarded jobs this long; also the business-key dedupe window (env KEEL_RETENTION)")
+	w.reconcile.bind(cmd)
 }
 
 func (w *workerFlags) config() (server.Config, error) {
@@ -185,9 +213,13 @@ func (w *workerFlags) config() (server.Config, error) {
 	if w.retention < 0 {
 		return server.Config{}, usageError{fmt.Errorf("--retention / KEEL_RETENTION must be a duration like 720h")}
 	}
+	rc := outbox.ReconcilerConfig{Retention: w.retention}
+	if err := w.reconcile.apply(&rc); err != nil {
+		return server.Config{}, err
+	}
 	return server.Config{Queues: qs, Concurrency: w.concurrency, ShutdownTimeout: w.shutdownTimeout,
 		StrictPriority: w.strict, DisableRelay: w.noRelay, DisableReconciler: w.noReconciler,
-		Reconciler: outbox.ReconcilerConfig{Retention: w.retention}}, nil
+		Reconciler: rc}, nil
 }
 
 // service is what a long-running subcommand connects to.
