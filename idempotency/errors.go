@@ -28,6 +28,10 @@ var (
 	// shut down) while a handler was still running; its outcome is left to
 	// the lease and the next delivery.
 	ErrGuardClosed = errors.New("keel: ledger guard closed")
+	// ErrRunGivenUp means keel gave this run of the job up (its handler
+	// outlived its timeout, or the worker shut down) and recorded its outcome;
+	// nothing the handler does from then on is committed.
+	ErrRunGivenUp = errors.New("keel: this run was given up (timed out or interrupted); its work cannot commit")
 	// ErrUnknownJob means a task arrived whose id has no ledger row.
 	ErrUnknownJob = errors.New("keel: task has no ledger row (enqueue through keel, not plain asynq)")
 )

@@ -34,6 +34,12 @@ const (
 	DefaultBatchLoops   = 1
 	completionMarkTries = 4
 	busyRecheck         = 5 * time.Second
+	// DefaultTimeoutGrace is how long a handler may run past its deadline
+	// before keel gives its attempt up as failed (class timeout).
+	DefaultTimeoutGrace = 5 * time.Second
+	// DefaultMaxWait is the ceiling on the total time a job may spend
+	// waiting (rate limits, Retry-After) before it dies as waited_too_long.
+	DefaultMaxWait = 24 * time.Hour
 )
 
 // GuardConfig configures the ledger middleware.
@@ -59,6 +65,17 @@ type GuardConfig struct {
 	// BatchSize bounds how many claims or completions share one statement.
 	// Default 128.
 	BatchSize int
+	// TimeoutGrace is how long a handler may outlive its deadline (the
+	// kind's timeout; asynq's 30 minutes when none) before the guard stops
+	// renewing its lease and records the attempt as failed with class
+	// timeout. Whatever the goroutine does later cannot commit: its InTx and
+	// Step are refused. Default 5s.
+	TimeoutGrace time.Duration
+	// MaxWait is the ceiling on the total time a job spends in waits
+	// (retry.Wait: rate limits, Retry-After) for jobs whose kind sets none
+	// (tasks.MaxWait). Past it the job dies with class waited_too_long.
+	// Default 24h.
+	MaxWait time.Duration
 }
 
 // DeadEvent describes a job that has just died.
@@ -90,6 +107,12 @@ func (c GuardConfig) withDefaults() GuardConfig {
 	if c.BatchSize <= 0 {
 		c.BatchSize = DefaultBatchSize
 	}
+	if c.TimeoutGrace <= 0 {
+		c.TimeoutGrace = DefaultTimeoutGrace
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = DefaultMaxWait
+	}
 	return c
 }
 
@@ -105,6 +128,13 @@ func defaultSummary(_ string, payload []byte) string {
 // GuardStats are counters since the guard started.
 type GuardStats struct {
 	Claimed, Succeeded, Failed, Dead, DuplicatesSkipped, LeaseBusy, LedgerErrors uint64
+	// Overran counts handlers that outlived their deadline and grace.
+	Overran uint64
+	// Interrupted counts runs cut short by shutdown (not counted as attempts).
+	Interrupted uint64
+	// Crashed counts jobs retired because their runs kept ending without
+	// an outcome (poison jobs).
+	Crashed uint64
 }
 
 // Guard is the ledger middleware: it claims each delivery's job with a lease
@@ -117,10 +147,14 @@ type Guard struct {
 	ledger *batcher[ledgerReq] // claims and completions, in shared rounds
 
 	mu      sync.Mutex
-	running map[string]int
+	running map[*jobContext]struct{}
+	// stopping is set when the worker begins to shut down: a handler whose
+	// context is cancelled from then on was interrupted, not failed.
+	stopping atomic.Bool
 
 	stats struct {
 		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs atomic.Uint64
+		overran, interrupted, crashed                               atomic.Uint64
 	}
 
 	stopRenew context.CancelFunc
@@ -131,7 +165,7 @@ type Guard struct {
 // NewGuard starts a guard on store. Close it after the server has stopped.
 func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	cfg = cfg.withDefaults()
-	g := &Guard{store: store, cfg: cfg, running: map[string]int{}, renewDone: make(chan struct{})}
+	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{})}
 	g.ledger = newBatcher(DefaultBatchLoops, cfg.BatchSize, g.runRound)
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopRenew = cancel
@@ -147,15 +181,39 @@ func (g *Guard) Stats() GuardStats {
 	return GuardStats{
 		Claimed: g.stats.claimed.Load(), Succeeded: g.stats.succeeded.Load(), Failed: g.stats.failed.Load(),
 		Dead: g.stats.dead.Load(), DuplicatesSkipped: g.stats.skipped.Load(), LeaseBusy: g.stats.busy.Load(),
-		LedgerErrors: g.stats.ledgerErrs.Load(),
+		LedgerErrors: g.stats.ledgerErrs.Load(), Overran: g.stats.overran.Load(),
+		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(),
 	}
 }
 
-// Close stops the guard's background loops.
+// BeginShutdown tells the guard the worker is stopping: from now on a run
+// whose context is cancelled was interrupted by the deploy, so it does not
+// count as an attempt and its lease is released at once. The server calls
+// it before it stops asynq.
+func (g *Guard) BeginShutdown() { g.stopping.Store(true) }
+
+// Close stops the guard's background loops. Runs still going (handlers that
+// ignored their cancelled context) are given up as interrupted: their
+// leases are released so that another worker starts them within seconds,
+// and nothing they do later can commit.
 func (g *Guard) Close() {
 	g.closeOnce.Do(func() {
+		g.stopping.Store(true)
 		g.stopRenew()
 		<-g.renewDone
+		g.mu.Lock()
+		left := make([]*jobContext, 0, len(g.running))
+		for jc := range g.running {
+			left = append(left, jc)
+		}
+		g.mu.Unlock()
+		for _, jc := range left {
+			if jc.state.CompareAndSwap(runLive, runInterrupted) {
+				g.untrack(jc)
+				jc.cancel(ErrGuardClosed)
+				g.release(context.Background(), jc)
+			}
+		}
 		g.ledger.close()
 	})
 }
@@ -168,12 +226,17 @@ const (
 	claimDead
 	claimBusy
 	claimMissing
+	// claimExhausted: the job is claimable but its budget is used up by
+	// runs that ended without an outcome; it must retire, not run.
+	claimExhausted
 )
 
 type claimResult struct {
 	outcome    claimOutcome
 	attempts   int
 	maxRetry   int
+	waited     time.Duration
+	maxWait    time.Duration
 	leaseUntil time.Time
 	status     Status
 	err        error
@@ -182,51 +245,60 @@ type claimResult struct {
 // ledgerReq is one claim or one completion waiting for the next round.
 type ledgerReq struct {
 	id       string
+	attempt  int // completions: the run's attempt number, so a stale run cannot complete
 	complete bool
 	claimOut chan claimResult // claims
 	doneOut  chan error       // completions
 }
 
 // roundSQL completes the jobs in $4 (only where this worker still holds the
-// lease) and claims the jobs in $3 (only where they are claimable), in one
-// statement and one commit. Claims skip rows another transaction has locked
+// lease for the run numbered in $5) and claims the jobs in $3 (only where they
+// are claimable and have budget left), in one statement and one commit. A
+// claim over a running row whose lease expired counts a crash: that run
+// ended without an outcome. Claims skip rows another transaction has locked
 // (a handler's InTx, a relay): those are reported busy and looked at again
 // later, so one long transaction cannot stall every other claim behind it.
 // A job never appears in both lists (runRound sees to it): a statement may
 // not update one row twice.
 const roundSQL = `WITH done AS (
-	UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL,
+	UPDATE keel_jobs j SET status = 'succeeded', lease_holder = NULL,
 		lease_until = NULL, finished_at = now(), updated_at = now(),
-		last_error = CASE WHEN error_class = 'wait' THEN NULL ELSE last_error END,
-		error_class = CASE WHEN error_class = 'wait' THEN NULL ELSE error_class END
-	WHERE id = ANY($4) AND status = 'running' AND lease_holder = $1
-	RETURNING id),
+		last_error = NULL, error_class = NULL
+	FROM unnest($4::text[], $5::int[]) AS d(id, attempt)
+	WHERE j.id = d.id AND j.attempts = d.attempt AND j.status = 'running' AND j.lease_holder = $1
+	RETURNING j.id),
 free AS (
-	SELECT id FROM keel_jobs WHERE id = ANY($3)
+	SELECT id, status FROM keel_jobs WHERE id = ANY($3)
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+	  AND attempts <= max_retry
 	FOR UPDATE SKIP LOCKED),
 c AS (
-	UPDATE keel_jobs j SET status = 'running', lease_holder = $1,
+	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
 		lease_until = now() + $2 * interval '1 millisecond',
 		attempts = j.attempts + 1, updated_at = now(),
+		crashes = j.crashes + CASE WHEN free.status = 'running' THEN 1 ELSE 0 END,
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
-	RETURNING j.id, j.attempts, j.max_retry)
-SELECT id, 0, 0 FROM done
+	RETURNING j.id, j.attempts, j.max_retry, j.waited_ms, j.max_wait_ms)
+SELECT id, 0, 0, 0::bigint, 0::bigint FROM done
 UNION ALL
-SELECT id, attempts, max_retry FROM c`
+SELECT id, attempts, max_retry, waited_ms, max_wait_ms FROM c`
 
 // unclaimedSQL reads why jobs could not be claimed (the rare path).
-const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()) FROM keel_jobs WHERE id = ANY($1)`
+const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()),
+	attempts > max_retry AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+	FROM keel_jobs WHERE id = ANY($1)`
 
 // runRound runs one round of waiting claims and completions: one statement
 // in the common case, a second one only for claims that did not succeed.
 func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	var claimIDs, doneIDs []string
+	var doneAttempts []int32
 	completing := map[string]bool{}
 	for _, r := range reqs {
 		if r.complete {
 			doneIDs = append(doneIDs, r.id)
+			doneAttempts = append(doneAttempts, int32(r.attempt))
 			completing[r.id] = true
 		}
 	}
@@ -244,22 +316,24 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 		claimIDs = []string{}
 	}
 	if doneIDs == nil {
-		doneIDs = []string{}
+		doneIDs, doneAttempts = []string{}, []int32{}
 	}
 	results := make(map[string]claimResult, len(claimIDs))
 	done := make(map[string]bool, len(doneIDs))
-	rows, err := g.store.pool.Query(ctx, roundSQL, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs)
+	rows, err := g.store.pool.Query(ctx, roundSQL, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs, doneAttempts)
 	if err == nil {
 		for rows.Next() {
 			var id string
 			var attempts, maxRetry int
-			if err = rows.Scan(&id, &attempts, &maxRetry); err != nil {
+			var waited, maxWait int64
+			if err = rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait); err != nil {
 				break
 			}
 			if completing[id] {
 				done[id] = true
 			} else {
-				results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning}
+				results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning,
+					waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond}
 			}
 		}
 		rows.Close()
@@ -327,10 +401,13 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 	for rows.Next() {
 		var id string
 		var res claimResult
-		if err := rows.Scan(&id, &res.status, &res.attempts, &res.leaseUntil); err != nil {
+		var exhausted bool
+		if err := rows.Scan(&id, &res.status, &res.attempts, &res.leaseUntil, &exhausted); err != nil {
 			return err
 		}
 		switch {
+		case exhausted:
+			res.outcome = claimExhausted
 		case res.status.Terminal():
 			res.outcome = claimFinished
 		case res.status == StatusDead:
@@ -359,9 +436,9 @@ func (g *Guard) claim(ctx context.Context, id string) claimResult {
 	}
 }
 
-func (g *Guard) complete(ctx context.Context, id string) error {
+func (g *Guard) complete(ctx context.Context, id string, attempt int) error {
 	out := make(chan error, 1)
-	if err := g.ledger.submit(ctx, ledgerReq{id: id, complete: true, doneOut: out}); err != nil {
+	if err := g.ledger.submit(ctx, ledgerReq{id: id, attempt: attempt, complete: true, doneOut: out}); err != nil {
 		return err
 	}
 	select {
@@ -374,17 +451,15 @@ func (g *Guard) complete(ctx context.Context, id string) error {
 	}
 }
 
-func (g *Guard) track(id string) {
+func (g *Guard) track(jc *jobContext) {
 	g.mu.Lock()
-	g.running[id]++
+	g.running[jc] = struct{}{}
 	g.mu.Unlock()
 }
 
-func (g *Guard) untrack(id string) {
+func (g *Guard) untrack(jc *jobContext) {
 	g.mu.Lock()
-	if g.running[id]--; g.running[id] <= 0 {
-		delete(g.running, id)
-	}
+	delete(g.running, jc)
 	g.mu.Unlock()
 }
 
@@ -401,18 +476,47 @@ func (g *Guard) renewLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		g.mu.Lock()
+		jcs := make([]*jobContext, 0, len(g.running))
 		ids := make([]string, 0, len(g.running))
-		for id := range g.running {
-			ids = append(ids, id)
+		attempts := make([]int32, 0, len(g.running))
+		for jc := range g.running {
+			if jc.completed.Load() {
+				continue // its InTx ended the lease
+			}
+			jcs = append(jcs, jc)
+			ids = append(ids, jc.id)
+			attempts = append(attempts, int32(jc.attempt))
 		}
 		g.mu.Unlock()
 		if len(ids) == 0 {
 			continue
 		}
-		_, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET lease_until = now() + $1 * interval '1 millisecond'
-			WHERE id = ANY($2) AND lease_holder = $3 AND status = 'running'`, g.cfg.Lease.Milliseconds(), ids, g.cfg.Holder)
-		if err != nil && ctx.Err() == nil {
-			g.cfg.Logger.Warn("keel: lease renewal failed", "jobs", len(ids), "err", err)
+		rows, err := g.store.pool.Query(ctx, `UPDATE keel_jobs j SET lease_until = now() + $1 * interval '1 millisecond'
+			FROM unnest($2::text[], $3::int[]) AS r(id, attempt)
+			WHERE j.id = r.id AND j.attempts = r.attempt AND j.lease_holder = $4 AND j.status = 'running'
+			RETURNING j.id`, g.cfg.Lease.Milliseconds(), ids, attempts, g.cfg.Holder)
+		var renewed []string
+		if err == nil {
+			renewed, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				g.stats.ledgerErrs.Add(1)
+				g.cfg.Logger.Warn("keel: lease renewal failed", "jobs", len(ids), "err", err)
+			}
+			continue
+		}
+		kept := make(map[string]bool, len(renewed))
+		for _, id := range renewed {
+			kept[id] = true
+		}
+		for _, jc := range jcs {
+			// Another worker took the job over (this one missed its renewals):
+			// stop the handler, nothing it does can commit any more.
+			if !kept[jc.id] && !jc.completed.Load() && jc.state.Load() == runLive {
+				g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
+				jc.cancel(ErrLeaseLost)
+			}
 		}
 	}
 }
@@ -430,7 +534,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		res := g.claim(ctx, id)
 		if res.err != nil {
 			g.stats.ledgerErrs.Add(1)
-			return retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err))
+			return keepQueued(ctx, retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err)))
 		}
 		switch res.outcome {
 		case claimFinished, claimDead:
@@ -442,44 +546,192 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			// Look again soon: the holder usually finishes well before its
 			// lease ends, and a dead holder's lease ends on its own.
 			wait := min(time.Until(res.leaseUntil)+time.Second, busyRecheck)
-			return retry.Wait(max(wait, time.Second), ErrLeaseHeld)
+			return keepQueued(ctx, retry.Wait(max(wait, time.Second), ErrLeaseHeld))
 		case claimMissing:
 			return fmt.Errorf("%w: job %s: %w", ErrUnknownJob, id, asynq.SkipRetry)
+		case claimExhausted:
+			return g.retireCrashed(ctx, t, id)
 		}
 		g.stats.claimed.Add(1)
 
 		jc := &jobContext{guard: g, id: id, attempt: res.attempts}
-		g.track(id)
-		herr := next.ProcessTask(retry.WithRetried(withJob(ctx, jc), res.attempts-1), t)
-		g.untrack(id)
+		hctx, cancel := context.WithCancelCause(withJob(ctx, jc))
+		defer cancel(nil)
+		jc.cancel = cancel
+		g.track(jc)
+		var watchdog *time.Timer
+		if deadline, ok := ctx.Deadline(); ok {
+			watchdog = time.AfterFunc(time.Until(deadline)+g.cfg.TimeoutGrace, func() { g.overran(ctx, t, jc, res, deadline) })
+		}
+		herr := next.ProcessTask(retry.WithRetried(hctx, res.attempts-1), t)
+		if watchdog != nil {
+			watchdog.Stop()
+		}
+		if !jc.state.CompareAndSwap(runLive, runReturned) {
+			// The watchdog or the shutdown gave this run up and recorded its
+			// outcome; asynq moved on long ago.
+			g.cfg.Logger.Warn("keel: handler returned after keel gave its run up; its result is ignored",
+				"job_id", id, "attempt", res.attempts, "err", herr)
+			if herr == nil {
+				herr = ErrRunGivenUp
+			}
+			return herr
+		}
+		g.untrack(jc)
 
 		if jc.completed.Load() {
-			// InTx committed the job's completion: it is done whatever the
-			// handler did after it, and a retry would find it finished.
+			// InTx committed the job's completion.
 			if herr != nil {
-				g.cfg.Logger.Warn("keel: handler failed after its InTx committed; the job stays succeeded",
-					"job_id", id, "err", herr)
+				return g.failedAfterComplete(ctx, t, jc, herr)
 			}
 			g.stats.succeeded.Add(1)
 			return nil
 		}
-		if herr == nil {
-			return g.markSucceeded(ctx, id)
+		if herr != nil && g.stopping.Load() && errors.Is(ctx.Err(), context.Canceled) {
+			// The deploy cut the run short: not the job's failure. asynq puts
+			// the task back; the lease goes at once so the next worker can start.
+			g.stats.interrupted.Add(1)
+			jc.state.Store(runInterrupted)
+			g.release(ctx, jc)
+			return herr
 		}
-		return g.recordFailure(ctx, t, id, res, herr)
+		if herr == nil {
+			return g.markSucceeded(ctx, jc)
+		}
+		class := g.cfg.Classifier.Classify(herr)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && class != retry.ClassPermanent && class != retry.ClassWait {
+			class = retry.ClassTimeout
+		}
+		return g.recordFailure(ctx, t, jc, res, herr, class)
 	})
 }
 
-func (g *Guard) markSucceeded(ctx context.Context, id string) error {
+// keepQueued makes sure a wait at asynq's last try is not archived: asynq
+// archives whatever fails then, waits included. The task is revoked instead;
+// the ledger still has the job open, so the holder's run, the rescuer or
+// the reconciler brings it back.
+func keepQueued(ctx context.Context, err error) error {
+	if asynqLastTry(ctx) {
+		return fmt.Errorf("%w: %w", err, asynq.RevokeTask)
+	}
+	return err
+}
+
+func asynqLastTry(ctx context.Context) bool {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, ok := asynq.GetMaxRetry(ctx)
+	return ok && retried >= maxRetry
+}
+
+// release gives an interrupted run's job back: pending again, the attempt
+// not counted, no lease, so the next delivery anywhere starts it at once.
+func (g *Guard) release(ctx context.Context, jc *jobContext) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
+		attempts = attempts - 1, updated_at = now()
+		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $3`, jc.id, g.cfg.Holder, jc.attempt)
+	if err != nil {
+		g.stats.ledgerErrs.Add(1)
+		g.cfg.Logger.Warn("keel: could not release an interrupted job; its lease expires on its own", "job_id", jc.id, "err", err)
+		return
+	}
+	g.cfg.Logger.Info("keel: run interrupted by shutdown; job released, attempt not counted", "job_id", jc.id)
+}
+
+// overran gives up a run whose handler outlived its deadline and grace: the
+// lease is no longer renewed, the attempt counts as failed (class timeout)
+// and the job retries or dies by its budget.
+func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res claimResult, deadline time.Time) {
+	if !jc.state.CompareAndSwap(runLive, runAbandoned) {
+		return
+	}
+	g.untrack(jc)
+	jc.cancel(ErrRunGivenUp)
+	g.stats.overran.Add(1)
+	g.cfg.Logger.Warn("keel: handler outlived its timeout; its attempt counts as failed and nothing it does now can commit",
+		"job_id", jc.id, "kind", t.Type(), "attempt", jc.attempt, "deadline", deadline, "grace", g.cfg.TimeoutGrace)
+	herr := fmt.Errorf("keel: handler still running %s after its deadline (%s): given up: %w",
+		g.cfg.TimeoutGrace, deadline.UTC().Format(time.RFC3339), context.DeadlineExceeded)
+	_ = g.recordFailure(ctx, t, jc, res, herr, retry.ClassTimeout)
+}
+
+// retireCrashedSQL marks dead a job whose runs used its budget without an
+// outcome. It re-checks the claim conditions: another worker may have moved it.
+const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed',
+	crashes = crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
+	last_error = format('keel: %s of %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL); last held by %s; retired as a poison job',
+		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END, attempts, coalesce(last_holder, lease_holder, 'an unknown worker')),
+	lease_holder = NULL, lease_until = NULL, finished_at = now(), updated_at = now(),
+	payload_summary = $2
+	WHERE id = $1 AND attempts > max_retry
+	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+	RETURNING business_key, coalesce(trace_id, ''), last_error, attempts`
+
+// retireCrashed retires a poison job: the delivery is acknowledged (the job
+// is dead in the ledger, with the same alert and counters as any death).
+func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) error {
+	ctx = context.WithoutCancel(ctx)
+	summary := storableText(g.cfg.Summarize(t.Type(), t.Payload()), maxErrorBytes)
+	var businessKey, traceID, msg string
+	var attempts int
+	err := g.store.pool.QueryRow(ctx, retireCrashedSQL, id, summary).Scan(&businessKey, &traceID, &msg, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return retry.Wait(time.Second, ErrLeaseHeld) // it changed hands meanwhile: look again
+	}
+	if err != nil {
+		g.stats.ledgerErrs.Add(1)
+		return keepQueued(ctx, retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: ledger unavailable, job %s not retired: %w", id, err)))
+	}
+	g.stats.crashed.Add(1)
+	g.stats.dead.Add(1)
+	g.cfg.Logger.Error("keel: poison job retired", "job_id", id, "kind", t.Type(), "err", msg)
+	if g.cfg.OnDead != nil {
+		g.cfg.OnDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+			Class: string(retry.ClassCrashed), Error: msg, TraceID: traceID, Attempts: attempts})
+	}
+	return nil
+}
+
+// failedAfterComplete handles a handler that failed after its completing
+// InTx committed (a Step called after it, say): the local effects are in,
+// but work the handler counted on did not happen. The job is not reported
+// succeeded: it goes to the dead letters for a person.
+func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobContext, herr error) error {
+	ctx = context.WithoutCancel(ctx)
+	g.cfg.Logger.Error("keel: handler failed after its completing InTx committed; the job goes to the dead letters",
+		"job_id", jc.id, "err", herr)
+	msg := storableText(fmt.Sprintf("keel: handler failed after its completing InTx committed "+
+		"(its local effects are in; what came after did not happen; steps must come before the completing InTx): %v", herr), maxErrorBytes)
+	summary := storableText(g.cfg.Summarize(t.Type(), t.Payload()), maxErrorBytes)
+	var businessKey, traceID string
+	err := g.store.pool.QueryRow(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2,
+		payload_summary = $3, updated_at = now() WHERE id = $1 AND status = 'succeeded'
+		RETURNING business_key, coalesce(trace_id, '')`, jc.id, msg, summary).Scan(&businessKey, &traceID)
+	if err != nil {
+		g.stats.ledgerErrs.Add(1)
+		g.cfg.Logger.Error("keel: could not record a failure after completion", "job_id", jc.id, "err", err)
+		return nil // the ledger says succeeded; a retry would only find it finished
+	}
+	g.stats.dead.Add(1)
+	if g.cfg.OnDead != nil {
+		g.cfg.OnDead(ctx, DeadEvent{JobID: jc.id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+			Class: string(retry.ClassPermanent), Error: msg, TraceID: traceID, Attempts: jc.attempt})
+	}
+	return fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
+}
+
+func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 	// The handler's work is done; a cancelled handler context must not stop
 	// us recording it, or the next delivery would run it again.
 	ctx = context.WithoutCancel(ctx)
+	id := jc.id
 	var err error
 	for try := range completionMarkTries {
 		if try > 0 {
 			time.Sleep(time.Duration(try*try) * 100 * time.Millisecond)
 		}
-		if err = g.complete(ctx, id); err == nil || errors.Is(err, ErrLeaseLost) {
+		if err = g.complete(ctx, id, jc.attempt); err == nil || errors.Is(err, ErrLeaseLost) {
 			break
 		}
 	}
@@ -503,8 +755,9 @@ const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class 
 	run_at = CASE WHEN $7 THEN now() + $8 * interval '1 millisecond' ELSE run_at END,
 	finished_at = CASE WHEN $3 = 'dead' THEN now() ELSE NULL END,
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
-	trace_id = coalesce(nullif($10, ''), trace_id)
-	WHERE id = $1 AND status = 'running' AND lease_holder = $2
+	trace_id = coalesce(nullif($10, ''), trace_id),
+	waited_ms = waited_ms + $12
+	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $11
 	RETURNING business_key, coalesce(trace_id, '')`
 
 // maxErrorBytes bounds the error text and summary kept with a job.
@@ -527,31 +780,48 @@ func storableText(s string, max int) string {
 	return s
 }
 
-func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, res claimResult, herr error) error {
+// waitDelay is how long a wait asks for (the policy's default when none).
+func waitDelay(err error) time.Duration {
+	if e, ok := retry.Marked(err); ok && e.Delay > 0 {
+		return max(e.Delay, retry.MinDelay)
+	}
+	return retry.DefaultWaitDelay
+}
+
+func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext, res claimResult, herr error, class retry.Class) error {
 	ctx = context.WithoutCancel(ctx)
+	id := jc.id
 	attempts := res.attempts
-	class := g.cfg.Classifier.Classify(herr)
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, hasMax := asynq.GetMaxRetry(ctx)
 	// asynq archives a task at its own last try; the ledger's count decides
 	// the job's budget, because asynq's starts again whenever a job is
 	// published anew (a republish after Redis lost data, a wait handed back).
-	asynqLastTry := hasMax && retried >= maxRetry
-	lastTry := asynqLastTry || attempts-1 >= res.maxRetry
+	lastTry := asynqLastTry(ctx) || attempts-1 >= res.maxRetry
 	status := StatusFailed
 	uncount := 0
 	unpublish := false
-	var delay time.Duration
+	var delay, waited time.Duration
 	switch {
 	case class == retry.ClassWait:
-		// Not a failure: the attempt does not count. On the last asynq try a
-		// wait would be archived, so hand the job back to the relay instead.
+		// Not a failure: the attempt does not count, but the time does,
+		// up to the job's wait ceiling.
+		waited = waitDelay(herr)
+		ceiling := g.cfg.MaxWait
+		if res.maxWait > 0 {
+			ceiling = res.maxWait
+		}
+		if res.waited+waited > ceiling {
+			status, class, waited = StatusDead, retry.ClassWaitedTooLong, 0
+			herr = fmt.Errorf("keel: waited %s in all, over the job's wait ceiling of %s: %w",
+				(res.waited + waited).Round(time.Second), ceiling, herr)
+			break
+		}
 		status, uncount = StatusPending, 1
-		if asynqLastTry {
+		if asynqLastTry(ctx) {
+			// asynq would archive it: hand it back to the relay, which
+			// publishes it when due — never before asynq has let go of the
+			// current copy, or the relay's publish would be a no-op conflict.
 			unpublish = true
-			if e, ok := retry.Marked(herr); ok {
-				delay = e.Delay
-			}
+			delay = max(waited, time.Second)
 			herr = fmt.Errorf("%w: %w", herr, asynq.RevokeTask)
 		}
 	case errors.Is(herr, asynq.SkipRetry) || class == retry.ClassPermanent || lastTry:
@@ -566,8 +836,15 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, id string, res
 	summary = storableText(summary, maxErrorBytes)
 	var businessKey, storedTrace string
 	err := g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-		delay.Milliseconds(), summary, traceID).Scan(&businessKey, &storedTrace)
+		delay.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds()).Scan(&businessKey, &storedTrace)
 	if errors.Is(err, pgx.ErrNoRows) {
+		if jc.commitInDoubt.Load() {
+			if j, gerr := g.store.Get(ctx, id); gerr == nil && j.Status == StatusSucceeded {
+				g.cfg.Logger.Warn("keel: InTx's commit was in doubt and did commit: the job succeeded", "job_id", id)
+				g.stats.succeeded.Add(1)
+				return nil
+			}
+		}
 		g.cfg.Logger.Warn("keel: lease lost before failure was recorded", "job_id", id)
 		return herr
 	}
@@ -608,12 +885,34 @@ func taskID(ctx context.Context, t *asynq.Task) string {
 	return ""
 }
 
+// A run's state: live while the handler runs; then exactly one of the
+// handler's return, the timeout watchdog and the shutdown decides its outcome.
+const (
+	runLive int32 = iota
+	runReturned
+	runAbandoned   // outlived its deadline: recorded as a timeout
+	runInterrupted // cut short by shutdown: released, not counted
+)
+
 // jobContext travels with a handler's context so Step and InTx know the job.
 type jobContext struct {
-	guard     *Guard
-	id        string
-	attempt   int
-	completed atomic.Bool
+	guard         *Guard
+	id            string
+	attempt       int
+	completed     atomic.Bool
+	commitInDoubt atomic.Bool
+	state         atomic.Int32
+	cancel        context.CancelCauseFunc
+}
+
+// usable refuses ledger work from a run keel has given up (timed out,
+// interrupted) or whose job its InTx already completed.
+func (jc *jobContext) usable() error {
+	switch jc.state.Load() {
+	case runAbandoned, runInterrupted:
+		return fmt.Errorf("keel: job %s attempt %d: %w", jc.id, jc.attempt, ErrRunGivenUp)
+	}
+	return nil
 }
 
 type jobKey struct{}
@@ -663,8 +962,10 @@ func TraceID(ctx context.Context) string {
 
 // InTx runs fn in a transaction that also marks the current job succeeded:
 // the handler's local effects and the completion mark commit together or not
-// at all. If this worker has lost the job's lease the transaction is rolled
-// back and ErrLeaseLost returned, so a taken-over job never commits twice.
+// at all. If this run no longer holds the job's lease (another worker took
+// it over, or keel gave the run up after its timeout or at shutdown) the
+// transaction is rolled back and ErrLeaseLost or ErrRunGivenUp returned, so a
+// job never commits twice. Call it last: recorded steps come before it.
 func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	jc, err := jobFrom(ctx)
 	if err != nil {
@@ -672,6 +973,9 @@ func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	}
 	if jc.completed.Load() {
 		return fmt.Errorf("keel: job %s already completed by an earlier InTx", jc.id)
+	}
+	if err := jc.usable(); err != nil {
+		return err
 	}
 	g := jc.guard
 	tx, err := g.store.pool.Begin(ctx)
@@ -683,17 +987,26 @@ func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return err
 	}
 	tag, err := tx.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL, lease_until = NULL,
-		last_error = CASE WHEN error_class = 'wait' THEN NULL ELSE last_error END,
-		error_class = CASE WHEN error_class = 'wait' THEN NULL ELSE error_class END,
-		finished_at = now(), updated_at = now() WHERE id = $1 AND status = 'running' AND lease_holder = $2`, jc.id, g.cfg.Holder)
+		last_error = NULL, error_class = NULL, finished_at = now(), updated_at = now()
+		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $3`, jc.id, g.cfg.Holder, jc.attempt)
 	if err != nil {
 		return interpretError(err)
 	}
 	if tag.RowsAffected() == 0 {
+		if err := jc.usable(); err != nil {
+			return err
+		}
 		return ErrLeaseLost
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return interpretError(err)
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			return interpretError(err)
+		}
+		// The connection went during COMMIT: it may or may not have landed.
+		// The guard looks at the row before it records a failure.
+		jc.commitInDoubt.Store(true)
+		g.cfg.Logger.Warn("keel: InTx commit in doubt: the connection failed during COMMIT", "job_id", jc.id, "err", err)
+		return fmt.Errorf("keel: job %s: commit in doubt: %w", jc.id, interpretError(err))
 	}
 	jc.completed.Store(true)
 	return nil

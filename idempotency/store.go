@@ -42,8 +42,9 @@ type NewJob struct {
 	Payload        []byte
 	MaxRetry       int
 	Timeout        time.Duration
-	Deadline       time.Time // zero: none
-	RunAt          time.Time // zero: now
+	MaxWait        time.Duration // zero: the worker's GuardConfig.MaxWait
+	Deadline       time.Time     // zero: none
+	RunAt          time.Time     // zero: now
 	PayloadSummary string
 	TraceID        string
 	// WakeRelay sends the relays a notification, delivered when the
@@ -77,8 +78,8 @@ func ValidateKey(what, s string) error {
 }
 
 const insertSQL = `INSERT INTO keel_jobs
-	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''))
+	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12)
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns
 
@@ -121,7 +122,7 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 			sql = insertWakeSQL
 		}
 		job, err = scanJob(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
-			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID))
+			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID, nj.MaxWait.Milliseconds()))
 		if err == nil {
 			return job, false, nil
 		}
@@ -258,8 +259,10 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 	return (*Store)(nil).lookup(ctx, db, kind, businessKey)
 }
 
-// ClaimUnpublished marks up to limit committed, unpublished jobs as
-// published and returns them, in a transaction of its own: the rows are not
+// ClaimUnpublished marks up to limit committed, unpublished jobs that are
+// due as published and returns them (a job waits in the ledger, not in
+// Redis, until its run_at: a wait handed back by a worker must not be
+// published while asynq still holds its old copy), in a transaction of its own: the rows are not
 // locked while the caller talks to Redis, so a worker that receives a job at
 // once can claim it. The caller publishes them and hands back, with
 // Unpublish, any it could not; a caller that dies in between leaves jobs the
@@ -267,7 +270,7 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) {
 	rows, err := s.pool.Query(ctx, `UPDATE keel_jobs SET published_at = now()
 		WHERE id = ANY (ARRAY (
-			SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending'
+			SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()
 			ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 		RETURNING `+jobColumns, limit)
 	if err != nil {

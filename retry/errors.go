@@ -95,3 +95,24 @@ func IsWait(err error) bool {
 	e, ok := Marked(err)
 	return ok && e.Class == ClassWait
 }
+
+// Classes the ledger records for outcomes no handler returned: keel decides
+// them itself, and they are never the result of Classify.
+const (
+	// ClassTimeout: the handler outlived its timeout (and a short grace)
+	// without returning; the attempt counts as failed.
+	ClassTimeout Class = "timeout"
+	// ClassCrashed: runs of the job ended without any outcome (the worker
+	// died: out of memory, os.Exit, a segfault, SIGKILL) until its budget
+	// was used up: a poison job.
+	ClassCrashed Class = "crashed"
+	// ClassWaitedTooLong: the job waited (rate limits, Retry-After) longer in
+	// total than its wait ceiling.
+	ClassWaitedTooLong Class = "waited_too_long"
+)
+
+// StoredClasses are every class a dead job can carry in the ledger, for
+// filters that must refuse a class that does not exist.
+func StoredClasses() []Class {
+	return []Class{ClassPermanent, ClassTransient, ClassUnknown, ClassTimeout, ClassCrashed, ClassWaitedTooLong}
+}

@@ -15,7 +15,8 @@ func Example() {
 	declined := retry.Permanent(errors.New("card declined"))
 	fmt.Println(retry.Classify(declined))
 
-	// A response says it by its status and Retry-After.
+	// A response says it by its status and Retry-After: a 429 with one is a
+	// wait, which uses up no attempt.
 	u, _ := url.Parse("https://api.example.com/v1/charges?api_key=secret")
 	resp := &http.Response{
 		StatusCode: http.StatusTooManyRequests,
@@ -31,7 +32,7 @@ func Example() {
 	fmt.Println(retry.Classify(errors.New("something odd")))
 	// Output:
 	// permanent
-	// transient POST https://api.example.com/v1/charges: 429 Too Many Requests
+	// wait POST https://api.example.com/v1/charges: 429 Too Many Requests
 	// 2m0s
 	// unknown
 }

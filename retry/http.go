@@ -48,9 +48,10 @@ func (e *HTTPError) Error() string {
 	return b.String()
 }
 
-// FromResponse turns a failed response into a marked *HTTPError: 408, 425,
-// 429 and 5xx are transient (After, when the server sent Retry-After), any
-// other 4xx is permanent. It returns nil for a nil response and for statuses
+// FromResponse turns a failed response into a marked *HTTPError: a 429 or
+// 503 with Retry-After is a Wait (no attempt used; the job's wait ceiling
+// bounds it); 408, 425, 429 and 5xx are otherwise transient (After, when the
+// server sent Retry-After); any other 4xx is permanent. It returns nil for a nil response and for statuses
 // below 400.
 //
 // The start of the body is read for the message and put back: the caller
@@ -81,6 +82,11 @@ func FromResponse(resp *http.Response) error {
 	}
 	e.RetryAfter = parseRetryAfter(resp.Header, time.Now())
 	if e.RetryAfter > 0 {
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			// The other side is fine and told us when to come back: a wait,
+			// which uses up no attempt (its total has a ceiling instead).
+			return Wait(e.RetryAfter, e)
+		}
 		return After(e.RetryAfter, e)
 	}
 	return Transient(e)

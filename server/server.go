@@ -309,6 +309,8 @@ func (s *Server) Run(ctx context.Context) error {
 		"relay", s.relay != nil, "reconciler", s.recon != nil)
 	<-ctx.Done()
 	s.cfg.Logger.Info("keel worker stopping", "shutdown_timeout", s.cfg.ShutdownTimeout)
+	// Runs the deploy cuts short must not count as attempts.
+	s.guard.BeginShutdown()
 	s.srv.Shutdown()
 	stopBackground()
 	bg.Wait()

@@ -168,6 +168,9 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if t.s.timeout < 0 {
 		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: negative timeout %s", t.kind, ErrInvalidTask, t.s.timeout)
 	}
+	if t.s.maxWait < 0 {
+		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: negative max wait %s", t.kind, ErrInvalidTask, t.s.maxWait)
+	}
 	return idempotency.NewJob{
 		Kind:           t.kind,
 		BusinessKey:    t.s.key,
@@ -175,6 +178,7 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 		Payload:        t.payload,
 		MaxRetry:       maxRetry,
 		Timeout:        t.s.timeout,
+		MaxWait:        t.s.maxWait,
 		Deadline:       t.s.deadline,
 		RunAt:          ceilSecond(t.RunAt(time.Now())),
 		PayloadSummary: t.summary,

@@ -28,6 +28,7 @@ type settings struct {
 	queue     string
 	maxRetry  *int
 	timeout   time.Duration
+	maxWait   time.Duration
 	deadline  time.Time
 	delay     time.Duration
 	processAt time.Time
@@ -50,6 +51,13 @@ func MaxRetry(n int) Option { return optionFunc(func(s *settings) { s.maxRetry =
 
 // Timeout bounds one attempt; the handler's context is cancelled after d.
 func Timeout(d time.Duration) Option { return optionFunc(func(s *settings) { s.timeout = d }) }
+
+// MaxWait is the ceiling on the total time a job may spend waiting (rate
+// limits, concurrency slots, an HTTP 429/503's Retry-After: retry.Wait) —
+// waits do not use up attempts, so without a ceiling a job could wait
+// forever. Past it the job dies with class waited_too_long. Default: the
+// worker's idempotency.GuardConfig.MaxWait (24h).
+func MaxWait(d time.Duration) Option { return optionFunc(func(s *settings) { s.maxWait = d }) }
 
 // Deadline bounds every attempt to end before t.
 func Deadline(t time.Time) Option { return optionFunc(func(s *settings) { s.deadline = t }) }
