@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/keeljobs/keel/retry"
 )
@@ -29,14 +30,22 @@ func Verify(fn func(ctx context.Context, key string) (done bool, err error)) Ste
 func StepKey(jobID, name string) string { return jobID + ":" + name }
 
 // Step runs an external side effect at most once per job. fn receives a
-// stable idempotency key to pass to the external API.
+// stable idempotency key to pass to the external API. A step is one call:
+// put each external call in a step of its own, and call every step before
+// the job's completing InTx.
 //
 //   - A step that finished in an earlier attempt is skipped.
-//   - fn returning an error means the call did not take effect; the step may
-//     run again on the next attempt (with the same key).
-//   - A step that started but never recorded an outcome (the process died
-//     mid-call) is in doubt: its Verify function decides, and without one the
-//     job goes to the dead letters with ErrInDoubt — never a blind repeat.
+//   - fn returning an error leaves the call in doubt, unless the error says
+//     the call never reached the other side (marked with NotSent) or the
+//     other side answered that it failed (a *retry.HTTPError other than a
+//     gateway's 502 or 504, as StepHTTP and DoHTTP return): only then may
+//     the step run again, with the same key, on the next attempt.
+//   - A step in doubt, from an error or because the process died mid-call,
+//     is never called again blindly: its Verify function decides on the next
+//     attempt, and without one the job goes to the dead letters with
+//     ErrInDoubt for a person.
+//   - A step called after the job's completing InTx does not run and
+//     returns ErrStepAfterComplete.
 func Step(ctx context.Context, name string, fn func(ctx context.Context, key string) error, opts ...StepOption) error {
 	_, err := StepValue(ctx, name, func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, fn(ctx, key)
@@ -53,6 +62,11 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	jc, err := jobFrom(ctx)
 	if err != nil {
 		return zero, err
+	}
+	if jc.completed.Load() {
+		// The job is already recorded succeeded: a step now could neither be
+		// recorded nor retried, so it must not pretend to run.
+		return zero, retry.Permanent(fmt.Errorf("keel: step %q did not run: %w; call steps before InTx", name, ErrStepAfterComplete))
 	}
 	if err := ValidateKey("step name", name); err != nil {
 		return zero, retry.Permanent(fmt.Errorf("keel: %w", err))
@@ -120,17 +134,17 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	v, ferr := fn(ctx, key)
 	bg := context.WithoutCancel(ctx)
 	if ferr != nil {
-		if errors.Is(ferr, ErrInDoubt) {
-			// fn cannot tell whether its call took effect: keep "started" so
-			// the next attempt goes through Verify or to a person.
+		if !callInDoubt(ferr) {
+			// The call never took effect: forget the start so the next
+			// attempt calls again, with the same key.
+			if _, err := pool.Exec(bg, `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'`, jc.id, name); err != nil {
+				return zero, errors.Join(ferr, interpretError(err))
+			}
 			return zero, ferr
 		}
-		// fn says the call did not take effect: forget the start so the next
-		// attempt calls again, with the same key.
-		if _, err := pool.Exec(bg, `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'`, jc.id, name); err != nil {
-			return zero, errors.Join(ferr, interpretError(err))
-		}
-		return zero, ferr
+		// The call may have happened: keep "started" so that it is never
+		// repeated blindly.
+		return zero, inDoubtError(jc.id, name, ferr, cfg.verify != nil)
 	}
 	result, err := json.Marshal(v)
 	if err != nil {
@@ -151,7 +165,91 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	return v, nil
 }
 
+var (
+	// ErrNotSent marks a step's error as one that happened before the call
+	// left this process (see NotSent).
+	ErrNotSent = errors.New("not sent")
+	// ErrStepAfterComplete means Step or StepValue was called after the
+	// job's completing InTx had committed: the step did not run. Call steps
+	// first and the completing InTx last.
+	ErrStepAfterComplete = errors.New("step called after the job's completing InTx")
+)
+
+// NotSent marks an error from a step's fn as "the call never reached the
+// other side" (the request could not be built, the connection could not be
+// made, a client-side rate limit refused it): the step forgets its start
+// and the next attempt calls again, with the same key. Use it only when
+// that is certain; any other error leaves the step in doubt. It keeps err's
+// retry class. NotSent(nil) is nil.
+func NotSent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrNotSent, err)
+}
+
 // InDoubt marks an error from a step's fn as "the call may have happened"
 // (a timeout after sending, say): the step stays open for Verify or a person
-// instead of being called again.
-func InDoubt(err error) error { return fmt.Errorf("%w: %w", ErrInDoubt, err) }
+// instead of being called again. Errors not marked NotSent are in doubt
+// anyway; InDoubt also overrides an answer (*retry.HTTPError) that cannot be
+// trusted. InDoubt(nil) is nil.
+func InDoubt(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInDoubt, err)
+}
+
+// callInDoubt reports whether a step whose fn returned err may have taken
+// effect. Only a call that never left, or one the other side answered as
+// failed, did not.
+func callInDoubt(err error) bool {
+	switch {
+	case errors.Is(err, ErrInDoubt):
+		return true
+	case errors.Is(err, ErrNotSent):
+		return false
+	}
+	var he *retry.HTTPError
+	if errors.As(err, &he) {
+		return gatewayStatus(he.StatusCode)
+	}
+	return true
+}
+
+// gatewayStatus reports whether status is a gateway's answer about a
+// server behind it that may have received the request (502 Bad Gateway,
+// 504 Gateway Timeout): not an answer from the other side itself.
+func gatewayStatus(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusGatewayTimeout
+}
+
+// inDoubtError is what a step whose call may have happened returns. With a
+// Verify the next attempt must happen, since it is where the doubt is
+// settled: the error keeps a transient mark (and its Retry-After) or is
+// made transient. Without one nothing but a person can settle it, so the
+// job is parked at once.
+func inDoubtError(jobID, name string, err error, verify bool) error {
+	if !verify {
+		if !errors.Is(err, ErrInDoubt) {
+			err = InDoubt(err)
+		}
+		return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jobID, err))
+	}
+	d := &doubtError{msg: fmt.Sprintf("keel: step %q of job %s is in doubt, verified on the next attempt", name, jobID), err: err}
+	if e, ok := retry.Marked(err); ok && (e.Class == retry.ClassTransient || e.Class == retry.ClassWait) {
+		return d
+	}
+	return retry.Transient(d)
+}
+
+// doubtError is an in-doubt step error that Verify will settle: it matches
+// ErrInDoubt without saying that a person is needed.
+type doubtError struct {
+	msg string
+	err error
+}
+
+func (e *doubtError) Error() string        { return e.msg + ": " + e.err.Error() }
+func (e *doubtError) Unwrap() error        { return e.err }
+func (e *doubtError) Is(target error) bool { return target == ErrInDoubt }

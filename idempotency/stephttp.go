@@ -1,0 +1,228 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+
+	"github.com/keeljobs/keel/retry"
+)
+
+// HeaderIdempotencyKey is the header DoHTTP and StepHTTP send a step's key in.
+const HeaderIdempotencyKey = "Idempotency-Key"
+
+// ErrResent means the HTTP client sent a step's request a second time
+// before any answer to the first (a retrying RoundTripper, say): the call
+// may have taken effect twice. DoHTTP reports it in doubt and permanent, for
+// a person to check.
+var ErrResent = errors.New("request sent more than once by the HTTP client")
+
+// StepHTTP is Step for one HTTP call. newReq builds the request with the
+// step's context and key; StepHTTP sends it with DoHTTP, which sets the
+// Idempotency-Key header and tells whether a failed call can have reached
+// the other side. The response body is read and discarded: use StepValue
+// with DoHTTP to keep something from it.
+//
+//	err := idempotency.StepHTTP(ctx, "mail", client,
+//		func(ctx context.Context, key string) (*http.Request, error) {
+//			return http.NewRequestWithContext(ctx, http.MethodPost, mailURL, bytes.NewReader(body))
+//		},
+//		idempotency.Verify(mailer.Sent)) // the look-up that settles a call in doubt
+//
+// An error from newReq means nothing was sent. A nil client means
+// http.DefaultClient, which has no timeout: give yours one.
+func StepHTTP(ctx context.Context, name string, client *http.Client, newReq func(ctx context.Context, key string) (*http.Request, error), opts ...StepOption) error {
+	return Step(ctx, name, func(ctx context.Context, key string) error {
+		req, err := newReq(ctx, key)
+		if err != nil {
+			return NotSent(err)
+		}
+		resp, err := DoHTTP(client, req, key)
+		if err != nil {
+			return err
+		}
+		// The call is done whatever happens to the rest of the body.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+		return nil
+	}, opts...)
+}
+
+// DoHTTP sends req once, with key in its Idempotency-Key header, and
+// returns an error already marked for a step:
+//
+//   - the request could not be written (no connection, a dial, proxy or TLS
+//     failure, a write that failed): NotSent, so the step calls again;
+//   - a response arrived: a status of 400 or more is a *retry.HTTPError
+//     classified by retry.FromResponse (4xx permanent; 408, 425, 429 and
+//     5xx transient, honouring Retry-After) and not in doubt, except a
+//     gateway's 502 or 504, which is; a 307 or 308 redirect is not followed
+//     (it would send the request again) and is a permanent error; below 300
+//     (and a 301, 302 or 303 that the client followed) the call is done and
+//     the response is returned for the caller to read and close;
+//   - the request was written but no response came (a timeout, a reset
+//     connection): the error is left in doubt.
+//
+// Go's http.Transport sends a request again by itself when a kept-alive
+// connection breaks after writing it, if the request is replayable: a GET
+// or any request with an Idempotency-Key header, whose body can be rewound
+// (GetBody). A silent second send is exactly what a step must not do, so
+// DoHTTP sends a copy of req without GetBody and with a body that is never
+// nil: the transport then cannot replay it. (A request without a body thus
+// goes out with an empty chunked body when its method usually has one.)
+// Should a custom RoundTripper still send it twice, DoHTTP returns
+// ErrResent. On error the response body is closed and the response nil.
+func DoHTTP(client *http.Client, req *http.Request, key string) (*http.Response, error) {
+	if client == nil {
+		client = http.DefaultClient
+	}
+	var t sendTrace
+	req = req.Clone(httptrace.WithClientTrace(req.Context(), t.hooks()))
+	if req.Header == nil {
+		req.Header = http.Header{}
+	}
+	req.Header.Set(HeaderIdempotencyKey, key)
+	req.GetBody = nil
+	if req.Body == nil || req.Body == http.NoBody {
+		req.Body = onceBody{http.NoBody}
+	} else {
+		req.Body = onceBody{req.Body}
+	}
+
+	resp, err := client.Do(req)
+	st := t.state()
+	if st.resent {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return nil, retry.Permanent(InDoubt(fmt.Errorf("%s %s: %w", req.Method, redactedURL(req), ErrResent)))
+	}
+	if err != nil {
+		if st.answered || st.wrote || !st.neverLeft(tracedTransport(client)) {
+			// The other side may have the whole request; what it did with
+			// it is unknown.
+			return nil, InDoubt(err)
+		}
+		return nil, NotSent(err)
+	}
+	if resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect {
+		resp.Body.Close()
+		return nil, retry.Permanent(fmt.Errorf("%s %s: %d redirect to %q not followed: a step's request is sent once, send it to the final URL",
+			req.Method, redactedURL(req), resp.StatusCode, resp.Header.Get("Location")))
+	}
+	if ferr := retry.FromResponse(resp); ferr != nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		if gatewayStatus(resp.StatusCode) {
+			return nil, InDoubt(ferr)
+		}
+		return nil, ferr
+	}
+	return resp, nil
+}
+
+func redactedURL(req *http.Request) string {
+	if req.URL == nil {
+		return ""
+	}
+	u := *req.URL
+	u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = "", false, "", ""
+	return u.Redacted()
+}
+
+// onceBody hides a request body's type from the transport, which only
+// replays bodies it can rewind. Its Close never fails: a close error after
+// the body was written would otherwise read as a failed write.
+type onceBody struct{ io.ReadCloser }
+
+func (b onceBody) Close() error {
+	_ = b.ReadCloser.Close()
+	return nil
+}
+
+// sendTrace records what happened to one request on the wire. Its hooks
+// may run on the transport's goroutines, after Do has returned.
+type sendTrace struct {
+	mu sync.Mutex
+	s  sendState
+	// pending: a request was written and no response has begun since.
+	pending bool
+}
+
+type sendState struct {
+	getConn     bool // the transport looked for a connection
+	gotConn     bool // a connection was obtained
+	wrote       bool // a request was written completely
+	writeFailed bool // writing a request failed part-way
+	answered    bool // a response began to arrive
+	resent      bool // a request was written again before any response
+}
+
+// neverLeft reports whether a request that was neither written completely
+// nor answered certainly did not reach the other side: a write failed
+// part-way, the transport found no connection, or an http.Transport
+// refused it before looking for one. A transport that reports nothing
+// through httptrace proves nothing.
+func (s sendState) neverLeft(traced bool) bool {
+	switch {
+	case s.writeFailed:
+		return true
+	case s.getConn:
+		return !s.gotConn
+	default:
+		return traced
+	}
+}
+
+// tracedTransport reports whether client sends through an http.Transport,
+// which reports every connection it looks for to httptrace.
+func tracedTransport(client *http.Client) bool {
+	rt := client.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	_, ok := rt.(*http.Transport)
+	return ok
+}
+
+func (t *sendTrace) hooks() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		GetConn: func(string) {
+			t.mu.Lock()
+			t.s.getConn = true
+			t.mu.Unlock()
+		},
+		GotConn: func(httptrace.GotConnInfo) {
+			t.mu.Lock()
+			t.s.gotConn = true
+			t.mu.Unlock()
+		},
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			if info.Err != nil {
+				t.s.writeFailed = true
+				return
+			}
+			if t.pending {
+				t.s.resent = true
+			}
+			t.s.wrote, t.pending = true, true
+		},
+		GotFirstResponseByte: func() {
+			t.mu.Lock()
+			t.s.answered, t.pending = true, false
+			t.mu.Unlock()
+		},
+	}
+}
+
+func (t *sendTrace) state() sendState {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.s
+}
