@@ -9,9 +9,12 @@
 //   - InTx commits the handler's local writes in the same transaction as the
 //     job's "succeeded" mark, and refuses if this worker lost the job's lease;
 //   - Step records an external call under a stable idempotency key (job id
-//     and step name): a finished step is skipped on retry, and a step that
-//     started but never recorded an outcome is verified (Verify) or parked
-//     for a person — never repeated blindly.
+//     and step name): a finished step is skipped on retry, and a step whose
+//     call may have happened (an error not known to come before sending, or
+//     a process that died mid-call) is verified (Verify) or parked for a
+//     person — never repeated blindly. StepHTTP and DoHTTP send one HTTP
+//     request and tell a call that never left from one in doubt; NotSent
+//     marks what other clients know. Steps come before the completing InTx.
 //
 // The Store reads jobs (Get, Lookup, Steps, Audit, ListDead) and carries the
 // operator's actions: Replay, Discard, ResolveStep and their bulk forms.

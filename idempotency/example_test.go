@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/retry"
 )
 
 // A handler's local writes commit with the job's completion; its external
@@ -33,4 +38,42 @@ func ExampleStep() {
 	// Output:
 	// true
 	// 0193c1d2:charge
+}
+
+// One HTTP call as a step: sent once with the step's key in its
+// Idempotency-Key header; a call that may have happened is settled by
+// Verify on the next attempt, never sent again blindly. Steps come first,
+// the completing InTx last.
+func ExampleStepHTTP() {
+	client := &http.Client{Timeout: 10 * time.Second}
+	handle := func(ctx context.Context, orderID, email string) error {
+		err := idempotency.StepHTTP(ctx, "mail", client,
+			func(ctx context.Context, key string) (*http.Request, error) {
+				body := strings.NewReader(`{"to":"` + email + `"}`)
+				return http.NewRequestWithContext(ctx, http.MethodPost, "https://mail.example/send", body)
+			},
+			idempotency.Verify(func(ctx context.Context, key string) (bool, error) {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://mail.example/sent?key="+url.QueryEscape(key), nil)
+				if err != nil {
+					return false, err
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					return false, err
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusNotFound {
+					return false, retry.FromResponse(resp)
+				}
+				return resp.StatusCode == http.StatusOK, nil
+			}))
+		if err != nil {
+			return err
+		}
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE orders SET receipt_sent_at = now() WHERE id = $1`, orderID)
+			return err
+		})
+	}
+	_ = handle
 }

@@ -175,12 +175,14 @@ var (
 	ErrStepAfterComplete = errors.New("step called after the job's completing InTx")
 )
 
-// NotSent marks an error from a step's fn as "the call never reached the
-// other side" (the request could not be built, the connection could not be
-// made, a client-side rate limit refused it): the step forgets its start
-// and the next attempt calls again, with the same key. Use it only when
-// that is certain; any other error leaves the step in doubt. It keeps err's
-// retry class. NotSent(nil) is nil.
+// NotSent marks an error from a step's fn as one after which the call
+// certainly did not take effect: it never reached the other side (the
+// request could not be built, the connection could not be made, a
+// client-side rate limit refused it), or the other side answered that it
+// refused it (a card declined). The step forgets its start and the next
+// attempt, if the error's class allows one, calls again with the same key.
+// Use it only when that is certain; any other error leaves the step in
+// doubt. It keeps err's retry class. NotSent(nil) is nil.
 func NotSent(err error) error {
 	if err == nil {
 		return nil
