@@ -153,9 +153,8 @@ func TestMigrateDoesNotBlockWritersWhileItBuildsAnIndex(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	unapplyNewest(t, b.pool)
-	held := holdWriter(t, b.pool)
-
 	mp, app := migratePool(t, b.pool, "build")
+	held := holdWriter(t, b.pool) // after the pool: cleanups end the writer before closing it
 	done := make(chan error, 1)
 	go func() {
 		_, err := idempotency.Migrate(ctx, mp)
@@ -187,9 +186,8 @@ func TestMigrateRebuildsAnIndexAnInterruptedBuildLeftInvalid(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	unapplyNewest(t, b.pool)
-	held := holdWriter(t, b.pool)
-
 	mp, app := migratePool(t, b.pool, "interrupt")
+	held := holdWriter(t, b.pool)
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
