@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/keeljobs/keel/retry"
 )
@@ -68,6 +69,9 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		// recorded nor retried, so it must not pretend to run.
 		return zero, retry.Permanent(fmt.Errorf("keel: step %q did not run: %w; call steps before InTx", name, ErrStepAfterComplete))
 	}
+	if err := jc.usable(); err != nil {
+		return zero, err
+	}
 	if err := ValidateKey("step name", name); err != nil {
 		return zero, retry.Permanent(fmt.Errorf("keel: %w", err))
 	}
@@ -83,15 +87,18 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	// during the call, the next attempt knows the call may have happened.
 	var leased, fresh bool
 	err = pool.QueryRow(ctx, `WITH lease AS (
-			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3),
+			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND attempts = $4),
 		ins AS (
 			INSERT INTO keel_steps (job_id, name, status) SELECT $1, $2, 'started' FROM lease
 			ON CONFLICT (job_id, name) DO NOTHING RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder).Scan(&leased, &fresh)
+		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.attempt).Scan(&leased, &fresh)
 	if err != nil {
 		return zero, interpretError(err)
 	}
 	if !leased {
+		if err := jc.usable(); err != nil {
+			return zero, err
+		}
 		return zero, ErrLeaseLost
 	}
 	if !fresh {
@@ -229,29 +236,40 @@ func gatewayStatus(status int) bool {
 // inDoubtError is what a step whose call may have happened returns. With a
 // Verify the next attempt must happen, since it is where the doubt is
 // settled: the error keeps a transient mark (and its Retry-After) or is
-// made transient. Without one nothing but a person can settle it, so the
-// job is parked at once.
+// made transient. Without one (or when the client sent the call twice)
+// nothing but a person can settle it, so the job is parked at once.
 func inDoubtError(jobID, name string, err error, verify bool) error {
-	if !verify {
-		if !errors.Is(err, ErrInDoubt) {
-			err = InDoubt(err)
+	if !verify || errors.Is(err, ErrResent) {
+		// Verify can say that a call happened, not that it happened twice.
+		// The dead letter must say that a person is needed (and InDoubt's
+		// own errors say so already).
+		if !strings.Contains(err.Error(), ErrInDoubt.Error()) {
+			return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w: %w", name, jobID, ErrInDoubt, err))
 		}
 		return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jobID, err))
 	}
-	d := &doubtError{msg: fmt.Sprintf("keel: step %q of job %s is in doubt, verified on the next attempt", name, jobID), err: err}
+	d := doubt(fmt.Sprintf("keel: step %q of job %s is in doubt, verified on the next attempt", name, jobID), err)
 	if e, ok := retry.Marked(err); ok && (e.Class == retry.ClassTransient || e.Class == retry.ClassWait) {
 		return d
 	}
 	return retry.Transient(d)
 }
 
-// doubtError is an in-doubt step error that Verify will settle: it matches
-// ErrInDoubt without saying that a person is needed.
+// doubt marks err in doubt, like InDoubt, but with msg for its text: a
+// doubt Verify may settle does not need a person.
+func doubt(msg string, err error) error { return &doubtError{msg: msg, err: err} }
+
 type doubtError struct {
 	msg string
 	err error
 }
 
-func (e *doubtError) Error() string        { return e.msg + ": " + e.err.Error() }
+func (e *doubtError) Error() string {
+	if e.msg == "" {
+		return e.err.Error()
+	}
+	return e.msg + ": " + e.err.Error()
+}
+
 func (e *doubtError) Unwrap() error        { return e.err }
 func (e *doubtError) Is(target error) bool { return target == ErrInDoubt }

@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -519,4 +520,59 @@ func TestStepErrorMarks(t *testing.T) {
 	require.ErrorIs(t, ns, idempotency.ErrNotSent)
 	require.ErrorIs(t, ns, base)
 	require.Equal(t, retry.ClassTransient, retry.Default.Classify(ns), "NotSent keeps the error's class")
+}
+
+// resendingTransport is a retrying RoundTripper of the kind some clients
+// install: it keeps the body and sends the request again after an error.
+type resendingTransport struct{ next http.RoundTripper }
+
+func (rt resendingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	req.Body.Close()
+	for try := 0; ; try++ {
+		r := req.Clone(req.Context())
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		resp, err := rt.next.RoundTrip(r)
+		if err == nil || try == 1 {
+			return resp, err
+		}
+	}
+}
+
+// A layer DoHTTP cannot switch off may still send a step's request twice:
+// DoHTTP says so, and the step waits for a person even with a Verify, which
+// could only confirm that the call happened, not that it happened twice.
+func TestDoHTTPReportsAResend(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	p := newProvider(t, func(n int) int {
+		if n == 1 {
+			return cut
+		}
+		return http.StatusOK
+	})
+	client := &http.Client{Transport: resendingTransport{next: &http.Transport{}}, Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	var stepErr atomic.Value
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		err := idempotency.StepHTTP(ctx, "charge", client, p.newCall, idempotency.Verify(p.sent))
+		stepErr.Store(err)
+		return err
+	})
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "resent"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
+	err, _ = stepErr.Load().(error)
+	require.ErrorIs(t, err, idempotency.ErrResent)
+	require.ErrorIs(t, err, idempotency.ErrInDoubt)
+	require.ErrorIs(t, err, retry.ErrPermanent)
+	require.Contains(t, j.LastError, idempotency.ErrInDoubt.Error())
+	require.Equal(t, 1, j.Attempts)
+	_, applied := p.counts()
+	require.Equal(t, 2, applied, "the resending layer did send twice")
 }

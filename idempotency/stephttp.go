@@ -99,13 +99,13 @@ func DoHTTP(client *http.Client, req *http.Request, key string) (*http.Response,
 		if resp != nil {
 			resp.Body.Close()
 		}
-		return nil, retry.Permanent(InDoubt(fmt.Errorf("%s %s: %w", req.Method, redactedURL(req), ErrResent)))
+		return nil, retry.Permanent(doubt("", fmt.Errorf("%s %s: %w", req.Method, redactedURL(req), ErrResent)))
 	}
 	if err != nil {
 		if st.answered || st.wrote || !st.neverLeft(tracedTransport(client)) {
 			// The other side may have the whole request; what it did with
 			// it is unknown.
-			return nil, InDoubt(err)
+			return nil, doubt("sent, no answer", err)
 		}
 		return nil, NotSent(err)
 	}
@@ -118,7 +118,7 @@ func DoHTTP(client *http.Client, req *http.Request, key string) (*http.Response,
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		if gatewayStatus(resp.StatusCode) {
-			return nil, InDoubt(ferr)
+			return nil, doubt("a gateway's answer", ferr)
 		}
 		return nil, ferr
 	}
