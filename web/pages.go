@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/metrics"
 )
 
@@ -198,7 +199,10 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	f, df, err := readFilter(r.URL.Query())
-	d := deadData{Filter: f, Classes: []string{"permanent", "transient", "unknown"}}
+	d := deadData{Filter: f}
+	for _, c := range retry.StoredClasses() {
+		d.Classes = append(d.Classes, string(c))
+	}
 	if err != nil {
 		s.render(w, r, http.StatusBadRequest, "dead", view{Title: "Dead letters", Nav: "dead", Error: err.Error(), Data: d})
 		return
