@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/keeljobs/keel/idempotency"
-	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/metrics"
+	"github.com/keeljobs/keel/retry"
 )
 
 // pageTimeout bounds the reads behind one page.
