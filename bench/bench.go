@@ -9,7 +9,10 @@
 //     worker;
 //   - relay: how fast relays publish rows committed by EnqueueTx;
 //   - recovery: how long after Redis loses every queued job the reconciler
-//     and a worker take to run them all;
+//     and a worker take to run them all, with fast settings and with the
+//     defaults;
+//   - redelivery: how long after its worker was killed with SIGKILL a job
+//     starts again on another worker, with the defaults;
 //   - memory: the resident size of a worker at concurrency 100.
 //
 // Run runs any of them (`keel bench` calls it); Processing runs the first
@@ -95,7 +98,7 @@ type Options struct {
 	Progress func(Progress)
 
 	// Parts selects what Run measures, in this order: processing, enqueue,
-	// latency, relay, recovery, memory (see AllParts). Empty means all.
+	// latency, relay, recovery, redelivery, memory (see AllParts). Empty means all.
 	// Processing ignores it.
 	Parts []string
 	// EnqueueJobs is how many jobs each enqueue row enqueues. Default 3000,
@@ -122,9 +125,13 @@ type Options struct {
 	// 3000 with Quick.
 	RecoveryJobs int
 	// RecoveryInterval and RecoveryGrace configure the recovery part's
-	// reconciler. Default 1s each.
+	// first reconciler, which shows how fast republishing itself is.
+	// Default 1s each. Its second run always uses the reconciler's defaults.
 	RecoveryInterval time.Duration
 	RecoveryGrace    time.Duration
+	// RedeliveryKills is how many times the redelivery part kills a child
+	// worker holding a job. Default 5. It needs WorkerCommand.
+	RedeliveryKills int
 	// RedisServer is the redis-server program the recovery part starts on
 	// a free loopback port (the shared Redis is never flushed). Default
 	// "redis-server", looked up in PATH.
@@ -135,8 +142,9 @@ type Options struct {
 	// MemoryConcurrency is the concurrency of those workers. Default 100.
 	MemoryConcurrency int
 	// WorkerCommand starts this program as a child worker for the memory
-	// part, which sets WorkerEnv in its environment; the program must then
-	// call ServeWorker. Without it the memory part is skipped.
+	// and redelivery parts, which set WorkerEnv in its environment; the
+	// program must then call ServeWorker. Without it the memory part is
+	// skipped and the redelivery part fails.
 	WorkerCommand []string
 }
 
@@ -160,6 +168,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Producers <= 0 {
 		o.Producers = 16
+	}
+	if o.RedeliveryKills <= 0 {
+		o.RedeliveryKills = 5
 	}
 	if o.MemoryConcurrency <= 0 {
 		o.MemoryConcurrency = 100

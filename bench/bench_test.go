@@ -14,6 +14,7 @@ import (
 
 	"github.com/keeljobs/keel/bench"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
 )
 
 var (
@@ -119,6 +120,7 @@ func tiny(t *testing.T, part string) bench.Options {
 	o.RecoveryJobs = 200
 	o.RecoveryInterval = 200 * time.Millisecond
 	o.RecoveryGrace = 200 * time.Millisecond
+	o.RedeliveryKills = 1
 	o.MemoryJobs = 200
 	o.MemoryConcurrency = 20
 	o.WorkerCommand = []string{os.Args[0]}
@@ -243,6 +245,22 @@ func TestRecoverySmoke(t *testing.T) {
 	}
 	if rep.Seconds <= 0 || rep.DrainSeconds <= 0 {
 		t.Fatalf("%+v", rep)
+	}
+	if rep.DefaultSeconds <= 0 || rep.DefaultRepublished < uint64(n) || rep.DefaultGraceSeconds != outbox.DefaultGrace.Seconds() {
+		t.Fatalf("run with the default settings: %+v", rep)
+	}
+}
+
+// A child worker holding a job is killed; another worker with the defaults
+// starts the job again. The time is reported, not asserted.
+func TestRedeliverySmoke(t *testing.T) {
+	o := tiny(t, bench.PartRedelivery)
+	rep := run(t, o).Redelivery
+	if len(rep.Seconds) != 1 || rep.Seconds[0] <= 0 || rep.P50 != rep.Seconds[0] || rep.Max != rep.Seconds[0] {
+		t.Fatalf("%+v", rep)
+	}
+	if !strings.Contains(rep.String(), "SIGKILL") {
+		t.Fatalf("no kills in\n%s", rep)
 	}
 }
 

@@ -377,14 +377,22 @@ func ServeWorker(ctx context.Context) error {
 		<-ctx.Done()
 		srv.Shutdown()
 		return nil
-	case WorkerKeel:
+	case WorkerKeel, WorkerKeelHold:
 		pool, err := schemaPool(ctx, spec.DatabaseURL, spec.Schema, 20)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		srv, err := server.New(server.Config{Redis: r, Pool: pool, Queues: Queues(), Concurrency: spec.Concurrency,
-			Logger: log}, noop)
+		cfg, h := server.Config{Redis: r, Pool: pool, Queues: Queues(), Concurrency: spec.Concurrency, Logger: log}, noop
+		if spec.Worker == WorkerKeelHold {
+			// keel's defaults; the handler holds its job until the process dies.
+			cfg = server.Config{Redis: r, Pool: pool, Logger: log}
+			h = asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		}
+		srv, err := server.New(cfg, h)
 		if err != nil {
 			return err
 		}

@@ -24,12 +24,13 @@ const (
 	PartLatency    = "latency"
 	PartRelay      = "relay"
 	PartRecovery   = "recovery"
+	PartRedelivery = "redelivery"
 	PartMemory     = "memory"
 )
 
 // AllParts lists every part in the order Run measures them.
 func AllParts() []string {
-	return []string{PartProcessing, PartEnqueue, PartLatency, PartRelay, PartRecovery, PartMemory}
+	return []string{PartProcessing, PartEnqueue, PartLatency, PartRelay, PartRecovery, PartRedelivery, PartMemory}
 }
 
 // selectParts returns the parts named, in Run's order, or all of them.
@@ -102,15 +103,16 @@ type PartError struct {
 // part that failed keeps what it measured before it failed and is named in
 // Errors.
 type Results struct {
-	Env        Env             `json:"env"`
-	Parts      []string        `json:"parts"`
-	Processing *Report         `json:"processing,omitempty"`
-	Enqueue    *EnqueueReport  `json:"enqueue,omitempty"`
-	Latency    *LatencyReport  `json:"latency,omitempty"`
-	Relay      *RelayReport    `json:"relay,omitempty"`
-	Recovery   *RecoveryReport `json:"recovery,omitempty"`
-	Memory     *MemoryReport   `json:"memory,omitempty"`
-	Errors     []PartError     `json:"errors,omitempty"`
+	Env        Env               `json:"env"`
+	Parts      []string          `json:"parts"`
+	Processing *Report           `json:"processing,omitempty"`
+	Enqueue    *EnqueueReport    `json:"enqueue,omitempty"`
+	Latency    *LatencyReport    `json:"latency,omitempty"`
+	Relay      *RelayReport      `json:"relay,omitempty"`
+	Recovery   *RecoveryReport   `json:"recovery,omitempty"`
+	Redelivery *RedeliveryReport `json:"redelivery,omitempty"`
+	Memory     *MemoryReport     `json:"memory,omitempty"`
+	Errors     []PartError       `json:"errors,omitempty"`
 }
 
 // String renders the results as tables, one per part.
@@ -134,6 +136,9 @@ func (r Results) String() string {
 	}
 	if r.Recovery != nil {
 		section("recovery: Redis loses every queued job", r.Recovery)
+	}
+	if r.Redelivery != nil {
+		section("redelivery: a worker killed mid-job", r.Redelivery)
 	}
 	if r.Memory != nil {
 		section("memory: worker resident size", r.Memory)
@@ -221,6 +226,10 @@ func (e *env) runPart(ctx context.Context, p string, res *Results) error {
 	case PartRecovery:
 		r, err := e.recovery(ctx)
 		res.Recovery = &r
+		return err
+	case PartRedelivery:
+		r, err := e.redelivery(ctx)
+		res.Redelivery = &r
 		return err
 	case PartMemory:
 		r, err := e.memory(ctx)

@@ -31,11 +31,14 @@ func benchCmd(c *conn) *cobra.Command {
   latency     EnqueueTx commit → handler start on an idle worker (p50/p99)
   relay       how fast relays publish rows committed by EnqueueTx
   recovery    a private redis-server holding 10,000 accepted jobs is
-              FLUSHALL'd: how long until the reconciler and a worker ran them
+              FLUSHALL'd: how long until the reconciler and a worker ran them,
+              with fast settings (1s/1s) and with the defaults
+  redelivery  a child worker holding a job is killed with SIGKILL: how long
+              until another worker (default settings) starts it (5 kills)
   memory      resident size of a worker process at concurrency 100
 
---only picks parts (default all); a full run takes about a minute, --quick
-about 20 seconds. It needs a Redis database whose critical, default and low
+--only picks parts (default all); a full run takes about three minutes,
+--quick about two (redelivery waits out a 10s lease per kill). It needs a Redis database whose critical, default and low
 queues are empty (default: database 14 of --redis-url's server; the benchmark
 empties those queues between parts) and drops and recreates the Postgres
 schema --schema (default keel_bench) in --database-url's database; give it a
@@ -108,6 +111,7 @@ BENCHMARKS.md for what each figure is bounded by.`,
 	f.IntVar(&opts.RelayJobs, "relay-jobs", 0, "relay: committed jobs to publish (default 20,000; 5,000 with --quick)")
 	f.IntVar(&opts.RecoveryJobs, "recovery-jobs", 0, "recovery: jobs Redis loses (default 10,000; 3,000 with --quick)")
 	f.StringVar(&opts.RedisServer, "redis-server", "redis-server", "recovery: the redis-server program to start privately")
+	f.IntVar(&opts.RedeliveryKills, "redelivery-kills", 5, "redelivery: child workers killed")
 	f.IntVar(&opts.MemoryJobs, "memory-jobs", 0, "memory: backlog per worker (default 10,000; 3,000 with --quick)")
 	f.IntVar(&opts.MemoryConcurrency, "memory-concurrency", 100, "memory: worker concurrency")
 	f.StringVar(&opts.Schema, "schema", "keel_bench", "Postgres schema to (re)create for the benchmark's ledger")
@@ -117,11 +121,12 @@ BENCHMARKS.md for what each figure is bounded by.`,
 	return cmd
 }
 
-// benchWorkerCmd is the child worker the memory part starts and measures.
+// benchWorkerCmd is the child worker the memory part measures and the
+// redelivery part kills.
 func benchWorkerCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:    "worker",
-		Short:  "The worker process keel bench's memory part measures (started by keel bench)",
+		Short:  "The worker process keel bench's memory and redelivery parts start",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
