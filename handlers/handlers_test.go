@@ -107,7 +107,8 @@ func TestEnqueuedInTransaction(t *testing.T) {
 
 func TestOrderJobsCompleteWithEffectsOnce(t *testing.T) {
 	// Lost replies: the mail goes out but the caller never hears so; the
-	// retry carries the same idempotency key and the service dedupes it.
+	// next attempt asks the service, which does not dedupe, instead of
+	// sending again.
 	a := newApp(t, handlers.Faults{LostReplies: 0.5})
 	_, o := a.post(t, "order-1", handlers.OrderRequest{Email: "b@example.com", Amount: 99})
 	a.mux()
@@ -188,4 +189,34 @@ func TestReplayAfterTheMailboxIsFixed(t *testing.T) {
 	require.NoError(t, err)
 	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
 	require.Equal(t, 1, a.mail.Stats().Mails)
+}
+
+// The mail service cuts every connection after sending: the caller cannot
+// tell, so the next attempt asks the service (the step's Verify) and does
+// not send again. The service does not dedupe: one mail proves keel sent once.
+func TestLostReplyIsVerifiedNotResent(t *testing.T) {
+	a := newApp(t, handlers.Faults{LostReplies: 1})
+	_, o := a.post(t, "lost", handlers.OrderRequest{Email: "d@example.com", Amount: 5})
+	a.mux()
+	j := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
+	j = a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
+	require.Equal(t, 2, j.Attempts, "the second attempt settles the doubt")
+	st := a.mail.Stats()
+	require.Equal(t, 1, st.Calls, "a send in doubt was repeated")
+	require.Equal(t, 1, st.Mails)
+	require.Equal(t, 0, st.OrdersMailedTwice)
+}
+
+// The mail goes out but its reply comes after the client's timeout: a
+// timeout after sending is in doubt, verified, and not sent again.
+func TestTimeoutAfterSendIsVerifiedNotResent(t *testing.T) {
+	a := newApp(t, handlers.Faults{Slow: 1, SlowFor: time.Minute})
+	_, o := a.post(t, "slow", handlers.OrderRequest{Email: "e@example.com", Amount: 5})
+	a.mux()
+	j := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
+	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
+	st := a.mail.Stats()
+	require.Equal(t, 1, st.Calls, "a send that timed out after leaving was repeated")
+	require.Equal(t, 1, st.Mails)
+	require.Equal(t, 0, st.OrdersMailedTwice)
 }

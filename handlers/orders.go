@@ -60,14 +60,17 @@ var (
 		tasks.Key(func(r DailyReport) string { return "day:" + r.Day }))
 )
 
-// Mailer sends mail. key is the idempotency key the mail service must
-// deduplicate on: the same key twice is one mail.
+// Mailer sends mail. key is the send's idempotency key, to pass to the mail
+// service. An error means the mail may have gone out unless it is marked
+// idempotency.NotSent or is the service's answer (idempotency.DoHTTP marks
+// both): the step then does not send again without asking MailVerifier.
 type Mailer interface {
 	SendReceipt(ctx context.Context, key, email, orderID string) error
 }
 
 // MailVerifier can tell whether a mail with a key went out. A Mailer that
-// implements it lets a crashed send be verified instead of parked.
+// implements it lets a send in doubt (a lost reply, a timeout, a crash
+// mid-call) be verified instead of parked for a person.
 type MailVerifier interface {
 	Sent(ctx context.Context, key string) (bool, error)
 }
@@ -95,7 +98,9 @@ func Register(mux *tasks.Mux, d Deps) {
 	}
 	tasks.Handle(mux, SendReceipt, func(ctx context.Context, r Receipt) error {
 		// External effect: a recorded step. A retry after the mail went out
-		// skips it; a crash mid-call is verified or parked, never re-sent blindly.
+		// skips it; a send that may have gone out (a lost reply, a timeout, a
+		// crash mid-call) is verified or parked, never re-sent blindly. Steps
+		// come first; a handler's completing InTx, if any, comes last.
 		var opts []idempotency.StepOption
 		if v, ok := d.Mailer.(MailVerifier); ok {
 			opts = append(opts, idempotency.Verify(v.Sent))
