@@ -187,7 +187,7 @@ func TestUnknownErrorGetsUnknownBudget(t *testing.T) {
 	require.Equal(t, "something odd happened", j.LastError)
 	info := waitArchived(t, insp, "default", res.Job.ID)
 	require.Equal(t, 1, info.Retried)
-	require.Equal(t, tasks.DefaultMaxRetry, info.MaxRetry, "the unknown budget, not the task's, ended it")
+	require.Equal(t, tasks.DefaultMaxRetry+idempotency.AsynqRetryHeadroom, info.MaxRetry, "the unknown budget, not the task's, ended it")
 	require.EqualValues(t, 2, runs.Load())
 }
 

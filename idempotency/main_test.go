@@ -7,7 +7,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if runWorkerChild() {
+	if runWorkerChild() || runGuaranteeChild() {
 		return
 	}
 	goleak.VerifyTestMain(m,

@@ -181,10 +181,17 @@ func (s *Store) Steps(ctx context.Context, jobID string) ([]StepRecord, error) {
 // so logs can name it without a ledger read.
 const HeaderBusinessKey = "keel-business-key"
 
+// AsynqRetryHeadroom is how many tries asynq's own count allows beyond the
+// ledger's budget. The ledger decides when a job dies (the guard archives it
+// then with SkipRetry); asynq archives whatever fails on its own last try —
+// waits included, such as a claim that found the row locked for a moment —
+// so its last try must lie beyond the ledger's.
+const AsynqRetryHeadroom = 5
+
 // TaskOptions are the asynq options that publish j: its ledger id as task id,
 // so a second publish of the same job is a harmless conflict.
 func TaskOptions(j Job) []asynq.Option {
-	opts := []asynq.Option{asynq.TaskID(j.ID), asynq.Queue(j.Queue), asynq.MaxRetry(j.MaxRetry)}
+	opts := []asynq.Option{asynq.TaskID(j.ID), asynq.Queue(j.Queue), asynq.MaxRetry(j.MaxRetry + AsynqRetryHeadroom)}
 	if j.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(j.Timeout))
 	}

@@ -1,0 +1,396 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// The guarantees of DESIGN's invariants 8 and 9, each on a path a chaos
+// soak does not take: a job that kills its worker, a handler that ignores
+// its deadline, a deploy mid-job, a rate limit, a wait on asynq's last try.
+
+const guaranteeChildEnv = "KEEL_GUARANTEE_CHILD"
+
+var (
+	poison  = tasks.Define[order]("test:poison", tasks.MaxRetry(1), tasks.Key(func(o order) string { return o.OrderID }))
+	deploy  = tasks.Define[order]("test:deploy", tasks.MaxRetry(0), tasks.Key(func(o order) string { return o.OrderID }))
+	hung    = tasks.Define[order]("test:hung", tasks.MaxRetry(1), tasks.Timeout(time.Second), tasks.Key(func(o order) string { return o.OrderID }))
+	limited = tasks.Define[order]("test:limited", tasks.MaxRetry(1), tasks.Key(func(o order) string { return o.OrderID }))
+	patient = tasks.Define[order]("test:patient", tasks.MaxRetry(1), tasks.MaxWait(1500*time.Millisecond), tasks.Key(func(o order) string { return o.OrderID }))
+	oneShot = tasks.Define[order]("test:one_shot", tasks.MaxRetry(0), tasks.Key(func(o order) string { return o.OrderID }))
+	late    = tasks.Define[order]("test:late", tasks.MaxRetry(3), tasks.Key(func(o order) string { return o.OrderID }))
+)
+
+// guaranteeMux is what the child workers run. Every handler records that it
+// started (committed before anything else), so the parent counts runs.
+func guaranteeMux(pool *pgxpool.Pool) *tasks.Mux {
+	started := func(ctx context.Context) error {
+		id, _ := idempotency.JobID(ctx)
+		_, err := pool.Exec(ctx, `INSERT INTO started (job_id) VALUES ($1)`, id)
+		return err
+	}
+	mux := tasks.NewMux()
+	tasks.Handle(mux, poison, func(ctx context.Context, o order) error {
+		if err := started(ctx); err != nil {
+			return err
+		}
+		os.Exit(3) // what an OOM kill or a segfault does to the worker
+		return nil
+	})
+	tasks.Handle(mux, deploy, func(ctx context.Context, o order) error {
+		if err := started(ctx); err != nil {
+			return err
+		}
+		<-ctx.Done() // a long job, still running when the deploy comes
+		return fmt.Errorf("sending: %w", ctx.Err())
+	})
+	return mux
+}
+
+// runGuaranteeChild runs a worker when the test binary is started as one
+// of these tests' children.
+func runGuaranteeChild() bool {
+	if os.Getenv(guaranteeChildEnv) == "" {
+		return false
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	cfg, err := pgxpool.ParseConfig(os.Getenv("KEEL_CHILD_DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	scfg := server.Config{
+		Redis:           redisOpt(),
+		Pool:            pool,
+		Concurrency:     5,
+		ShutdownTimeout: time.Second,
+		Guard: idempotency.GuardConfig{
+			Lease: 2 * time.Second,
+			OnDead: func(ctx context.Context, e idempotency.DeadEvent) {
+				_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO deaths (job_id, class) VALUES ($1, $2)`, e.JobID, e.Class)
+			},
+		},
+	}
+	scfg.Retry.Base, scfg.Retry.Cap = time.Second, time.Second
+	srv, err := server.New(scfg, guaranteeMux(pool))
+	if err != nil {
+		panic(err)
+	}
+	if err := srv.Run(ctx); err != nil {
+		panic(err)
+	}
+	return true
+}
+
+func startGuaranteeChild(t *testing.T) *exec.Cmd {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), guaranteeChildEnv+"=1", "KEEL_CHILD_DATABASE_URL="+testenv.URL(schema))
+	child.Stdout, child.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, child.Start())
+	exited := make(chan struct{})
+	go func() { _ = child.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = child.Process.Kill()
+		<-exited
+	})
+	childExited[child] = exited
+	return child
+}
+
+var childExited = map[*exec.Cmd]chan struct{}{}
+
+func guaranteeTables(t *testing.T, b *bundle) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), `CREATE TABLE started (job_id text, at timestamptz DEFAULT clock_timestamp());
+		CREATE TABLE deaths (job_id text, class text)`)
+	require.NoError(t, err)
+}
+
+// A job whose run kills its worker retires after its budget instead of
+// killing workers for ever: dead, class crashed, with the alert every death
+// gets, and never run beyond its budget.
+func TestPoisonJobRetires(t *testing.T) {
+	b := setup(t)
+	guaranteeTables(t, b)
+	ctx := context.Background()
+	res, err := b.client.Enqueue(ctx, poison.New(order{OrderID: "p1"}))
+	require.NoError(t, err)
+
+	// Each child dies in the handler; the next one is started at once and
+	// takes the job over when the dead one's lease has expired.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		child := startGuaranteeChild(t)
+		exited := childExited[child]
+		var j idempotency.Job
+		for {
+			j, err = b.store.Get(ctx, res.Job.ID)
+			require.NoError(t, err)
+			if j.Status == idempotency.StatusDead {
+				break
+			}
+			select {
+			case <-exited:
+			case <-time.After(20 * time.Millisecond):
+				require.True(t, time.Now().Before(deadline), "the poison job never retired: %+v", j)
+				continue
+			}
+			break
+		}
+		if j.Status == idempotency.StatusDead {
+			require.Equal(t, string(retry.ClassCrashed), j.ErrorClass)
+			require.Contains(t, j.LastError, "2 of 2 runs ended without an outcome")
+			require.Contains(t, j.LastError, "last held by ")
+			require.Equal(t, 2, b.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, res.Job.ID),
+				"a MaxRetry(1) job ran more than twice")
+			testenv.Eventually(t, 10*time.Second, func() bool {
+				return b.count(t, `SELECT count(*) FROM deaths WHERE job_id = $1 AND class = 'crashed'`, res.Job.ID) == 1
+			}, "the retired poison job raised no death alert")
+			return
+		}
+	}
+}
+
+// SIGTERM with a 1 s shutdown timeout in the middle of a MaxRetry(0) job:
+// the run does not count, makes no dead letter and no alert, and the job's
+// lease is released at once, so the next worker starts it without waiting
+// for the lease to expire.
+func TestDeployInterruptionCostsNothing(t *testing.T) {
+	b := setup(t)
+	guaranteeTables(t, b)
+	ctx := context.Background()
+	res, err := b.client.Enqueue(ctx, deploy.New(order{OrderID: "d1"}))
+	require.NoError(t, err)
+	child := startGuaranteeChild(t)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM started`) == 1
+	}, "the child never started the job")
+	require.NoError(t, child.Process.Signal(syscall.SIGTERM))
+	<-childExited[child]
+
+	j, err := b.store.Get(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, j.Status, "interrupted job: %+v", j)
+	require.Equal(t, 0, j.Attempts, "the deploy used up an attempt")
+	require.Empty(t, j.LeaseHolder, "the interrupted job keeps its lease")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM deaths`), "a deploy raised an alert")
+
+	// The next worker starts it at once: a held lease would answer "busy"
+	// until it expired, which the busy counter shows.
+	done := make(chan struct{})
+	mux := tasks.NewMux()
+	tasks.Handle(mux, deploy, func(ctx context.Context, o order) error {
+		defer close(done)
+		return nil
+	})
+	srv := b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = time.Minute })
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the next worker never started the interrupted job")
+	}
+	j = b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	require.Equal(t, 1, j.Attempts)
+	require.Zero(t, srv.Guard().Stats().LeaseBusy, "the next worker found the interrupted job's lease still held")
+}
+
+// A handler that ignores its context is given up at its deadline plus the
+// grace: the attempt counts (class timeout), the job retries and dies by its
+// budget, and the stuck goroutines' late InTx can never commit.
+func TestHungHandlerIsGivenUp(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	var freeOnce sync.Once
+	var entered, returned atomic.Int32
+	free := func() {
+		freeOnce.Do(func() { close(release) })
+		testenv.Eventually(t, 10*time.Second, func() bool { return returned.Load() == entered.Load() }, "hung goroutines never returned")
+	}
+	defer free() // before the worker stops
+	var lateErrs, lateStepErrs sync.Map
+	var lateCalls atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, hung, func(ctx context.Context, o order) error {
+		entered.Add(1)
+		defer returned.Add(1)
+		attempt := idempotency.Attempt(ctx)
+		<-release // ignores ctx
+		serr := idempotency.Step(ctx, "late-call", func(ctx context.Context, key string) error {
+			lateCalls.Add(1)
+			return nil
+		})
+		lateStepErrs.Store(attempt, serr)
+		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'late')`, id)
+			return err
+		})
+		lateErrs.Store(attempt, err)
+		return err
+	})
+	srv := b.startWorker(t, mux, func(c *server.Config) { c.Guard.TimeoutGrace = 500 * time.Millisecond })
+	res, err := b.client.Enqueue(ctx, hung.New(order{OrderID: "h1"}))
+	require.NoError(t, err)
+
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 60*time.Second)
+	require.Equal(t, string(retry.ClassTimeout), j.ErrorClass)
+	require.Equal(t, 2, j.Attempts, "a MaxRetry(1) job runs twice")
+	require.Contains(t, j.LastError, "after its deadline")
+	require.EqualValues(t, 2, srv.Guard().Stats().Overran)
+
+	free()
+	for attempt := 1; attempt <= 2; attempt++ {
+		v, ok := lateErrs.Load(attempt)
+		require.True(t, ok, "attempt %d's goroutine never returned", attempt)
+		require.ErrorIs(t, v.(error), idempotency.ErrRunGivenUp, "attempt %d", attempt)
+		v, _ = lateStepErrs.Load(attempt)
+		require.ErrorIs(t, v.(error), idempotency.ErrRunGivenUp, "attempt %d's late step", attempt)
+	}
+	require.Zero(t, lateCalls.Load(), "a given-up run made its external call")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`), "a given-up run committed its effect")
+	j, err = b.store.Get(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusDead, j.Status)
+}
+
+// A 429 with Retry-After, three times, on a MaxRetry(1) job: waits, not
+// failures, so the job succeeds on the fourth call with one attempt used.
+func TestRetryAfterIsAWaitNotAnAttempt(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) <= 3 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer api.Close()
+	call := func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, api.URL, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		return retry.FromResponse(resp)
+	}
+	mux := tasks.NewMux()
+	tasks.Handle(mux, limited, func(ctx context.Context, o order) error { return call(ctx) })
+	tasks.Handle(mux, patient, func(ctx context.Context, o order) error { return call(ctx) })
+	b.startWorker(t, mux, nil)
+
+	res, err := b.client.Enqueue(ctx, limited.New(order{OrderID: "l1"}))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
+	require.EqualValues(t, 4, calls.Load())
+	require.Equal(t, 1, j.Attempts, "the 429s used up attempts")
+
+	// With a wait ceiling of 1.5 s the second 1 s wait is one too many.
+	calls.Store(0)
+	res, err = b.client.Enqueue(ctx, patient.New(order{OrderID: "p1"}))
+	require.NoError(t, err)
+	j = b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 30*time.Second)
+	require.Equal(t, string(retry.ClassWaitedTooLong), j.ErrorClass)
+	require.Contains(t, j.LastError, "wait ceiling")
+	require.EqualValues(t, 2, calls.Load())
+}
+
+// A wait on asynq's last try (a task asynq counts as out of tries: one
+// published by an older keel without the retry headroom, say) is handed back
+// to the relay; a fast relay must not publish it while asynq still holds the
+// old copy (a conflict the relay takes for success), or the job is stranded
+// until the reconciler's grace.
+func TestWaitOnLastTryIsNotStranded(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var seen sync.Map
+	mux := tasks.NewMux()
+	tasks.Handle(mux, oneShot, func(ctx context.Context, o order) error {
+		if _, again := seen.LoadOrStore(o.OrderID, true); !again {
+			return retry.Wait(100*time.Millisecond, errors.New("slot taken"))
+		}
+		return nil
+	})
+	insp := inspector(t, b)
+	pub := asynq.NewClient(b.redis)
+	defer pub.Close()
+	var ids []string
+	for i := range 20 {
+		res, err := b.client.Enqueue(ctx, oneShot.New(order{OrderID: fmt.Sprint("w", i)}, tasks.Delay(time.Hour)))
+		require.NoError(t, err)
+		require.NoError(t, insp.DeleteTask("default", res.Job.ID))
+		_, err = pub.Enqueue(asynq.NewTask(oneShot.Name(), res.Job.Payload), asynq.TaskID(res.Job.ID), asynq.MaxRetry(0))
+		require.NoError(t, err)
+		ids = append(ids, res.Job.ID)
+	}
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.Relay.PollInterval = 5 * time.Millisecond
+		c.DisableReconciler = true // the repair this test must not need
+	})
+	for _, id := range ids {
+		j := b.waitStatus(t, id, idempotency.StatusSucceeded, 30*time.Second)
+		require.Equal(t, 1, j.Attempts, "a wait used up an attempt")
+	}
+}
+
+// A handler that fails after its completing InTx committed is not reported
+// succeeded: the work it counted on after the commit did not happen.
+func TestFailureAfterCompletingInTxIsNotASuccess(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	mux := tasks.NewMux()
+	tasks.Handle(mux, late, func(ctx context.Context, o order) error {
+		if err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
+			return err
+		}); err != nil {
+			return err
+		}
+		return errors.New("the mail after the commit failed")
+	})
+	var deaths deadEvents
+	b.startWorker(t, mux, onDead(&deaths))
+	res, err := b.client.Enqueue(ctx, late.New(order{OrderID: "a1"}))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
+	require.Contains(t, j.LastError, "after its completing InTx")
+	require.Contains(t, j.LastError, "the mail after the commit failed")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the committed effect must stay, once")
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(deaths.of(res.Job.ID)) == 1 }, "no death alert")
+}
