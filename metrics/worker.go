@@ -24,6 +24,10 @@ type WorkerOptions struct {
 	// func() uint64 { return guard.Stats().DuplicatesSkipped }. Nil: the
 	// metric is not exported.
 	DuplicatesSkipped func() uint64
+	// Guard reports the ledger guard's counters (pass guard.Stats) for the
+	// runs keel gave up or released: handlers that outlived their timeout,
+	// runs interrupted by shutdown, poison jobs retired. Nil: not exported.
+	Guard func() idempotency.GuardStats
 	// Buckets of the duration histogram. Default DurationBuckets.
 	Buckets []float64
 }
@@ -77,6 +81,24 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 			Name: "keel_duplicate_deliveries_skipped_total",
 			Help: "Deliveries of already finished jobs acknowledged without running the handler.",
 		}, func() float64 { return float64(fn()) }))
+	}
+	if opts.Guard != nil {
+		gs := opts.Guard
+		for _, m := range []struct {
+			name, help string
+			read       func(idempotency.GuardStats) uint64
+		}{
+			{"keel_handlers_overran_total", "Handlers that outlived their deadline and grace; their attempts counted as failed (class timeout).",
+				func(s idempotency.GuardStats) uint64 { return s.Overran }},
+			{"keel_runs_interrupted_total", "Runs cut short by a worker's shutdown; released without using an attempt.",
+				func(s idempotency.GuardStats) uint64 { return s.Interrupted }},
+			{"keel_poison_jobs_retired_total", "Jobs retired because their runs kept ending without an outcome (class crashed).",
+				func(s idempotency.GuardStats) uint64 { return s.Crashed }},
+		} {
+			read := m.read
+			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help},
+				func() float64 { return float64(read(gs())) }))
+		}
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

@@ -108,3 +108,14 @@ func histogramCount(t *testing.T, g prometheus.Gatherer, name string) int {
 	}
 	return n
 }
+
+func TestWorkerExportsGivenUpRuns(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	stats := idempotency.GuardStats{Overran: 2, Interrupted: 3, Crashed: 1}
+	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{Guard: func() idempotency.GuardStats { return stats }})
+	require.NoError(t, err)
+	require.Equal(t, 2.0, gatherValue(t, reg, "keel_handlers_overran_total", nil))
+	require.Equal(t, 3.0, gatherValue(t, reg, "keel_runs_interrupted_total", nil))
+	require.Equal(t, 1.0, gatherValue(t, reg, "keel_poison_jobs_retired_total", nil))
+}
