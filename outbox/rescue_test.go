@@ -247,7 +247,9 @@ func TestConcurrentRescuersHandEachJobBackOnce(t *testing.T) {
 		wg.Go(func() {
 			defer r.Close()
 			k, err := r.Rescue(ctx)
-			require.NoError(t, err)
+			if err != nil {
+				t.Error(err)
+			}
 			total.Add(int64(k))
 		})
 	}
