@@ -62,6 +62,14 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 				return 0
 			}
 			return ob.srv.Guard().Stats().DuplicatesSkipped
+		},
+		Guard: func() idempotency.GuardStats {
+			ob.mu.Lock()
+			defer ob.mu.Unlock()
+			if ob.srv == nil {
+				return idempotency.GuardStats{}
+			}
+			return ob.srv.Guard().Stats()
 		}})
 	if err != nil {
 		return nil, err
