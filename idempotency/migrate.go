@@ -248,7 +248,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res Migra
 	}
 	conn := pc.Conn()
 	if err := lockMigrations(ctx, conn); err != nil {
-		pc.Release()
+		// A cancelled try may still have taken the lock: close the session.
+		_ = pc.Hijack().Close(context.WithoutCancel(ctx))
 		return res, err
 	}
 	defer func() {
