@@ -249,7 +249,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res Migra
 	conn := pc.Conn()
 	if err := lockMigrations(ctx, conn); err != nil {
 		// A cancelled try may still have taken the lock: close the session.
-		_ = pc.Hijack().Close(context.WithoutCancel(ctx))
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = pc.Hijack().Close(cctx)
 		return res, err
 	}
 	defer func() {
