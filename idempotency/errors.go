@@ -32,6 +32,10 @@ var (
 	// outlived its timeout, or the worker shut down) and recorded its outcome;
 	// nothing the handler does from then on is committed.
 	ErrRunGivenUp = errors.New("keel: this run was given up (timed out or interrupted); its work cannot commit")
+	// ErrAlreadyCompleted means a second InTx ran after the one that
+	// completed the job: it did not run, and the job is not reported
+	// succeeded without the work that came after its completion.
+	ErrAlreadyCompleted = errors.New("already completed by an earlier InTx: this one did not run (one completing InTx per job, last)")
 	// ErrUnknownJob means a task arrived whose id has no ledger row.
 	ErrUnknownJob = errors.New("keel: task has no ledger row (enqueue through keel, not plain asynq)")
 )

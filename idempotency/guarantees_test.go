@@ -394,3 +394,36 @@ func TestFailureAfterCompletingInTxIsNotASuccess(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the committed effect must stay, once")
 	testenv.Eventually(t, 5*time.Second, func() bool { return len(deaths.of(res.Job.ID)) == 1 }, "no death alert")
 }
+
+// A second InTx after the completing one does not run, and the job is not
+// reported succeeded without it.
+func TestSecondInTxDoesNotRunAndIsNotASuccess(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var second atomic.Value
+	twice := tasks.Define[order]("test:twice", tasks.Key(func(o order) string { return o.OrderID }))
+	mux := tasks.NewMux()
+	tasks.Handle(mux, twice, func(ctx context.Context, o order) error {
+		insert := func(name string) error {
+			return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+				id, _ := idempotency.JobID(ctx)
+				_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, $2)`, id, name)
+				return err
+			})
+		}
+		if err := insert("first"); err != nil {
+			return err
+		}
+		err := insert("second")
+		second.Store(err)
+		return err
+	})
+	b.startWorker(t, mux, nil)
+	res, err := b.client.Enqueue(ctx, twice.New(order{OrderID: "t1"}))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
+	require.ErrorIs(t, second.Load().(error), idempotency.ErrAlreadyCompleted)
+	require.Contains(t, j.LastError, "already completed")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE name = 'second'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE name = 'first'`))
+}

@@ -972,7 +972,7 @@ func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return err
 	}
 	if jc.completed.Load() {
-		return fmt.Errorf("keel: job %s already completed by an earlier InTx", jc.id)
+		return retry.Permanent(fmt.Errorf("keel: job %s: %w", jc.id, ErrAlreadyCompleted))
 	}
 	if err := jc.usable(); err != nil {
 		return err
