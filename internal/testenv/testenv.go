@@ -55,7 +55,7 @@ func DatabaseURL() string {
 // Redis returns options for Redis database db, flushed.
 func Redis(t testing.TB, db int) asynq.RedisClientOpt {
 	t.Helper()
-	lockPackage(t, db)
+	lockPackage(t, fmt.Sprintf("db%d", db))
 	opt := asynq.RedisClientOpt{Addr: RedisAddr(), DB: db}
 	c := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: db})
 	defer c.Close()
@@ -71,6 +71,7 @@ func Redis(t testing.TB, db int) asynq.RedisClientOpt {
 // migrated into it. The schema is dropped and recreated on each call.
 func Pool(t testing.TB, schema string) *pgxpool.Pool {
 	t.Helper()
+	lockPackage(t, schema)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg, err := PoolConfig(ctx, schema)
@@ -167,28 +168,28 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 
 var (
 	lockMu sync.Mutex
-	locked = map[int]*os.File{}
+	locked = map[string]*os.File{}
 )
 
 // lockPackage keeps two test processes of one package (two `go test` runs at
-// once, say) from sharing, and flushing, one Redis DB and schema: the first
+// once, say) from sharing, and flushing, one Redis DB or schema (key): the first
 // holds a file lock for its lifetime, the second waits for it. Child
 // processes inherit the holder's environment and do not wait.
-func lockPackage(t testing.TB, db int) {
+func lockPackage(t testing.TB, key string) {
 	t.Helper()
-	env := fmt.Sprintf("KEEL_TESTENV_LOCKED_%d", db)
+	env := "KEEL_TESTENV_LOCKED_" + key
 	lockMu.Lock()
 	defer lockMu.Unlock()
-	if locked[db] != nil || os.Getenv(env) != "" {
+	if locked[key] != nil || os.Getenv(env) != "" {
 		return
 	}
-	f, err := os.OpenFile(filepath.Join(os.TempDir(), fmt.Sprintf("keel-testenv-%d.lock", db)), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "keel-testenv-"+key+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatalf("testenv: lock file: %v", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		t.Fatalf("testenv: lock: %v", err)
 	}
-	locked[db] = f // held until the process exits
+	locked[key] = f // held until the process exits
 	os.Setenv(env, "1")
 }
