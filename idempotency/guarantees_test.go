@@ -427,3 +427,50 @@ func TestSecondInTxDoesNotRunAndIsNotASuccess(t *testing.T) {
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE name = 'second'`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE name = 'first'`))
 }
+
+// A connection lost during InTx's COMMIT leaves the outcome unknown: the
+// error says "commit in doubt" (not "lease lost"), and the guard looks at
+// the row before it records anything. Here the commit did not land, so the
+// attempt counts as failed and the next one commits the effect once.
+func TestInTxCommitInDoubt(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	// A deferred trigger runs inside COMMIT; the first time it ends its own
+	// session there, as a network cut at that moment would. A sequence
+	// remembers it across the rollback.
+	_, err := b.pool.Exec(ctx, `CREATE SEQUENCE cut_once;
+		CREATE FUNCTION cut_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('cut_once') = 1 THEN
+				PERFORM pg_terminate_backend(pg_backend_pid());
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER cut AFTER INSERT ON effects
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION cut_commit()`)
+	require.NoError(t, err)
+	var firstErr atomic.Value
+	doubtful := tasks.Define[order]("test:doubtful", tasks.Key(func(o order) string { return o.OrderID }))
+	mux := tasks.NewMux()
+	tasks.Handle(mux, doubtful, func(ctx context.Context, o order) error {
+		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
+			return err
+		})
+		if err != nil {
+			firstErr.CompareAndSwap(nil, err)
+		}
+		return err
+	})
+	b.startWorker(t, mux, nil)
+	res, err := b.client.Enqueue(ctx, doubtful.New(order{OrderID: "c1"}))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
+	first, _ := firstErr.Load().(error)
+	require.Error(t, first)
+	require.ErrorContains(t, first, "commit in doubt")
+	require.NotErrorIs(t, first, idempotency.ErrLeaseLost)
+	require.Equal(t, 2, j.Attempts)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the effect must be committed once")
+}
