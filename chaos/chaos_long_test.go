@@ -16,6 +16,10 @@ func TestChaosLong(t *testing.T) {
 	for at := 15 * time.Second; at <= 5*time.Minute; at += 10 * time.Second {
 		kills = append(kills, at)
 	}
+	var deploys []time.Duration
+	for at := 20 * time.Second; at <= 5*time.Minute; at += 30 * time.Second {
+		deploys = append(deploys, at)
+	}
 	soak(t, soakConfig{
 		Jobs:          20000,
 		Workers:       3,
@@ -24,6 +28,10 @@ func TestChaosLong(t *testing.T) {
 		RedisRestarts: []time.Duration{40 * time.Second, 3*time.Minute + 5*time.Second},
 		RedisDown:     3 * time.Second,
 		Kills:         kills,
+		Deploys:       deploys,
+		Poison:        10,
+		Hung:          30,
+		DeployJobs:    200,
 		PGRestartAt:   2 * time.Minute,
 		Deadline:      20 * time.Minute,
 	})

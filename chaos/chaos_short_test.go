@@ -21,6 +21,10 @@ func TestChaosShort(t *testing.T) {
 		RedisRestarts: []time.Duration{6 * time.Second},
 		RedisDown:     2 * time.Second,
 		Kills:         []time.Duration{11 * time.Second},
+		Deploys:       []time.Duration{13 * time.Second, 16500 * time.Millisecond},
+		Poison:        2,
+		Hung:          6,
+		DeployJobs:    30,
 		PGRestartAt:   15 * time.Second,
 		Deadline:      230 * time.Second,
 	})

@@ -11,7 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/scheduler"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // report is the outcome of the final check.
@@ -74,6 +76,11 @@ const (
 	invWaitAttempts = "rate-limited jobs whose waits counted as attempts"
 	invTickMissing  = "cron ticks without a job"
 	invTickBad      = "cron tick jobs not succeeded once"
+	invPoison       = "poison jobs not retired dead (crashed) within their budget"
+	invHung         = "hung jobs not ended by their budget"
+	invLate         = "given-up runs whose late Step or InTx was not refused"
+	invDeployDead   = "MaxRetry(0) jobs dead from a deploy"
+	invExercised    = "faults planned but never exercised"
 )
 
 // check reads the final state and tests every invariant.
@@ -142,6 +149,28 @@ func (d *driver) check(ctx context.Context) report {
 		waits[k] = a
 		return err
 	})
+	runs := map[string]int{} // runs of the rare kinds' handlers
+	q(`SELECT business_key, count(*) FROM chaos_runs GROUP BY 1`, func(r pgx.Rows) error {
+		var k string
+		var n int
+		err := r.Scan(&k, &n)
+		runs[k] = n
+		return err
+	})
+	type lateRun struct {
+		key            string
+		attempt        int
+		givenUp        bool
+		stepErr, txErr string
+	}
+	var lates []lateRun
+	q(`SELECT business_key, attempt, given_up, step_err, tx_err FROM chaos_late`, func(r pgx.Rows) error {
+		var l lateRun
+		err := r.Scan(&l.key, &l.attempt, &l.givenUp, &l.stepErr, &l.txErr)
+		lates = append(lates, l)
+		return err
+	})
+	svc := d.service.stats()
 	orders := map[string]bool{}
 	q(`SELECT business_key FROM chaos_orders`, func(r pgx.Rows) error {
 		var k string
@@ -151,7 +180,8 @@ func (d *driver) check(ctx context.Context) report {
 	})
 
 	inv := newInvariants(invLost, invDupEffect, invDupCall, invWrongState, invNoReason, invEffect, invCall,
-		invDupSubmit, invOrphan, invWaitAttempts, invTickMissing, invTickBad)
+		invDupSubmit, invOrphan, invWaitAttempts, invTickMissing, invTickBad,
+		invPoison, invHung, invLate, invDeployDead, invExercised)
 	q(`SELECT business_key, kind, err FROM chaos_violations`, func(r pgx.Rows) error {
 		var k, kind, e string
 		err := r.Scan(&k, &kind, &e)
@@ -163,12 +193,31 @@ func (d *driver) check(ctx context.Context) report {
 			inv.fail(invDupCall, fmt.Sprintf("step %s called %d times", step, n))
 		}
 	}
+	// The fake service applied every call it received: a key it counted
+	// twice is a charge made twice.
+	for step, n := range svc.byStep {
+		if n > 1 {
+			inv.fail(invDupCall, fmt.Sprintf("fake service charged step %s %d times", step, n))
+		}
+	}
+	// A hung run keel gave up must be refused whatever it tries later.
+	refused := func(e string) bool {
+		return strings.Contains(e, idempotency.ErrRunGivenUp.Error()) || strings.Contains(e, idempotency.ErrLeaseLost.Error())
+	}
+	for _, l := range lates {
+		switch {
+		case !l.givenUp:
+			inv.fail(invLate, fmt.Sprintf("%s attempt %d: never given up (a minute past its deadline)", l.key, l.attempt))
+		case !refused(l.stepErr) || !refused(l.txErr):
+			inv.fail(invLate, fmt.Sprintf("%s attempt %d: late step: %q, late InTx: %q", l.key, l.attempt, l.stepErr, l.txErr))
+		}
+	}
 
 	stats := map[*class]*kindStats{}
-	for _, c := range classes {
+	for _, c := range allClasses {
 		stats[c] = &kindStats{}
 	}
-	var submits, tries, unaccepted int
+	var submits, tries, unaccepted, deployResumed, crashed, hungTimedOut int
 	d.mu.Lock()
 	keys := make([]string, 0, len(d.keys))
 	for k := range d.keys {
@@ -223,8 +272,11 @@ func (d *driver) check(ctx context.Context) report {
 				if stepStatus[row.id] != "started" {
 					inv.fail(invWrongState, fmt.Sprintf("%s: dead in doubt but its step is %q", key, stepStatus[row.id]))
 				}
-			case c.want != idempotency.StatusDead:
-				inv.fail(invWrongState, fmt.Sprintf("%s (%s): dead (%s: %s), want %s", key, c.name, row.errClass, firstLine(row.lastErr), c.want))
+			case c.crashOK && row.errClass == string(retry.ClassCrashed):
+				// Its last run was killed: a crash counts, a deploy does not.
+				crashed++
+			case c.want != idempotency.StatusDead, c.deadClass != "" && row.errClass != c.deadClass:
+				inv.fail(invWrongState, fmt.Sprintf("%s (%s): dead (%s: %s), want %s %s", key, c.name, row.errClass, firstLine(row.lastErr), c.want, c.deadClass))
 			}
 		default:
 			st.open++
@@ -239,8 +291,38 @@ func (d *driver) check(ctx context.Context) report {
 		case (row.status == "succeeded") != (e == 1):
 			inv.fail(invEffect, fmt.Sprintf("%s: %s with %d effects", key, row.status, e))
 		}
+		switch c {
+		case poisonClass:
+			if row.status != "dead" || row.errClass != string(retry.ClassCrashed) || runs[key] > poisonMaxRetry+1 {
+				inv.fail(invPoison, fmt.Sprintf("%s: %s (%s) after %d runs, %d attempts, budget %d runs: %s",
+					key, row.status, row.errClass, runs[key], row.attempts, poisonMaxRetry+1, firstLine(row.lastErr)))
+			}
+		case hungClass, hungOnceClass:
+			ended := row.status == string(c.want) && (c.deadClass == "" || row.errClass == c.deadClass)
+			if c.deadClass != "" && ended {
+				hungTimedOut++
+			}
+			if !ended && (!c.crashOK || row.errClass != string(retry.ClassCrashed)) {
+				inv.fail(invHung, fmt.Sprintf("%s (%s): %s (%s) after %d attempts: %s", key, c.name, row.status, row.errClass, row.attempts, firstLine(row.lastErr)))
+			}
+			if n := callsByKey[key]; n > 0 {
+				inv.fail(invLate, fmt.Sprintf("%s: a given-up run made its external call (%d)", key, n))
+			}
+		case deployClass:
+			if row.status == "dead" && row.errClass != string(retry.ClassCrashed) {
+				inv.fail(invDeployDead, fmt.Sprintf("%s: dead (%s) after %d runs: %s", key, row.errClass, runs[key], firstLine(row.lastErr)))
+			}
+			// More runs than attempts: a deploy cut it short and it went on
+			// without paying for it.
+			if row.status == "succeeded" && runs[key] > row.attempts {
+				deployResumed++
+			}
+		}
 		if c.external {
 			n := callsByKey[key]
+			if c.service {
+				n = svc.byOrder[key]
+			}
 			st.calls += n
 			switch {
 			case n > 1:
@@ -264,6 +346,7 @@ func (d *driver) check(ctx context.Context) report {
 		}
 	}
 	d.mu.Unlock()
+	d.checkExercised(inv, stats, svc, len(lates), deployResumed, hungTimedOut)
 	for k := range orders {
 		if _, ok := jobs[k]; !ok {
 			inv.fail(invOrphan, k+": business row committed without its job")
@@ -280,7 +363,7 @@ func (d *driver) check(ctx context.Context) report {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", kind, name, s.accepted, s.dupSubmits, s.succeeded,
 			s.dead, s.inDoubt, s.open, s.effects, s.calls, s.maxAttempts)
 	}
-	for _, c := range classes {
+	for _, c := range allClasses {
 		s := *stats[c]
 		row(c.kind.Name(), c.name, s)
 		total.accepted += s.accepted
@@ -296,7 +379,13 @@ func (d *driver) check(ctx context.Context) report {
 	row(tickKind.Name(), "cron @every 1s", tickStats)
 	row("total", "", total)
 	tw.Flush()
-	fmt.Fprintf(&b, "\nsubmissions accepted %d (tries %d; keys never accepted %d)\n\n", submits, tries, unaccepted)
+	fmt.Fprintf(&b, "\nsubmissions accepted %d (tries %d; keys never accepted %d)\n", submits, tries, unaccepted)
+	fmt.Fprintf(&b, "workers killed by poison jobs %d; hung runs given up and refused later %d; "+
+		"deploy jobs cut short by SIGTERM and finished without using an attempt %d; "+
+		"deploy and hung jobs whose last run a kill cut short (dead, crashed) %d\n",
+		d.poisonExits.Load(), len(lates), deployResumed, crashed)
+	fmt.Fprintf(&b, "fake service: charges answered never %d, too late %d, refused unapplied %d; Verify look-ups %d, of which found nothing %d\n\n",
+		svc.dropped, svc.late, svc.refused, svc.checks, svc.absent)
 
 	tw = tabwriter.NewWriter(&b, 2, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "invariant\tcount\tverdict")
@@ -312,6 +401,37 @@ func (d *driver) check(ctx context.Context) report {
 	fmt.Fprintf(tw, "%s\t%d\t%s\n", "in doubt, parked for a person (allowed, unverified external only)", total.inDoubt, "info")
 	tw.Flush()
 	return report{table: b.String(), failures: failures}
+}
+
+// checkExercised fails the run when a fault it planned never happened, so
+// that the invariants about it could not have failed.
+func (d *driver) checkExercised(inv *invariants, stats map[*class]*kindStats, svc serviceStats, lates, deployResumed, hungTimedOut int) {
+	if stats[poisonClass].accepted > 0 && d.poisonExits.Load() == 0 {
+		inv.fail(invExercised, "no poison job killed a worker")
+	}
+	if stats[hungClass].accepted > 0 && (lates == 0 || hungTimedOut == 0) {
+		inv.fail(invExercised, fmt.Sprintf("hung runs given up and tried to finish late: %d, always-hung jobs dead by timeout: %d", lates, hungTimedOut))
+	}
+	if stats[deployClass].accepted > 0 && len(d.cfg.Deploys) > 0 && deployResumed == 0 {
+		inv.fail(invExercised, "no deploy cut a job short")
+	}
+	if stats[classByKind(rawKind)].accepted > 0 {
+		if svc.dropped+svc.late == 0 {
+			inv.fail(invExercised, "the fake service applied no charge without answering it")
+		}
+		if svc.absent == 0 {
+			inv.fail(invExercised, "no Verify found a charge missing")
+		}
+	}
+}
+
+func classByKind(k *tasks.Kind[order]) *class {
+	for _, c := range allClasses {
+		if c.kind == k {
+			return c
+		}
+	}
+	return nil
 }
 
 // checkTicks asserts one succeeded job per tick of the scheduler's entry,

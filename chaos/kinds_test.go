@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"os"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -22,6 +24,8 @@ import (
 type order struct {
 	Key string `json:"key"`
 	N   int    `json:"n"`
+	// Hang is how a hung job's handler behaves: hangAlways or hangFirst.
+	Hang string `json:"hang,omitempty"`
 }
 
 func orderKey(o order) string { return o.Key }
@@ -34,6 +38,15 @@ var (
 	slowKind       = tasks.Define[order]("chaos:slow", tasks.Key(orderKey), tasks.Queue("low"))
 	externalKind   = tasks.Define[order]("chaos:external", tasks.Key(orderKey), tasks.Queue("critical"))
 	unverifiedKind = tasks.Define[order]("chaos:external_unverified", tasks.Key(orderKey), tasks.Queue("critical"))
+	// rawKind calls fakeService with a client whose errors are raw.
+	rawKind = tasks.Define[order]("chaos:external_raw", tasks.Key(orderKey), tasks.Queue("critical"))
+	// poisonKind's handler kills the worker it runs in.
+	poisonKind = tasks.Define[order]("chaos:poison", tasks.Key(orderKey), tasks.MaxRetry(poisonMaxRetry))
+	// hungKind's handler ignores its context past its timeout.
+	hungKind = tasks.Define[order]("chaos:hung", tasks.Key(orderKey), tasks.MaxRetry(2), tasks.Timeout(time.Second))
+	// deployKind runs for longer than the workers' ShutdownTimeout and has no
+	// retry at all: a deploy that cost an attempt would kill it.
+	deployKind = tasks.Define[order]("chaos:deploy", tasks.Key(orderKey), tasks.MaxRetry(0))
 	// tickKind is the scheduler's; its business keys come from the scheduler.
 	tickKind = tasks.Define[struct{}]("chaos:tick", tasks.Key(func(struct{}) string { return "" }), tasks.Queue("critical"))
 )
@@ -49,6 +62,17 @@ const (
 	limitedRate = 200
 	// stepName is the external kinds' recorded step.
 	stepName = "charge"
+	// poisonExit is the exit status of a worker a poison job killed: the
+	// parent starts it again, as a supervisor would.
+	poisonExit     = 75
+	poisonMaxRetry = 1
+	// How a hung job's handler behaves: it hangs on every attempt (and must
+	// die with class timeout), or on its first only (and must succeed).
+	hangAlways = "always"
+	hangFirst  = "first"
+	// deployRun is how long a deploy job runs: always longer than the
+	// workers' ShutdownTimeout, so a SIGTERM cuts it short.
+	deployRun = 4 * time.Second
 )
 
 // class is one kind of job in the soak and the end it must come to.
@@ -60,8 +84,17 @@ type class struct {
 	// inDoubtOK allows the job to end dead "in doubt" instead: an external
 	// call without Verify cut short by a kill.
 	inDoubtOK bool
-	// external jobs call the fake service once when they succeed.
-	external bool
+	// external jobs call the fake service once when they succeed; service
+	// ones call fakeService, the others the table chaos_external_calls.
+	external, service bool
+	// deadClass is the error class a job that must die dies with.
+	deadClass string
+	// crashOK allows the job to end dead with class crashed instead, when a
+	// SIGKILL or a poison job may well cut its last run short: a MaxRetry(0)
+	// job, or a hung one (its runs last seconds).
+	crashOK bool
+	// hang is a hung job's behaviour (order.Hang).
+	hang string
 }
 
 var classes = []*class{
@@ -72,7 +105,20 @@ var classes = []*class{
 	{name: "slow", kind: slowKind, want: idempotency.StatusSucceeded},
 	{name: "external", kind: externalKind, want: idempotency.StatusSucceeded, external: true},
 	{name: "external-unverified", kind: unverifiedKind, want: idempotency.StatusSucceeded, external: true, inDoubtOK: true},
+	{name: "external-raw", kind: rawKind, want: idempotency.StatusSucceeded, external: true, service: true},
 }
+
+// Rare classes: a few jobs each (soakConfig says how many), spread over the
+// run, because each costs a worker, a goroutine or seconds of a slot.
+var (
+	poisonClass   = &class{name: "poison", kind: poisonKind, want: idempotency.StatusDead, deadClass: string(retry.ClassCrashed)}
+	hungClass     = &class{name: "hung", kind: hungKind, want: idempotency.StatusDead, deadClass: string(retry.ClassTimeout), hang: hangAlways, crashOK: true}
+	hungOnceClass = &class{name: "hung-once", kind: hungKind, want: idempotency.StatusSucceeded, hang: hangFirst}
+	deployClass   = &class{name: "deploy", kind: deployKind, want: idempotency.StatusSucceeded, crashOK: true}
+)
+
+// allClasses lists every class, in the report's order.
+var allClasses = append(append([]*class{}, classes...), poisonClass, hungClass, hungOnceClass, deployClass)
 
 // chaosSchema holds what the handlers write besides the ledger.
 const chaosSchema = `
@@ -96,6 +142,18 @@ CREATE INDEX chaos_external_calls_key ON chaos_external_calls (step_key);
 CREATE TABLE chaos_waits (
 	business_key text PRIMARY KEY,
 	attempts     integer[] NOT NULL);
+-- Every run of the rare kinds' handlers, committed when it starts.
+CREATE TABLE chaos_runs (
+	business_key text NOT NULL,
+	attempt      integer NOT NULL,
+	at           timestamptz NOT NULL DEFAULT clock_timestamp());
+-- What a hung run's late Step and InTx returned, after keel gave it up.
+CREATE TABLE chaos_late (
+	business_key text NOT NULL,
+	attempt      integer NOT NULL,
+	given_up     boolean NOT NULL,
+	step_err     text NOT NULL,
+	tx_err       text NOT NULL);
 -- Effects a handler tried to write twice (the unique index refused them).
 CREATE TABLE chaos_violations (
 	business_key text NOT NULL,
@@ -105,7 +163,7 @@ CREATE TABLE chaos_violations (
 `
 
 // chaosMux is the workers' handler set.
-func chaosMux(pool *pgxpool.Pool) *tasks.Mux {
+func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.Mux {
 	mux := tasks.NewMux()
 	tasks.Handle(mux, okKind, func(ctx context.Context, o order) error {
 		return writeEffect(ctx, pool, okKind.Name(), o.Key)
@@ -160,6 +218,42 @@ func chaosMux(pool *pgxpool.Pool) *tasks.Mux {
 		}
 		return writeEffect(ctx, pool, unverifiedKind.Name(), o.Key)
 	})
+	tasks.Handle(mux, rawKind, func(ctx context.Context, o order) error {
+		// Errors reach Step unmarked: keel must hold them in doubt.
+		err := idempotency.Step(ctx, stepName, func(ctx context.Context, key string) error {
+			return svc.charge(ctx, key, o.Key)
+		}, idempotency.Verify(svc.charged))
+		if err != nil {
+			return err
+		}
+		return writeEffect(ctx, pool, rawKind.Name(), o.Key)
+	})
+	tasks.Handle(mux, poisonKind, func(ctx context.Context, o order) error {
+		if err := recordRun(ctx, pool, o.Key); err != nil {
+			return err
+		}
+		log.Warn("chaos worker: poison job, exiting", "key", o.Key, "attempt", idempotency.Attempt(ctx))
+		os.Exit(poisonExit) // what an OOM kill or a segfault does
+		return nil
+	})
+	tasks.Handle(mux, hungKind, func(ctx context.Context, o order) error {
+		if err := recordRun(ctx, pool, o.Key); err != nil {
+			return err
+		}
+		if o.Hang == hangAlways || idempotency.Attempt(ctx) == 1 {
+			return hang(ctx, pool, o.Key)
+		}
+		return writeEffect(ctx, pool, hungKind.Name(), o.Key)
+	})
+	tasks.Handle(mux, deployKind, func(ctx context.Context, o order) error {
+		if err := recordRun(ctx, pool, o.Key); err != nil {
+			return err
+		}
+		if err := pause(ctx, deployRun+rand.N(deployRun/2)); err != nil {
+			return fmt.Errorf("chaos: %s: cut short: %w", o.Key, err)
+		}
+		return writeEffect(ctx, pool, deployKind.Name(), o.Key)
+	})
 	mux.HandleTask(tickKind.Name(), asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		key := t.Headers()[idempotency.HeaderBusinessKey]
 		if key == "" {
@@ -168,6 +262,47 @@ func chaosMux(pool *pgxpool.Pool) *tasks.Mux {
 		return writeEffect(ctx, pool, tickKind.Name(), key)
 	}))
 	return mux
+}
+
+// recordRun notes that a run started, before it does anything else.
+func recordRun(ctx context.Context, pool *pgxpool.Pool, key string) error {
+	_, err := pool.Exec(ctx, `INSERT INTO chaos_runs (business_key, attempt) VALUES ($1, $2)`, key, idempotency.Attempt(ctx))
+	return err
+}
+
+// hang is a handler that ignores its context: it carries on until the
+// ledger shows keel has given its run up (or anyone else has the job), then
+// tries to finish as if nothing had happened — a recorded external call and
+// the completing InTx — and records what keel answered. Both must be
+// refused: a given-up run must not commit anything.
+func hang(ctx context.Context, pool *pgxpool.Pool, key string) error {
+	late := context.WithoutCancel(ctx) // the late finish does not look at ctx either
+	id, _ := idempotency.JobID(ctx)
+	attempt := idempotency.Attempt(ctx)
+	givenUp := false
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		var held bool
+		err := pool.QueryRow(late, `SELECT status = 'running' AND attempts = $2 FROM keel_jobs WHERE id = $1`, id, attempt).Scan(&held)
+		if err == nil && !held {
+			givenUp = true
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stepErr := idempotency.Step(late, "late-call", func(ctx context.Context, stepKey string) error {
+		return callExternal(ctx, pool, stepKey, key)
+	})
+	txErr := writeEffect(late, pool, hungKind.Name(), key)
+	_, err := pool.Exec(late, `INSERT INTO chaos_late (business_key, attempt, given_up, step_err, tx_err) VALUES ($1, $2, $3, $4, $5)`,
+		key, attempt, givenUp, errText(stepErr), errText(txErr))
+	return errors.Join(txErr, err)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // writeEffect is a handler's local effect, committed with the job's success.

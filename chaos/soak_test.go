@@ -48,6 +48,13 @@ type soakConfig struct {
 	// again empty.
 	RedisRestarts []time.Duration
 	RedisDown     time.Duration
+	// Deploys are when a worker is sent SIGTERM, in the middle of deploy
+	// jobs if it can be, and started again once it has stopped.
+	Deploys []time.Duration
+	// How many jobs of the rare classes to submit, spread over the run:
+	// poison (each kills two workers), hung (half always hang, half on
+	// their first attempt) and deploy (long MaxRetry(0) jobs).
+	Poison, Hung, DeployJobs int
 	// PGRestartAt is when KEEL_CHAOS_PG_RESTART_CMD runs, if it is set.
 	PGRestartAt time.Duration
 	// Deadline bounds the whole run, until every job is terminal.
@@ -85,6 +92,7 @@ type driver struct {
 	cfg         soakConfig
 	pool        *pgxpool.Pool
 	redis       *testenv.RedisServer
+	service     *fakeService
 	opt         asynq.RedisClientOpt
 	client      *tasks.Client
 	workerDBURL string
@@ -96,8 +104,14 @@ type driver struct {
 	keys map[string]*keyRecord
 	plan []submission
 
+	// wmu guards workers and gens: a poison job's victim is started again
+	// from the goroutine that saw it exit.
+	wmu            sync.Mutex
 	workers        []*worker
 	gens           []int
+	noRespawn      bool // set when the run is over
+	deploys        int  // deploys that found no deploy job running
+	poisonExits    atomic.Int32
 	unexpectedExit atomic.Value // string
 
 	schedStart, schedStop time.Time
@@ -117,6 +131,8 @@ func soak(t *testing.T, cfg soakConfig) {
 		t.Fatal(err)
 	}
 	rs := testenv.StartRedis(t)
+	svc := newFakeService()
+	defer svc.Close() // after the workers are stopped below
 	logDir := os.Getenv(envLogDir)
 	if logDir == "" {
 		logDir = t.TempDir()
@@ -129,7 +145,7 @@ func soak(t *testing.T, cfg soakConfig) {
 	}
 	t.Cleanup(func() { logFile.Close() })
 	d := &driver{
-		t: t, cfg: cfg, pool: pool, redis: rs,
+		t: t, cfg: cfg, pool: pool, redis: rs, service: svc,
 		opt:         asynq.RedisClientOpt{Addr: rs.Addr()},
 		workerDBURL: testenv.URL(schema) + fmt.Sprintf("&pool_max_conns=%d", workerPoolConns),
 		logDir:      logDir,
@@ -149,15 +165,15 @@ func soak(t *testing.T, cfg soakConfig) {
 	d.start = time.Now()
 	d.workers = make([]*worker, cfg.Workers)
 	d.gens = make([]int, cfg.Workers)
+	d.wmu.Lock()
 	for i := range cfg.Workers {
 		d.startSlot(i)
 	}
+	d.wmu.Unlock()
 	// Registered after the Redis and the pool: runs before they go away.
 	t.Cleanup(func() {
-		for _, w := range d.workers {
-			if w != nil {
-				w.kill()
-			}
+		for _, w := range d.endWorkers() {
+			w.kill()
 		}
 	})
 
@@ -207,18 +223,17 @@ func soak(t *testing.T, cfg soakConfig) {
 	d.note(fmt.Sprintf("converged=%v after %s", converged, elapsed.Round(time.Second)))
 
 	var stopErrs []string
-	for i, w := range d.workers {
+	for _, w := range d.endWorkers() {
 		if err := w.stop(20 * time.Second); err != nil {
 			stopErrs = append(stopErrs, err.Error())
 		}
-		d.workers[i] = nil
 	}
 	stopBG()
 	bgWG.Wait()
 
 	rep := d.check(ctx)
-	t.Logf("chaos soak: %d jobs, %d workers, %d kills, %d Redis restarts, runtime %s\n%s",
-		cfg.Jobs, cfg.Workers, len(cfg.Kills), len(cfg.RedisRestarts), elapsed.Round(time.Second), rep.table)
+	t.Logf("chaos soak: %d jobs, %d workers, %d kills, %d workers killed by poison jobs, %d deploys, %d Redis restarts, runtime %s\n%s",
+		cfg.Jobs, cfg.Workers, len(cfg.Kills), d.poisonExits.Load(), len(cfg.Deploys), len(cfg.RedisRestarts), elapsed.Round(time.Second), rep.table)
 	t.Logf("worker logs:\n%s", d.logSummary())
 	if !converged {
 		t.Errorf("not every job reached a terminal state within %s", cfg.Deadline)
@@ -257,9 +272,46 @@ func (d *driver) makePlan() {
 		}
 	}
 	d.plan = append(d.plan, dups...)
+	d.planRare()
 	for _, s := range d.plan {
 		d.keys[s.key].planned++
 	}
+}
+
+// planRare spreads the rare classes' jobs evenly over the plan, each class
+// on its own even grid, so that they run while the chaos happens.
+func (d *driver) planRare() {
+	type rare struct {
+		at float64 // fraction of the plan
+		s  submission
+	}
+	var rares []rare
+	n := d.cfg.Jobs
+	add := func(c *class, count int) {
+		for i := range count {
+			s := submission{n: n, key: fmt.Sprintf("%s-%06d", c.name, n), class: c, viaTx: n%2 == 1}
+			n++
+			d.keys[s.key] = &keyRecord{class: c, viaTx: s.viaTx, jobIDs: map[string]bool{}}
+			rares = append(rares, rare{at: (float64(i) + 0.5) / float64(count), s: s})
+		}
+	}
+	add(poisonClass, d.cfg.Poison)
+	add(hungClass, d.cfg.Hung-d.cfg.Hung/2)
+	add(hungOnceClass, d.cfg.Hung/2)
+	add(deployClass, d.cfg.DeployJobs)
+	sort.SliceStable(rares, func(i, j int) bool { return rares[i].at < rares[j].at })
+	plan := make([]submission, 0, len(d.plan)+len(rares))
+	for i, s := range d.plan {
+		for len(rares) > 0 && rares[0].at*float64(len(d.plan)) <= float64(i) {
+			plan = append(plan, rares[0].s)
+			rares = rares[1:]
+		}
+		plan = append(plan, s)
+	}
+	for _, r := range rares {
+		plan = append(plan, r.s)
+	}
+	d.plan = plan
 }
 
 // submitAll paces the plan over SubmitOver through Submitters goroutines.
@@ -324,7 +376,7 @@ func (d *driver) submitOne(ctx context.Context, s submission) {
 }
 
 func (d *driver) submit(ctx context.Context, s submission) (*tasks.Result, error) {
-	t := s.class.kind.New(order{Key: s.key, N: s.n})
+	t := s.class.kind.New(order{Key: s.key, N: s.n, Hang: s.class.hang})
 	if !s.viaTx {
 		return d.client.Enqueue(ctx, t)
 	}
@@ -353,12 +405,27 @@ func (d *driver) events(pgRestart string) []event {
 	}
 	for i, at := range d.cfg.Kills {
 		evs = append(evs, event{at: at, what: "SIGKILL a worker", do: func() {
-			slot, why := d.victim(i)
-			d.workers[slot].kill()
-			d.note(fmt.Sprintf("worker %d.%d killed (%s)", slot, d.gens[slot], why))
+			w, why := d.victim(i)
+			w.kill()
+			d.note(fmt.Sprintf("worker %d.%d killed (%s)", w.slot, w.gen, why))
 			time.Sleep(500 * time.Millisecond)
-			d.startSlot(slot)
-			d.note(fmt.Sprintf("worker %d restarted (generation %d)", slot, d.gens[slot]))
+			d.restart(w)
+		}})
+	}
+	for _, at := range d.cfg.Deploys {
+		evs = append(evs, event{at: at, what: "SIGTERM a worker (a deploy)", do: func() {
+			w, why := d.deployVictim()
+			d.note(fmt.Sprintf("worker %d.%d sent SIGTERM (%s)", w.slot, w.gen, why))
+			err := w.stop(20 * time.Second)
+			switch {
+			case poisoned(err):
+				d.note(fmt.Sprintf("worker %d.%d was killed by a poison job while it stopped", w.slot, w.gen))
+			case err != nil:
+				d.t.Errorf("deploy: graceful stop: %v", err)
+			default:
+				d.note(fmt.Sprintf("worker %d.%d stopped", w.slot, w.gen))
+			}
+			d.restart(w)
 		}})
 	}
 	if pgRestart != "" {
@@ -379,7 +446,13 @@ func (d *driver) events(pgRestart string) []event {
 // steps short — alternately preferring unverified steps (the job is then in
 // doubt) and verified ones (Verify decides) — and, among those, the next
 // worker in turn. Without a step in flight it is simply the next in turn.
-func (d *driver) victim(i int) (slot int, why string) {
+// The worker is marked as stopped on purpose.
+func (d *driver) victim(i int) (*worker, string) {
+	slot, why := d.pickVictim(i)
+	return d.claimWorker(slot), why
+}
+
+func (d *driver) pickVictim(i int) (slot int, why string) {
 	next := i % d.cfg.Workers
 	preferUnverified := i%2 == 0
 	deadline := time.Now().Add(3 * time.Second)
@@ -389,13 +462,14 @@ func (d *driver) victim(i int) (slot int, why string) {
 			WHERE s.status = 'started' AND j.status = 'running' AND j.lease_until > now()`)
 		best, bestScore, bestKind := -1, 4, ""
 		if err == nil {
+			holders := d.holders()
 			for rows.Next() {
 				var holder, kind string
 				if rows.Scan(&holder, &kind) != nil {
 					break
 				}
-				for s, w := range d.workers {
-					if w.holder() != holder {
+				for s, h := range holders {
+					if h != holder {
 						continue
 					}
 					score := 0
@@ -420,11 +494,103 @@ func (d *driver) victim(i int) (slot int, why string) {
 	return next, "no step in flight"
 }
 
+// deployVictim picks the worker to send SIGTERM: the one running the most
+// deploy jobs, so that the deploy does cut jobs short (the next in turn if
+// none runs any within a moment). The worker is marked as stopped on purpose.
+func (d *driver) deployVictim() (*worker, string) {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		var holder string
+		var n int
+		err := d.pool.QueryRow(context.Background(), `SELECT lease_holder, count(*) FROM keel_jobs
+			WHERE kind = $1 AND status = 'running' AND lease_until > now()
+			GROUP BY 1 ORDER BY 2 DESC LIMIT 1`, deployKind.Name()).Scan(&holder, &n)
+		if err == nil {
+			for s, h := range d.holders() {
+				if h == holder {
+					return d.claimWorker(s), fmt.Sprintf("running %d deploy jobs", n)
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.deploys++
+	return d.claimWorker(d.deploys % d.cfg.Workers), "no deploy job running"
+}
+
+// holders are the lease holder names of the current workers, by slot.
+func (d *driver) holders() []string {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	hs := make([]string, len(d.workers))
+	for s, w := range d.workers {
+		hs[s] = w.holder()
+	}
+	return hs
+}
+
+// claimWorker returns slot's current worker, marked as stopped on purpose
+// so that a poison job killing it meanwhile does not start another one.
+func (d *driver) claimWorker(slot int) *worker {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	w := d.workers[slot]
+	w.expected.Store(true)
+	return w
+}
+
+// restart starts the next generation of w's slot, unless one is running.
+func (d *driver) restart(w *worker) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.restartLocked(w)
+}
+
+func (d *driver) restartLocked(w *worker) {
+	if d.workers[w.slot] != w || d.noRespawn {
+		return
+	}
+	d.startSlot(w.slot)
+	d.note(fmt.Sprintf("worker %d restarted (generation %d)", w.slot, d.gens[w.slot]))
+}
+
+// respawn restarts a worker a poison job killed, unless the driver is
+// stopping it on purpose anyway (and restarts it itself).
+func (d *driver) respawn(w *worker) {
+	d.poisonExits.Add(1)
+	d.note(fmt.Sprintf("worker %d.%d killed by a poison job", w.slot, w.gen))
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if !w.expected.Load() {
+		d.restartLocked(w)
+	}
+}
+
+// endWorkers stops all respawning and returns the workers still running.
+func (d *driver) endWorkers() []*worker {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.noRespawn = true
+	var ws []*worker
+	for i, w := range d.workers {
+		if w != nil {
+			w.expected.Store(true)
+			ws = append(ws, w)
+		}
+		d.workers[i] = nil
+	}
+	return ws
+}
+
+// startSlot starts the next generation of slot; d.wmu must be held.
 func (d *driver) startSlot(slot int) {
 	d.gens[slot]++
 	w, err := d.startWorker(slot, d.gens[slot])
 	if err != nil {
-		d.t.Fatalf("start worker %d: %v", slot, err)
+		// Also called from a worker's wait goroutine: the test's own
+		// goroutine fails on it.
+		d.unexpectedExit.Store(fmt.Sprintf("start worker %d: %v", slot, err))
+		return
 	}
 	d.workers[slot] = w
 }
@@ -458,42 +624,46 @@ func (d *driver) converge(deadline time.Time) bool {
 	lastReport := time.Now()
 	for {
 		d.failOnUnexpectedExit()
-		open, missing, err := d.openJobs()
+		open, missing, which, err := d.openJobs()
 		if err == nil && open == 0 && missing == 0 {
 			return true
 		}
 		if time.Now().After(deadline) {
-			d.note(fmt.Sprintf("deadline: %d jobs open, %d accepted keys without a row (err %v)", open, missing, err))
+			d.note(fmt.Sprintf("deadline: %d jobs open %v, %d accepted keys without a row (err %v)", open, which, missing, err))
 			return false
 		}
 		if time.Since(lastReport) >= 15*time.Second {
 			lastReport = time.Now()
-			d.note(fmt.Sprintf("waiting: %d jobs open, %d accepted keys without a row", open, missing))
+			d.note(fmt.Sprintf("waiting: %d jobs open %v, %d accepted keys without a row", open, which, missing))
 		}
 		time.Sleep(time.Second)
 	}
 }
 
-func (d *driver) openJobs() (open, missing int, err error) {
+// openJobs counts the jobs not yet terminal (which: by kind and status)
+// and the accepted keys without a ledger row.
+func (d *driver) openJobs() (open, missing int, which map[string]int, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rows, err := d.pool.Query(ctx, `SELECT business_key, status FROM keel_jobs WHERE kind LIKE 'chaos:%'`)
+	rows, err := d.pool.Query(ctx, `SELECT business_key, kind, status FROM keel_jobs WHERE kind LIKE 'chaos:%'`)
 	if err != nil {
-		return -1, -1, err
+		return -1, -1, nil, err
 	}
 	seen := map[string]bool{}
+	which = map[string]int{}
 	for rows.Next() {
-		var key, status string
-		if err := rows.Scan(&key, &status); err != nil {
-			return -1, -1, err
+		var key, kind, status string
+		if err := rows.Scan(&key, &kind, &status); err != nil {
+			return -1, -1, nil, err
 		}
 		seen[key] = true
 		if status != "succeeded" && status != "dead" {
 			open++
+			which[kind+" "+status]++
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return -1, -1, err
+		return -1, -1, nil, err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -502,7 +672,7 @@ func (d *driver) openJobs() (open, missing int, err error) {
 			missing++
 		}
 	}
-	return open, missing, nil
+	return open, missing, which, nil
 }
 
 // logPatterns are worker log lines worth counting in the report.

@@ -2,6 +2,7 @@ package chaos_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,6 +29,8 @@ const (
 	envWorker      = "KEEL_CHAOS_WORKER"
 	envWorkerDB    = "KEEL_CHAOS_WORKER_DATABASE_URL"
 	envWorkerRedis = "KEEL_CHAOS_WORKER_REDIS_ADDR"
+	// envWorkerService is fakeService's base URL.
+	envWorkerService = "KEEL_CHAOS_WORKER_SERVICE_URL"
 )
 
 // workerPoolConns bounds each child's Postgres connections: the soak shares
@@ -39,13 +42,16 @@ const workerPoolConns = 8
 // happens within the run.
 func workerConfig(opt asynq.RedisConnOpt, pool *pgxpool.Pool, limits *flow.Controller, log *slog.Logger) server.Config {
 	return server.Config{
-		Redis:           opt,
-		Pool:            pool,
-		Concurrency:     20,
+		Redis:       opt,
+		Pool:        pool,
+		Concurrency: 20,
+		// Shorter than a deploy job's run, so a SIGTERM always cuts some short.
 		ShutdownTimeout: 3 * time.Second,
 		Retry:           retry.Policy{Base: time.Second, Cap: 3 * time.Second},
 		// The holder names the worker, so the parent can tell whose job is whose.
-		Guard: idempotency.GuardConfig{Holder: os.Getenv(envWorker), Lease: 3 * time.Second, LedgerRetry: 2 * time.Second},
+		// A hung handler is given up a second after its deadline.
+		Guard: idempotency.GuardConfig{Holder: os.Getenv(envWorker), Lease: 3 * time.Second, LedgerRetry: 2 * time.Second,
+			TimeoutGrace: time.Second},
 		Relay: outbox.RelayConfig{PollInterval: 500 * time.Millisecond},
 		// Pruning stays off: the final check reads every row.
 		Reconciler: outbox.ReconcilerConfig{Interval: time.Second, Grace: 2 * time.Second, Retention: -1},
@@ -82,7 +88,7 @@ func runWorkerChild() int {
 		return 2
 	}
 	defer limits.Close()
-	srv, err := server.New(workerConfig(opt, pool, limits, log), chaosMux(pool))
+	srv, err := server.New(workerConfig(opt, pool, limits, log), chaosMux(pool, newServiceClient(os.Getenv(envWorkerService)), log))
 	if err != nil {
 		log.Error("chaos worker: server", "err", err)
 		return 2
@@ -117,7 +123,8 @@ func (d *driver) startWorker(slot, gen int) (*worker, error) {
 	w.cmd.Env = append(os.Environ(),
 		envWorker+"="+w.holder(),
 		envWorkerDB+"="+d.workerDBURL,
-		envWorkerRedis+"="+d.redis.Addr())
+		envWorkerRedis+"="+d.redis.Addr(),
+		envWorkerService+"="+d.service.URL())
 	w.cmd.Stdout, w.cmd.Stderr = f, f
 	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
 		f.Close()
@@ -130,12 +137,23 @@ func (d *driver) startWorker(slot, gen int) (*worker, error) {
 	go func() {
 		w.exitErr = w.cmd.Wait()
 		f.Close()
-		if !w.expected.Load() {
+		switch {
+		case poisoned(w.exitErr):
+			// A poison job killed it: start the next generation, as a
+			// supervisor (systemd, Kubernetes) would.
+			d.respawn(w)
+		case !w.expected.Load():
 			d.unexpectedExit.Store(fmt.Sprintf("worker %d.%d exited on its own: %v (log %s)", slot, gen, w.exitErr, w.logPath))
 		}
 		close(w.done)
 	}()
 	return w, nil
+}
+
+// poisoned reports whether a worker's exit was a poison job's doing.
+func poisoned(exitErr error) bool {
+	var ee *exec.ExitError
+	return errors.As(exitErr, &ee) && ee.ExitCode() == poisonExit
 }
 
 // holder is the worker's name, also its ledger lease holder.
@@ -156,7 +174,7 @@ func (w *worker) stop(timeout time.Duration) error {
 	select {
 	case <-w.done:
 		if w.exitErr != nil {
-			return fmt.Errorf("worker %d.%d: %v", w.slot, w.gen, w.exitErr)
+			return fmt.Errorf("worker %d.%d: %w", w.slot, w.gen, w.exitErr)
 		}
 		return nil
 	case <-time.After(timeout):
