@@ -194,7 +194,7 @@ const (
 // jobs turn out to be in Redis. held: a live lease, so a worker runs it.
 const reconcileSQL = `SELECT id, queue, coalesce(lease_until > now(), false) FROM keel_jobs
 	WHERE status IN ('pending', 'running', 'failed') AND published_at IS NOT NULL
-	  AND greatest(updated_at, published_at) < now() - $1 * interval '1 millisecond' AND id > $2
+	  AND updated_at < now() - $1 * interval '1 millisecond' AND id > $2
 	ORDER BY id LIMIT $3`
 
 // ReconcileSQL and RescueSQL are the statements a pass and a rescue page
