@@ -6,12 +6,12 @@ import (
 )
 
 // TestChaosShort is the soak CI runs: 2,000 jobs, one worker killed with
-// SIGKILL early on and Redis emptied once. The kill comes after the Redis
-// restart so that the killed worker's tasks are recovered by asynq itself
-// (30 s lease, recoverer every minute), which sets the run's length.
+// SIGKILL early on, two deploys (SIGTERM) in the middle of long MaxRetry(0)
+// jobs, two poison jobs that kill four workers, six hung handlers, and
+// Redis emptied once.
 func TestChaosShort(t *testing.T) {
 	if testing.Short() {
-		t.Skip("chaos soak: about 90 s")
+		t.Skip("chaos soak: 30 to 90 s")
 	}
 	soak(t, soakConfig{
 		Jobs:          2000,
@@ -21,7 +21,7 @@ func TestChaosShort(t *testing.T) {
 		RedisRestarts: []time.Duration{6 * time.Second},
 		RedisDown:     2 * time.Second,
 		Kills:         []time.Duration{11 * time.Second},
-		Deploys:       []time.Duration{13 * time.Second, 16500 * time.Millisecond},
+		Deploys:       []time.Duration{14 * time.Second, 17 * time.Second},
 		Poison:        2,
 		Hung:          6,
 		DeployJobs:    30,

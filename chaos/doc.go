@@ -7,11 +7,12 @@
 //
 // The test binary starts three copies of itself as worker processes (each a
 // server.New worker with its own relay and reconciler, short reconciler
-// interval and grace, a 3 s ledger lease, retries backing off 1 s to 3 s and
-// a flow rate limit), a stand-alone relay and a scheduler with an "@every 1s"
-// entry in the test process, and a private redis-server. It then submits jobs
-// of seven kinds, half with Enqueue and half with EnqueueTx inside a
-// transaction that also writes a business row, every tenth twice:
+// interval and grace, a 3 s ledger lease, a 1 s timeout grace, a 3 s
+// shutdown timeout, retries backing off 1 s to 3 s and a flow rate limit), a
+// stand-alone relay, a scheduler with an "@every 1s" entry and a fake
+// external service in the test process, and a private redis-server. It then
+// submits jobs of eight kinds, half with Enqueue and half with EnqueueTx
+// inside a transaction that also writes a business row, every tenth twice:
 //
 //   - succeeding: a local effect written with idempotency.InTx into a table
 //     whose primary key is the business key, so a second effect fails loudly;
@@ -23,9 +24,31 @@
 //   - external: calls a fake payment service (it records every call per
 //     idempotency key) inside idempotency.Step with a Verify that asks it;
 //   - external, unverified: the same without Verify, so a worker killed in
-//     the middle of the call parks the job as "in doubt" for a person.
+//     the middle of the call parks the job as "in doubt" for a person;
+//   - external, raw errors: a charge over HTTP to a fake service that is not
+//     idempotent (it applies every request it receives and counts them per
+//     key), through a plain client whose errors reach idempotency.Step
+//     unmarked. The service hangs up after applying a tenth of the charges,
+//     answers another tenth after the client's timeout, and hangs up without
+//     applying a tenth: to the client all three are the same transport
+//     error. Step must hold them in doubt and let Verify (a look-up on the
+//     service) decide, never send again blindly.
 //
-// While jobs run, a worker is killed with SIGKILL and restarted, and Redis is
+// and a few jobs of rarer kinds, spread over the run:
+//
+//   - poison (MaxRetry 1): its handler calls os.Exit, killing the worker;
+//     the parent starts a killed worker again, as a supervisor would. It
+//     must end dead with class crashed after two runs;
+//   - hung (MaxRetry 2, timeout 1 s): its handler ignores its context until
+//     the ledger shows keel gave the run up, then tries a recorded step and
+//     the completing InTx anyway. Half hang on every attempt and must end
+//     dead with class timeout, half on their first only and must succeed;
+//   - deploy (MaxRetry 0): runs 4-6 s, longer than the shutdown timeout.
+//     Workers running them are sent SIGTERM and started again: a run cut
+//     short so must not use the job's one attempt.
+//
+// While jobs run, a worker is killed with SIGKILL and restarted, workers
+// are sent SIGTERM (a deploy) and started again once stopped, and Redis is
 // stopped and started again empty. A kill aims at a worker in the middle of
 // an external call when there is one, alternately an unverified and a
 // verified one, so that runs do cut recorded steps short. The run ends when
@@ -48,23 +71,42 @@
 //     one none, and every dead job has a last error and an error class;
 //   - duplicate submissions returned the existing job, business rows written
 //     with EnqueueTx all have their job, waits did not count as attempts;
-//   - the scheduler made exactly one job per tick, with no tick missing.
+//   - the scheduler made exactly one job per tick, with no tick missing;
+//   - the fake service applied no charge twice (per key, counted where it
+//     receives them), and every succeeded raw-error job was charged once;
+//   - every poison job is dead with class crashed, within its budget of runs;
+//   - every hung job ended by its budget: dead with class timeout (or
+//     crashed, when a kill cut its last run), or succeeded if it hung once;
+//     every late step and InTx of a given-up run was refused
+//     (idempotency.ErrRunGivenUp, or ErrLeaseLost) and made no call;
+//   - no MaxRetry(0) job died of anything but a crash: a deploy costs no
+//     attempt (one whose only run a SIGKILL or a poison job cut short is
+//     dead, crashed, and counted apart);
+//   - each of these faults did happen: a poison job killed a worker, a hung
+//     run was given up, a deploy cut a job short that then finished without
+//     using an attempt, the service left charges unanswered and a Verify
+//     found one missing. Otherwise the checks above prove nothing and the
+//     run fails.
 //
-// asynq recovers a killed worker's active tasks only after its 30 s task
-// lease and the next run of its once-a-minute recoverer, so a run lasts at
-// least about 100 s after its last kill.
+// keel's rescuer hands a dead worker's jobs back once their ledger lease
+// (3 s here) has run out, so a run usually converges within seconds of its
+// last fault; a job whose asynq copy is still active on a dead worker while
+// its ledger row is not running waits for asynq's own recoverer (30 s task
+// lease, once a minute), which can add about a minute.
 //
 // # Running it
 //
 // The short version is an ordinary test, run by CI with the rest (and
-// skipped by -short): 2,000 jobs, one SIGKILL and one Redis restart, about
-// 90 s on two cores, most of it waiting for asynq's crash recovery.
+// skipped by -short): 2,000 jobs plus 38 of the rare kinds, one SIGKILL, two
+// deploys, one Redis restart and the poison jobs' four worker deaths; about
+// 30 to 90 s on two cores, depending on whether asynq's recoverer is needed.
 //
 //	go test -race -count=1 -v -run TestChaosShort ./chaos
 //
-// The long version needs the chaos build tag: 20,000 jobs, a worker killed
-// every 10 s for five minutes, Redis emptied twice; about 7 minutes on two
-// cores, and it fails if not done within 20.
+// The long version needs the chaos build tag: 20,000 jobs plus 240 of the
+// rare kinds, a worker killed every 10 s and a deploy every 30 s for five
+// minutes, Redis emptied twice; about 7 minutes on two cores, and it fails
+// if not done within 20.
 //
 //	go test -tags chaos -run TestChaosLong -timeout 30m -v ./chaos
 //

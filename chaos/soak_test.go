@@ -278,8 +278,10 @@ func (d *driver) makePlan() {
 	}
 }
 
-// planRare spreads the rare classes' jobs evenly over the plan, each class
-// on its own even grid, so that they run while the chaos happens.
+// planRare spreads the rare classes' jobs evenly over parts of the plan,
+// each class on its own grid: poison jobs early, so that the workers they
+// kill do not take many deploy jobs (MaxRetry(0)) with them, deploy jobs in
+// the second half, where the deploys are.
 func (d *driver) planRare() {
 	type rare struct {
 		at float64 // fraction of the plan
@@ -287,18 +289,18 @@ func (d *driver) planRare() {
 	}
 	var rares []rare
 	n := d.cfg.Jobs
-	add := func(c *class, count int) {
+	add := func(c *class, count int, from, to float64) {
 		for i := range count {
 			s := submission{n: n, key: fmt.Sprintf("%s-%06d", c.name, n), class: c, viaTx: n%2 == 1}
 			n++
 			d.keys[s.key] = &keyRecord{class: c, viaTx: s.viaTx, jobIDs: map[string]bool{}}
-			rares = append(rares, rare{at: (float64(i) + 0.5) / float64(count), s: s})
+			rares = append(rares, rare{at: from + (to-from)*(float64(i)+0.5)/float64(count), s: s})
 		}
 	}
-	add(poisonClass, d.cfg.Poison)
-	add(hungClass, d.cfg.Hung-d.cfg.Hung/2)
-	add(hungOnceClass, d.cfg.Hung/2)
-	add(deployClass, d.cfg.DeployJobs)
+	add(poisonClass, d.cfg.Poison, 0, 0.3)
+	add(hungClass, d.cfg.Hung-d.cfg.Hung/2, 0, 1)
+	add(hungOnceClass, d.cfg.Hung/2, 0, 1)
+	add(deployClass, d.cfg.DeployJobs, 0.5, 1)
 	sort.SliceStable(rares, func(i, j int) bool { return rares[i].at < rares[j].at })
 	plan := make([]submission, 0, len(d.plan)+len(rares))
 	for i, s := range d.plan {
@@ -634,10 +636,34 @@ func (d *driver) converge(deadline time.Time) bool {
 		}
 		if time.Since(lastReport) >= 15*time.Second {
 			lastReport = time.Now()
-			d.note(fmt.Sprintf("waiting: %d jobs open %v, %d accepted keys without a row", open, which, missing))
+			d.note(fmt.Sprintf("waiting: %d jobs open %v, %d accepted keys without a row%s", open, which, missing, d.describeOpen()))
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// describeOpen details the open jobs when there are only a few: what
+// holds a run back is then the question.
+func (d *driver) describeOpen() string {
+	rows, err := d.pool.Query(context.Background(), `SELECT id, business_key, status, attempts, crashes,
+		coalesce(last_holder, ''), coalesce(lease_until::text, ''), published_at IS NOT NULL, updated_at::text
+		FROM keel_jobs WHERE kind LIKE 'chaos:%' AND status NOT IN ('succeeded', 'dead') ORDER BY id LIMIT 4`)
+	if err != nil {
+		return ""
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var id, key, status, holder, lease, updated string
+		var attempts, crashes int
+		var published bool
+		if rows.Scan(&id, &key, &status, &attempts, &crashes, &holder, &lease, &published, &updated) != nil {
+			return b.String()
+		}
+		fmt.Fprintf(&b, "\n    %s %s: %s, attempts %d, crashes %d, last holder %s, lease until %q, published %v, updated %s",
+			id, key, status, attempts, crashes, holder, lease, published, updated)
+	}
+	return b.String()
 }
 
 // openJobs counts the jobs not yet terminal (which: by kind and status)
