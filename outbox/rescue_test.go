@@ -355,6 +355,47 @@ func TestKilledWorkersJobStartsAgainWithinSeconds(t *testing.T) {
 	store := idempotency.NewStore(b.pool)
 	j := testenv.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 2, j.Attempts)
+	require.Equal(t, 1, b.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, res.Job.ID),
+		"the rescue must leave the crash for the next claim to count")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the local effect must happen once")
 	require.EqualValues(t, 1, srv.Reconciler().Stats().Rescued, "the other worker's rescuer handed it back")
+}
+
+// A worker that died after asynq's dequeue and before the ledger's claim
+// (or after recording a failure and before asynq's retry) leaves an open
+// row that is not running, and a task asynq thinks a worker has. The
+// reconcile pass hands it back; otherwise only asynq's recoverer would, a
+// minute or more later.
+func TestReconcileHandsBackATaskADeadWorkerFetchedButNeverClaimed(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	unclaimed, err := c.Enqueue(ctx, work.New(item{ID: "unclaimed"}))
+	require.NoError(t, err)
+	b.fetchAsDeadWorker(t, 20*time.Second)
+	failed, err := c.Enqueue(ctx, work.New(item{ID: "failed"}))
+	require.NoError(t, err)
+	b.fetchAsDeadWorker(t, 20*time.Second)
+	fresh, err := c.Enqueue(ctx, work.New(item{ID: "fresh"}))
+	require.NoError(t, err)
+	b.fetchAsDeadWorker(t, 0)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'failed', attempts = 1 WHERE id = $1`, failed.Job.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+
+	r := b.reconciler(t)
+	_, err = r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStatePending, b.state(t, insp, unclaimed.Job.ID))
+	require.Equal(t, asynq.TaskStatePending, b.state(t, insp, failed.Job.ID))
+	require.Equal(t, asynq.TaskStateActive, b.state(t, insp, fresh.Job.ID), "a task fetched a moment ago was taken away")
+
+	var runs atomic.Int64
+	b.worker(t, b.effectMux(&runs), func(c *server.Config) { c.DisableReconciler = true })
+	store := idempotency.NewStore(b.pool)
+	testenv.WaitStatus(t, store, unclaimed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	testenv.WaitStatus(t, store, failed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 }
