@@ -260,9 +260,17 @@ func (r *Reconciler) reconcilePage(ctx context.Context, page []openJob) (int, er
 	if err != nil {
 		return 0, fmt.Errorf("keel reconciler: look up jobs in Redis: %w", err)
 	}
-	var lost []string
+	var lost, active []string
+	activeQueue := map[string]string{}
 	for i, st := range states {
 		switch st {
+		case asynqActive:
+			// Not held in the ledger, yet asynq says a worker has it: the
+			// worker died between asynq's dequeue and the ledger's claim, or
+			// between recording a failure and asynq's retry. Only asynq's
+			// recoverer (a minute or more) would notice.
+			active = append(active, ids[i])
+			activeQueue[ids[i]] = queues[i]
 		case "":
 			lost = append(lost, ids[i])
 		case asynqArchived:
@@ -272,6 +280,26 @@ func (r *Reconciler) reconcilePage(ctx context.Context, page []openJob) (int, er
 				return 0, fmt.Errorf("keel reconciler: remove archived copy of open job %s: %w", ids[i], err)
 			}
 			lost = append(lost, ids[i])
+		}
+	}
+	if len(active) > 0 {
+		now := time.Now()
+		live, err := runningOnLiveServer(ctx, r.rdb, active, now)
+		if err != nil {
+			return 0, fmt.Errorf("keel reconciler: read asynq's worker lists: %w", err)
+		}
+		for _, id := range active {
+			if live[id] {
+				continue
+			}
+			moved, err := requeueActive(ctx, r.rdb, activeQueue[id], id, now)
+			if err != nil {
+				return 0, fmt.Errorf("keel reconciler: hand back job %s held by a gone worker: %w", id, err)
+			}
+			if moved == 1 {
+				r.rescued.Add(1)
+				r.cfg.Logger.Info("keel reconciler: job a gone worker took from Redis before claiming it handed back", "job_id", id)
+			}
 		}
 	}
 	return r.republish(ctx, lost, func(j idempotency.Job) bool {
