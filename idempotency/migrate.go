@@ -354,7 +354,17 @@ func applyNoTransaction(ctx context.Context, conn *pgx.Conn, m Migration) error 
 	if err != nil {
 		return err
 	}
+	// On a fresh ledger there is nothing to keep writable while an index
+	// builds, and a concurrent build would wait for every older transaction
+	// in the whole database (other applications' too): build it plainly.
+	fresh, err := ledgerEmpty(ctx, conn)
+	if err != nil {
+		return err
+	}
 	for _, s := range stmts {
+		if fresh {
+			s = concurrentlyRE.ReplaceAllString(s, "")
+		}
 		index := ""
 		if sub := concurrentIndexRE.FindStringSubmatch(s); sub != nil {
 			index = sub[1]
@@ -384,6 +394,17 @@ func applyNoTransaction(ctx context.Context, conn *pgx.Conn, m Migration) error 
 		}
 	}
 	return record(ctx, conn, m)
+}
+
+// ledgerEmpty reports whether keel_jobs is missing or holds no row.
+func ledgerEmpty(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var missing bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('keel_jobs') IS NULL`).Scan(&missing); err != nil || missing {
+		return missing, interpretError(err)
+	}
+	var empty bool
+	err := conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM keel_jobs)`).Scan(&empty)
+	return empty, interpretError(err)
 }
 
 func indexValid(ctx context.Context, conn *pgx.Conn, index string) (valid, exists bool, err error) {
