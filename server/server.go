@@ -76,9 +76,12 @@ type Config struct {
 	DisableRelay bool
 	// Relay configures the embedded relay.
 	Relay outbox.RelayConfig
-	// DisableReconciler stops the worker from running a reconciler (which
-	// republishes jobs Redis lost and prunes old ones). Reconcilers take turns
-	// through an advisory lock, so the default is to run one in every worker.
+	// DisableReconciler stops the worker from running a reconciler, which
+	// republishes jobs Redis lost, hands a crashed worker's jobs back to
+	// Redis within seconds (its rescuer) and prunes old ones. Reconcilers are
+	// safe to run side by side, so the default is one in every worker; turn
+	// it off in every worker and a crash costs asynq's own recovery (a
+	// minute or more) again.
 	DisableReconciler bool
 	// Reconciler configures the embedded reconciler.
 	Reconciler outbox.ReconcilerConfig
