@@ -1,0 +1,254 @@
+package idempotency
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Inserted is what InsertMany did with one NewJob.
+type Inserted struct {
+	// Job is the ledger row: the new one, or the one that already existed.
+	Job Job
+	// Existed is true when the row was there before this call, or when an
+	// earlier job of the same call had the same (kind, business key).
+	Existed bool
+}
+
+// InsertOptions say how InsertMany writes new rows.
+type InsertOptions struct {
+	// Claim writes new rows already marked published: the caller publishes
+	// them itself once they commit and hands back with Unpublish any it
+	// could not. A caller that dies in between leaves rows the reconciler
+	// republishes after its grace, as it does for a relay that dies.
+	Claim bool
+	// WakeRelay notifies the relays, at commit, when a new row is written.
+	WakeRelay bool
+}
+
+// Bounds of one InsertMany statement; bigger calls are split into several
+// statements in one transaction.
+const (
+	InsertChunkRows  = 1000
+	InsertChunkBytes = 8 << 20
+)
+
+// bulkInsertSQL writes the rows given as arrays, in order, skipping those
+// whose (kind, business key) exists. $13: write them claimed (published);
+// $14: wake the relays when a row was written.
+const bulkInsertSQL = `WITH ins AS (
+	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
+		run_at, payload_summary, trace_id, max_wait_ms, published_at)
+	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
+		coalesce(i.run_at, now()), nullif(i.summary, ''), nullif(i.trace_id, ''), i.max_wait_ms,
+		CASE WHEN $13::bool THEN now() END
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::int[], $7::bigint[],
+		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[])
+		WITH ORDINALITY AS i(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
+			run_at, summary, trace_id, max_wait_ms, ord)
+	ORDER BY i.ord
+	ON CONFLICT (kind, business_key) DO NOTHING
+	RETURNING ` + jobColumns + `),
+wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one WHERE $14::bool)
+SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
+
+// bulkLookupSQL reads the rows of the given (kind, business key) pairs.
+const bulkLookupSQL = `SELECT ` + jobColumns + ` FROM keel_jobs
+	WHERE (kind, business_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+
+type bulkKey struct{ kind, key string }
+
+// InsertMany records jobs in db (a pool or the caller's transaction) and
+// returns, in the order of jobs, each one's row and whether it existed.
+// Jobs are deduplicated by (kind, business key), within the call too: the
+// first of a key creates the row (unless the ledger holds it already), the
+// others get the same row with Existed = true. Every job is checked before
+// anything is written, so an invalid one fails the call with nothing
+// written. The rows go in with one statement per InsertChunkRows rows (or
+// InsertChunkBytes of payload); through a pool, a call of several chunks
+// runs in a transaction of its own, so it is all or nothing either way.
+func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts InsertOptions) ([]Inserted, error) {
+	for i, nj := range jobs {
+		if err := validateNewJob(nj); err != nil {
+			return nil, fmt.Errorf("keel: job %d (%s, key %q): %w", i, nj.Kind, nj.BusinessKey, err)
+		}
+	}
+	// One row per key, in (kind, key) order: concurrent calls with
+	// overlapping keys then take the unique index's locks in the same order
+	// and cannot deadlock.
+	first := make(map[bulkKey]int, len(jobs))
+	uniq := make([]int, 0, len(jobs))
+	for i, nj := range jobs {
+		k := bulkKey{nj.Kind, nj.BusinessKey}
+		if _, ok := first[k]; !ok {
+			first[k] = i
+			uniq = append(uniq, i)
+		}
+	}
+	slices.SortFunc(uniq, func(a, b int) int {
+		return cmp.Or(cmp.Compare(jobs[a].Kind, jobs[b].Kind), cmp.Compare(jobs[a].BusinessKey, jobs[b].BusinessKey))
+	})
+	chunks := chunkJobs(jobs, uniq)
+	got := make(map[bulkKey]Inserted, len(uniq))
+	run := func(db DB) error {
+		for _, c := range chunks {
+			if err := s.insertChunk(ctx, db, jobs, c, opts, got); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var err error
+	if p, ok := db.(*pgxpool.Pool); ok && len(chunks) > 1 {
+		err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { return run(tx) })
+	} else {
+		err = run(db)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Inserted, len(jobs))
+	for i, nj := range jobs {
+		k := bulkKey{nj.Kind, nj.BusinessKey}
+		out[i] = got[k]
+		if first[k] != i {
+			out[i].Existed = true
+		}
+	}
+	return out, nil
+}
+
+func validateNewJob(nj NewJob) error {
+	if err := ValidateKey("kind", nj.Kind); err != nil {
+		return err
+	}
+	if err := ValidateKey("business key", nj.BusinessKey); err != nil {
+		return err
+	}
+	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
+		return fmt.Errorf("payload summary and trace id must be valid UTF-8")
+	}
+	return nil
+}
+
+// chunkJobs splits the indexes in uniq into runs of at most InsertChunkRows
+// jobs and, unless one job alone is bigger, InsertChunkBytes of payload.
+func chunkJobs(jobs []NewJob, uniq []int) [][]int {
+	var chunks [][]int
+	start, bytes := 0, 0
+	for n, i := range uniq {
+		size := len(jobs[i].Payload) + len(jobs[i].BusinessKey)
+		if n > start && (n-start == InsertChunkRows || bytes+size > InsertChunkBytes) {
+			chunks = append(chunks, uniq[start:n])
+			start, bytes = n, 0
+		}
+		bytes += size
+	}
+	if start < len(uniq) {
+		chunks = append(chunks, uniq[start:])
+	}
+	return chunks
+}
+
+// insertChunk writes the jobs at idx and records in got the row of each
+// (kind, key): the one it wrote, or the one that was there. Two tries, as
+// in Insert: a conflicting row can vanish before it is read.
+func (s *Store) insertChunk(ctx context.Context, db DB, jobs []NewJob, idx []int, opts InsertOptions, got map[bulkKey]Inserted) error {
+	for range 2 {
+		if err := s.insertRows(ctx, db, jobs, idx, opts, got); err != nil {
+			return err
+		}
+		missing := idx[:0:0]
+		for _, i := range idx {
+			if _, ok := got[bulkKey{jobs[i].Kind, jobs[i].BusinessKey}]; !ok {
+				missing = append(missing, i)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		if err := lookupRows(ctx, db, jobs, missing, got); err != nil {
+			return err
+		}
+		idx = idx[:0:0]
+		for _, i := range missing {
+			if _, ok := got[bulkKey{jobs[i].Kind, jobs[i].BusinessKey}]; !ok {
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("keel: could not insert or find job %s/%s", jobs[idx[0]].Kind, jobs[idx[0]].BusinessKey)
+}
+
+func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int, opts InsertOptions, got map[bulkKey]Inserted) error {
+	n := len(idx)
+	var (
+		ids, kinds, keys, queues = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		payloads                 = make([][]byte, n)
+		maxRetry                 = make([]int32, n)
+		timeouts, maxWaits       = make([]int64, n), make([]int64, n)
+		deadlines, runAts        = make([]*time.Time, n), make([]*time.Time, n)
+		summaries, traces        = make([]string, n), make([]string, n)
+	)
+	for r, i := range idx {
+		nj := jobs[i]
+		id, err := uuid.NewV7()
+		if err != nil {
+			return err
+		}
+		ids[r], kinds[r], keys[r], queues[r] = id.String(), nj.Kind, nj.BusinessKey, nj.Queue
+		payloads[r] = nj.Payload
+		if payloads[r] == nil {
+			payloads[r] = []byte{}
+		}
+		maxRetry[r] = int32(nj.MaxRetry)
+		timeouts[r], maxWaits[r] = nj.Timeout.Milliseconds(), nj.MaxWait.Milliseconds()
+		if !nj.Deadline.IsZero() {
+			deadlines[r] = &nj.Deadline
+		}
+		if !nj.RunAt.IsZero() {
+			runAts[r] = &nj.RunAt
+		}
+		summaries[r], traces[r] = nj.PayloadSummary, nj.TraceID
+	}
+	rows, err := db.Query(ctx, bulkInsertSQL, ids, kinds, keys, queues, payloads, maxRetry, timeouts,
+		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay)
+	if err != nil {
+		return interpretError(err)
+	}
+	return collectInto(rows, got, false)
+}
+
+func lookupRows(ctx context.Context, db DB, jobs []NewJob, idx []int, got map[bulkKey]Inserted) error {
+	kinds, keys := make([]string, len(idx)), make([]string, len(idx))
+	for r, i := range idx {
+		kinds[r], keys[r] = jobs[i].Kind, jobs[i].BusinessKey
+	}
+	rows, err := db.Query(ctx, bulkLookupSQL, kinds, keys)
+	if err != nil {
+		return interpretError(err)
+	}
+	return collectInto(rows, got, true)
+}
+
+func collectInto(rows pgx.Rows, got map[bulkKey]Inserted, existed bool) error {
+	defer rows.Close()
+	for rows.Next() {
+		j, err := scanJob(rows)
+		if err != nil {
+			return interpretError(err)
+		}
+		got[bulkKey{j.Kind, j.BusinessKey}] = Inserted{Job: j, Existed: existed}
+	}
+	return interpretError(rows.Err())
+}

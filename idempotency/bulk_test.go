@@ -1,0 +1,149 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+func bulkJob(key string) idempotency.NewJob {
+	return idempotency.NewJob{Kind: "test:bulk", BusinessKey: key, Queue: "default", Payload: []byte(`{"k":"` + key + `"}`), MaxRetry: 3}
+}
+
+func TestInsertManyDeduplicatesWithinTheCallAndAgainstTheLedger(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+
+	old, existed, err := b.store.Insert(ctx, b.pool, bulkJob("b"))
+	require.NoError(t, err)
+	require.False(t, existed)
+
+	jobs := []idempotency.NewJob{bulkJob("c"), bulkJob("b"), bulkJob("a"), bulkJob("c")}
+	jobs[0].PayloadSummary, jobs[0].TraceID = "first c", "trace-c"
+	got, err := b.store.InsertMany(ctx, b.pool, jobs, idempotency.InsertOptions{})
+	require.NoError(t, err)
+	require.Len(t, got, 4)
+
+	require.False(t, got[0].Existed, "the first c creates the row")
+	require.True(t, got[1].Existed, "b was in the ledger")
+	require.Equal(t, old.ID, got[1].Job.ID)
+	require.False(t, got[2].Existed)
+	require.True(t, got[3].Existed, "the second c of the call is the first c's job")
+	require.Equal(t, got[0].Job.ID, got[3].Job.ID)
+	for i, g := range got {
+		require.Equal(t, jobs[i].BusinessKey, g.Job.BusinessKey, "result %d is in the order of the call", i)
+		require.Equal(t, idempotency.StatusPending, g.Job.Status)
+		require.Nil(t, g.Job.PublishedAt, "without Claim new rows wait for the relay")
+	}
+	require.Equal(t, "first c", got[0].Job.PayloadSummary)
+	require.Equal(t, "trace-c", got[0].Job.TraceID)
+	require.Equal(t, 3, got[0].Job.MaxRetry)
+	require.JSONEq(t, `{"k":"c"}`, string(got[0].Job.Payload))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM keel_jobs WHERE kind = 'test:bulk'`))
+}
+
+func TestInsertManyClaimMarksNewRowsPublished(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+
+	pending, _, err := b.store.Insert(ctx, b.pool, bulkJob("unpublished"))
+	require.NoError(t, err)
+	got, err := b.store.InsertMany(ctx, b.pool, []idempotency.NewJob{bulkJob("new"), bulkJob("unpublished")},
+		idempotency.InsertOptions{Claim: true})
+	require.NoError(t, err)
+	require.NotNil(t, got[0].Job.PublishedAt, "a claimed row is the caller's to publish")
+	require.True(t, got[1].Existed)
+	require.Equal(t, pending.ID, got[1].Job.ID)
+	require.Nil(t, got[1].Job.PublishedAt, "an existing row is left as it was")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
+}
+
+func TestInsertManyRefusesAnInvalidJobAndWritesNothing(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+
+	jobs := []idempotency.NewJob{bulkJob("ok-1"), bulkJob("ok-2"), bulkJob("bad\x00key")}
+	_, err := b.store.InsertMany(ctx, b.pool, jobs, idempotency.InsertOptions{})
+	require.ErrorContains(t, err, "job 2")
+	require.ErrorContains(t, err, "NUL")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
+}
+
+// A call bigger than one statement's chunk through a pool is still all or
+// nothing: its chunks share one transaction.
+func TestInsertManyChunksInOneTransaction(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+
+	n := 2*idempotency.InsertChunkRows + 10
+	jobs := make([]idempotency.NewJob, n)
+	for i := range jobs {
+		jobs[i] = bulkJob(fmt.Sprintf("k-%05d", i))
+	}
+	got, err := b.store.InsertMany(ctx, b.pool, jobs, idempotency.InsertOptions{})
+	require.NoError(t, err)
+	require.Len(t, got, n)
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM keel_jobs`))
+	var xids int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(DISTINCT xmin::text) FROM keel_jobs`).Scan(&xids))
+	require.Equal(t, 1, xids, "every chunk commits in one transaction")
+
+	// The last chunk fails on a row the database refuses: nothing of the
+	// call stays.
+	for i := range jobs {
+		jobs[i] = bulkJob(fmt.Sprintf("again-%05d", i))
+	}
+	jobs[n-1].Queue = "q\x00" // Postgres text cannot hold a NUL byte
+	_, err = b.store.InsertMany(ctx, b.pool, jobs, idempotency.InsertOptions{})
+	require.Error(t, err)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE business_key LIKE 'again-%'`))
+}
+
+// Concurrent calls with overlapping keys, in opposite orders, neither
+// deadlock nor duplicate: one row per key, and each key created once.
+func TestInsertManyConcurrentOverlappingCalls(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+
+	const keys, callers = 300, 8
+	var wg sync.WaitGroup
+	created := make([]map[string]string, callers)
+	errs := make([]error, callers)
+	for c := range callers {
+		wg.Go(func() {
+			jobs := make([]idempotency.NewJob, keys)
+			for i := range jobs {
+				k := i
+				if c%2 == 1 {
+					k = keys - 1 - i
+				}
+				jobs[i] = bulkJob(fmt.Sprintf("o-%03d", k))
+			}
+			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				got, err := b.store.InsertMany(ctx, tx, jobs, idempotency.InsertOptions{WakeRelay: true})
+				created[c] = map[string]string{}
+				for _, g := range got {
+					if !g.Existed {
+						created[c][g.Job.BusinessKey] = g.Job.ID
+					}
+				}
+				return err
+			})
+			errs[c] = err
+		})
+	}
+	wg.Wait()
+	total := 0
+	for c := range callers {
+		require.NoError(t, errs[c])
+		total += len(created[c])
+	}
+	require.Equal(t, keys, total, "each key is created by exactly one call")
+	require.Equal(t, keys, b.count(t, `SELECT count(*) FROM keel_jobs`))
+}
