@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // DurationBuckets are the default buckets of keel_job_duration_seconds:
@@ -30,12 +32,26 @@ type WorkerOptions struct {
 	Guard func() idempotency.GuardStats
 	// Buckets of the duration histogram. Default DurationBuckets.
 	Buckets []float64
+	// Kinds are the kinds the worker declares, each with the queue its jobs
+	// go to by default. Their job counters (processed, succeeded, postponed,
+	// and failed and dead for each of retry.StoredClasses) are exported at 0
+	// from the start, so that increase() and rate() see the first event of
+	// each and alerts and panels work from the first death. A kind not
+	// listed here is still counted, from its first event on.
+	Kinds []Kind
+}
+
+// Kind names a declared task kind and its default queue (tasks.Kind's Name
+// and Queue); an empty Queue is tasks.DefaultQueue.
+type Kind struct {
+	Name, Queue string
 }
 
 // Worker records what a worker's handlers do.
 type Worker struct {
 	classifier *retry.Classifier
 	processed  *prometheus.CounterVec
+	succeeded  *prometheus.CounterVec
 	failed     *prometheus.CounterVec
 	postponed  *prometheus.CounterVec
 	dead       *prometheus.CounterVec
@@ -56,6 +72,10 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 			Name: "keel_jobs_processed_total",
 			Help: "Job attempts that ran to the end, succeeded or failed.",
 		}, []string{"kind", "queue"}),
+		succeeded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_jobs_succeeded_total",
+			Help: "Job attempts that succeeded.",
+		}, []string{"kind", "queue"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_jobs_failed_total",
 			Help: "Job attempts that failed, by error class (permanent, transient, unknown).",
@@ -74,7 +94,23 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 			Buckets: opts.Buckets,
 		}, []string{"kind"}),
 	}
-	cs := []prometheus.Collector{w.processed, w.failed, w.postponed, w.dead, w.duration}
+	for _, k := range opts.Kinds {
+		if k.Name == "" {
+			return nil, errors.New("keel: metrics.WorkerOptions.Kinds has a kind without a name")
+		}
+		queue := k.Queue
+		if queue == "" {
+			queue = tasks.DefaultQueue
+		}
+		for _, v := range []*prometheus.CounterVec{w.processed, w.succeeded, w.postponed} {
+			v.WithLabelValues(k.Name, queue)
+		}
+		for _, c := range retry.StoredClasses() {
+			w.failed.WithLabelValues(k.Name, queue, string(c))
+			w.dead.WithLabelValues(k.Name, queue, string(c))
+		}
+	}
+	cs := []prometheus.Collector{w.processed, w.succeeded, w.failed, w.postponed, w.dead, w.duration}
 	if opts.DuplicatesSkipped != nil {
 		fn := opts.DuplicatesSkipped
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -121,6 +157,7 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 		w.duration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 		if err == nil {
 			w.processed.WithLabelValues(kind, queue).Inc()
+			w.succeeded.WithLabelValues(kind, queue).Inc()
 			return nil
 		}
 		class := w.classifier.Classify(err)

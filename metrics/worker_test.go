@@ -3,11 +3,16 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -40,6 +45,7 @@ func TestWorkerCountsAttemptsByOutcome(t *testing.T) {
 	// Outside a worker there is no queue name in the context: the label is empty.
 	require.Equal(t, 5.0, gatherValue(t, reg, "keel_jobs_processed_total", map[string]string{"kind": "order:send_receipt", "queue": ""}),
 		"successes and failures count as processed; a wait does not")
+	require.Equal(t, 2.0, gatherValue(t, reg, "keel_jobs_succeeded_total", map[string]string{"kind": "order:send_receipt", "queue": ""}))
 	for class, want := range map[string]float64{"permanent": 1, "transient": 1, "unknown": 1} {
 		require.Equal(t, want, gatherValue(t, reg, "keel_jobs_failed_total", map[string]string{"class": class}), class)
 	}
@@ -118,4 +124,113 @@ func TestWorkerExportsGivenUpRuns(t *testing.T) {
 	require.Equal(t, 2.0, gatherValue(t, reg, "keel_handlers_overran_total", nil))
 	require.Equal(t, 3.0, gatherValue(t, reg, "keel_runs_interrupted_total", nil))
 	require.Equal(t, 1.0, gatherValue(t, reg, "keel_poison_jobs_retired_total", nil))
+}
+
+var declared = []metrics.Kind{
+	{Name: "order:send_receipt", Queue: "critical"},
+	{Name: "report:daily", Queue: "reports"},
+	{Name: "analytics:sync"}, // the default queue
+}
+
+// series returns the label sets of the series of family name, each as
+// kind/queue[/class], with their values.
+func series(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			key := labels["kind"] + "/" + labels["queue"]
+			if c, ok := labels["class"]; ok {
+				key += "/" + c
+			}
+			out[key] = m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+func TestWorkerExportsDeclaredKindsBeforeAnyJobRan(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	w, err := metrics.NewWorker(reg, metrics.WorkerOptions{Kinds: declared})
+	require.NoError(t, err)
+
+	queueOf := func(k metrics.Kind) string {
+		if k.Queue == "" {
+			return "default"
+		}
+		return k.Queue
+	}
+	want := map[string]float64{}
+	for _, k := range declared {
+		for _, c := range retry.StoredClasses() {
+			want[k.Name+"/"+queueOf(k)+"/"+string(c)] = 0
+		}
+	}
+	require.Len(t, want, len(declared)*6)
+	require.Equal(t, want, series(t, reg, "keel_jobs_dead_total"), "a dead series at 0 for every declared kind and class")
+	require.Equal(t, want, series(t, reg, "keel_jobs_failed_total"))
+	perKind := map[string]float64{}
+	for _, k := range declared {
+		perKind[k.Name+"/"+queueOf(k)] = 0
+	}
+	for _, name := range []string{"keel_jobs_processed_total", "keel_jobs_succeeded_total", "keel_jobs_postponed_total"} {
+		require.Equal(t, perKind, series(t, reg, name), name)
+	}
+
+	// The first death moves its series from 0 to 1: increase() sees it.
+	w.OnDead(context.Background(), idempotency.DeadEvent{Kind: "report:daily", Queue: "reports", Class: string(retry.ClassCrashed)})
+	want["report:daily/reports/crashed"] = 1
+	require.Equal(t, want, series(t, reg, "keel_jobs_dead_total"))
+}
+
+func TestWorkerRefusesAKindWithoutAName(t *testing.T) {
+	t.Parallel()
+	_, err := metrics.NewWorker(prometheus.NewRegistry(), metrics.WorkerOptions{Kinds: []metrics.Kind{{Queue: "critical"}}})
+	require.Error(t, err)
+}
+
+// TestMetricsPassPromlint runs the checks of `promtool check metrics`
+// (promlint, which promtool calls) on what a worker and a web server expose
+// before any job ran.
+func TestMetricsPassPromlint(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	zero := func() uint64 { return 0 }
+	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{Kinds: declared, DuplicatesSkipped: zero,
+		Guard: func() idempotency.GuardStats { return idempotency.GuardStats{} }})
+	require.NoError(t, err)
+	require.NoError(t, metrics.RegisterOutbox(reg, metrics.OutboxOptions{Published: zero, Republished: zero,
+		LeasesReleased: zero, Pruned: zero}))
+	reg.MustRegister(metrics.NewLedger(metrics.LedgerConfig{}))
+
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Accept", "text/plain")
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code)
+	body := rec.Body.String()
+	require.Contains(t, body, `keel_jobs_dead_total{class="permanent",kind="order:send_receipt",queue="critical"} 0`)
+
+	problems, err := promlint.New(strings.NewReader(body)).Lint()
+	require.NoError(t, err)
+	require.Empty(t, problems)
+
+	// The linter does look: a counter without _total is a problem.
+	bad := prometheus.NewRegistry()
+	bad.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_jobs_dead", Help: "x"}))
+	mfs, err := bad.Gather()
+	require.NoError(t, err)
+	problems, err = promlint.NewWithMetricFamilies(mfs).Lint()
+	require.NoError(t, err)
+	require.NotEmpty(t, problems)
 }
