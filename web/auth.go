@@ -8,8 +8,8 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
-	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,9 +54,16 @@ type auth struct {
 	mu      sync.Mutex
 	revoked map[string]time.Time // session id → its expiry (logged out)
 
-	failures  failureLimiter
-	dummyOnce sync.Once
-	dummyHash []byte
+	deviceKey     []byte
+	deviceName    string
+	proxies       []netip.Prefix
+	byAddr        *limiter
+	byAccount     *limiter
+	byDevice      *limiter
+	comparing     chan struct{} // a slot per concurrent password comparison
+	dummyOnce     sync.Once
+	dummyHash     []byte
+	beforeCompare func(name string) // tests count comparisons here
 }
 
 func newAuth(cfg Config, secret []byte) *auth {
@@ -71,12 +78,19 @@ func newAuth(cfg Config, secret []byte) *auth {
 		proxyOperators: map[string]bool{},
 		now:            time.Now,
 		revoked:        map[string]time.Time{},
-		failures:       failureLimiter{max: loginFailuresAllowed, window: loginFailureWindow, seen: map[string]*failureCount{}},
+		deviceKey:      derive(secret, "keel web device"),
+		deviceName:     "keel_device",
+		byAddr:         newLimiter(),
+		byAccount:      newLimiter(),
+		byDevice:       newLimiter(),
+		comparing:      make(chan struct{}, cfg.LoginConcurrency),
 	}
+	a.proxies, _ = parseTrustedProxies(cfg.TrustedProxies) // Validate has checked them
 	if a.secure {
 		// The __Host- prefix makes the browser refuse the cookie unless it is
 		// Secure, host-only and for path / — no subdomain can plant one.
 		a.cookieName = "__Host-keel_session"
+		a.deviceName = "__Host-keel_device"
 	}
 	for _, u := range cfg.Users {
 		a.users[u.Name] = u
@@ -232,61 +246,112 @@ func (a *auth) checkPassword(name, password string) (User, bool) {
 	return u, true
 }
 
-// Sign-in guessing is limited per client address.
-const (
-	loginFailuresAllowed = 10
-	loginFailureWindow   = 5 * time.Minute
-)
-
-type failureCount struct {
-	n     int
-	until time.Time
+// issueDevice returns the cookie that marks this browser as one name has
+// signed in from.
+func (a *auth) issueDevice(name string) *http.Cookie {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	exp := a.now().Add(deviceTTL)
+	payload := strings.Join([]string{"d1", name, base64.RawURLEncoding.EncodeToString(b[:]), strconv.FormatInt(exp.Unix(), 10)}, "|")
+	value := base64.RawURLEncoding.EncodeToString([]byte(payload)) + "." + a.mac(a.deviceKey, payload)
+	return &http.Cookie{Name: a.deviceName, Value: value, Path: "/", HttpOnly: true, Secure: a.secure,
+		SameSite: http.SameSiteStrictMode, Expires: exp, MaxAge: int(deviceTTL.Seconds())}
 }
 
-type failureLimiter struct {
-	max    int
-	window time.Duration
-	mu     sync.Mutex
-	seen   map[string]*failureCount
-}
-
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
+// device returns the id of r's device cookie when it was issued to name.
+func (a *auth) device(r *http.Request, name string) (string, bool) {
+	c, err := r.Cookie(a.deviceName)
 	if err != nil {
-		return r.RemoteAddr
+		return "", false
 	}
-	return host
+	enc, sig, found := strings.Cut(c.Value, ".")
+	if !found {
+		return "", false
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return "", false
+	}
+	payload := string(raw)
+	if subtle.ConstantTimeCompare([]byte(sig), []byte(a.mac(a.deviceKey, payload))) != 1 {
+		return "", false
+	}
+	f := strings.Split(payload, "|")
+	if len(f) != 4 || f[0] != "d1" || f[1] != name {
+		return "", false
+	}
+	exp, err := strconv.ParseInt(f[3], 10, 64)
+	if err != nil || a.now().Unix() >= exp {
+		return "", false
+	}
+	return f[2], true
 }
 
-func (l *failureLimiter) blocked(ip string, now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	f := l.seen[ip]
-	return f != nil && now.Before(f.until) && f.n >= l.max
+// attempt is one admitted sign-in attempt: what it was counted against.
+type attempt struct {
+	addr, account, device string
 }
 
-func (l *failureLimiter) fail(ip string, now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.seen) > 10000 {
-		for k, f := range l.seen {
-			if now.After(f.until) {
-				delete(l.seen, k)
-			}
+// admitAttempt counts a sign-in attempt before any password is compared.
+// It returns the HTTP status and the wait to report when the attempt is
+// refused.
+func (a *auth) admitAttempt(r *http.Request, name string) (attempt, int, time.Duration) {
+	now := a.now()
+	at := attempt{addr: clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), a.proxies)}
+	if id, ok := a.device(r, name); ok {
+		// A browser the user signed in from: its own count, not the
+		// address's or the account's, which others can use up.
+		at.device = id
+		if !a.byDevice.admit(id, now) {
+			return at, http.StatusTooManyRequests, loginAttemptWindow
+		}
+	} else {
+		if !a.byAddr.admit(at.addr, now) {
+			return at, http.StatusTooManyRequests, loginAttemptWindow
+		}
+		at.account = name
+		if ok, wait := a.byAccount.admitSlowly(name, now, loginAccountSpacing); !ok {
+			a.byAddr.refund(at.addr)
+			return at, http.StatusTooManyRequests, wait
 		}
 	}
-	f := l.seen[ip]
-	if f == nil || now.After(f.until) {
-		f = &failureCount{until: now.Add(l.window)}
-		l.seen[ip] = f
+	select {
+	case a.comparing <- struct{}{}:
+	default:
+		a.refund(at)
+		return at, http.StatusServiceUnavailable, time.Second
 	}
-	f.n++
+	return at, 0, 0
 }
 
-func (l *failureLimiter) reset(ip string) {
-	l.mu.Lock()
-	delete(l.seen, ip)
-	l.mu.Unlock()
+// refund takes back an admitted attempt that was not tried.
+func (a *auth) refund(at attempt) {
+	if at.device != "" {
+		a.byDevice.refund(at.device)
+		return
+	}
+	a.byAddr.refund(at.addr)
+	a.byAccount.refund(at.account)
+}
+
+// tryPassword compares the password of an admitted attempt and settles
+// its counts: a success clears the address's and the device's, and does
+// not count against the account.
+func (a *auth) tryPassword(at attempt, name, password string) (User, bool) {
+	defer func() { <-a.comparing }()
+	if a.beforeCompare != nil {
+		a.beforeCompare(name)
+	}
+	u, ok := a.checkPassword(name, password)
+	if ok {
+		if at.device != "" {
+			a.byDevice.clear(at.device)
+		} else {
+			a.byAddr.clear(at.addr)
+			a.byAccount.refund(at.account)
+		}
+	}
+	return u, ok
 }
 
 // CSRF is the token this user's forms carry.

@@ -30,6 +30,10 @@ const (
 	MonitoringPath = "/monitoring"
 	// MinSecretBytes is the shortest session secret accepted.
 	MinSecretBytes = 32
+	// DefaultLoginConcurrency is how many password comparisons run at once.
+	DefaultLoginConcurrency = 4
+	// MaxNoteChars is the longest note an operator action takes.
+	MaxNoteChars = 2000
 )
 
 // ErrNoCredentials means the server would listen beyond this machine with
@@ -91,6 +95,20 @@ type Config struct {
 	ScrapeTimeout time.Duration
 	// PageSize is how many dead letters a page lists. Default 50.
 	PageSize int
+	// TrustedProxies are the addresses (10.0.0.7) and prefixes (10.0.0.0/8)
+	// of reverse proxies in front of the server. Only a connection from one
+	// of them has its X-Forwarded-For read, to count sign-in attempts per
+	// real client rather than per proxy. Default none: the header is ignored.
+	TrustedProxies []string
+	// AllowedHosts are further host names the server answers to. It always
+	// answers to its listen host, localhost, 127.0.0.1, [::1] and Origin's
+	// host (and, listening on all interfaces, to any IP address); any other
+	// Host header is refused, so a DNS-rebinding page cannot reach it.
+	AllowedHosts []string
+	// LoginConcurrency caps concurrent password comparisons (bcrypt is
+	// slow by design); sign-ins beyond it get 503 at once. Default
+	// DefaultLoginConcurrency.
+	LoginConcurrency int
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -112,6 +130,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PageSize <= 0 {
 		c.PageSize = DefaultPageSize
+	}
+	if c.LoginConcurrency <= 0 {
+		c.LoginConcurrency = DefaultLoginConcurrency
 	}
 	if c.PayloadFormatter == nil {
 		c.PayloadFormatter = tasks.Summarize
@@ -145,6 +166,14 @@ func (c Config) Validate() error {
 	}
 	if c.Origin != "" {
 		if _, err := parseOrigin(c.Origin); err != nil {
+			return err
+		}
+	}
+	if _, err := parseTrustedProxies(c.TrustedProxies); err != nil {
+		return err
+	}
+	for _, h := range c.AllowedHosts {
+		if err := validAllowedHost(h); err != nil {
 			return err
 		}
 	}

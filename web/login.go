@@ -3,6 +3,7 @@ package web
 import (
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -33,27 +34,44 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad form", http.StatusBadRequest)
 		return
 	}
-	next := safeNext(r.PostForm.Get("next"))
-	name := strings.TrimSpace(r.PostForm.Get("name"))
-	ip, now := clientIP(r), time.Now()
-	if s.auth.failures.blocked(ip, now) {
-		s.render(w, r, http.StatusTooManyRequests, "login", view{Title: "Sign in",
-			Error: "too many failed sign-ins from your address; wait a few minutes", Data: s.loginData(next, name)})
+	if !cleanValues(r.PostForm) {
+		http.Error(w, badBytes, http.StatusBadRequest)
 		return
 	}
-	u, ok := s.auth.checkPassword(name, r.PostForm.Get("password"))
+	next := safeNext(r.PostForm.Get("next"))
+	name := strings.TrimSpace(r.PostForm.Get("name"))
+	if len(name) > maxNameBytes {
+		name = name[:maxNameBytes]
+	}
+	at, status, wait := s.auth.admitAttempt(r, name)
+	if status != 0 {
+		msg := "too many sign-in attempts from your address or for this account; wait " + humanDuration(wait.Round(time.Second)) + " and try again"
+		if status == http.StatusServiceUnavailable {
+			msg = "the server is busy checking other sign-ins; try again in a moment"
+		}
+		s.cfg.Logger.Warn("keel web: sign-in refused", "name", name, "client", at.addr, "status", status)
+		w.Header().Set("Retry-After", strconv.Itoa(max(int(wait.Round(time.Second).Seconds()), 1)))
+		s.render(w, r, status, "login", view{Title: "Sign in", Error: msg, Data: s.loginData(next, name)})
+		return
+	}
+	u, ok := s.auth.tryPassword(at, name, r.PostForm.Get("password"))
 	if !ok {
-		s.auth.failures.fail(ip, now)
-		s.cfg.Logger.Warn("keel web: failed sign-in", "name", name, "remote", r.RemoteAddr)
+		s.cfg.Logger.Warn("keel web: failed sign-in", "name", name, "client", at.addr, "remote", r.RemoteAddr)
+		s.audit(r.Context(), "", "sign-in-failed", name, "from "+at.addr)
 		s.render(w, r, http.StatusUnauthorized, "login", view{Title: "Sign in",
 			Error: "wrong name or password", Data: s.loginData(next, name)})
 		return
 	}
-	s.auth.failures.reset(ip)
 	http.SetCookie(w, s.auth.issue(u))
-	s.cfg.Logger.Info("keel web: signed in", "name", u.Name, "role", u.Role, "remote", r.RemoteAddr)
+	http.SetCookie(w, s.auth.issueDevice(u.Name))
+	s.cfg.Logger.Info("keel web: signed in", "name", u.Name, "role", u.Role, "client", at.addr, "remote", r.RemoteAddr)
+	s.audit(r.Context(), "", "sign-in", u.Name, "from "+at.addr)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
+
+// maxNameBytes bounds the name a sign-in attempt is counted and logged
+// under (validName allows no longer).
+const maxNameBytes = 128
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())

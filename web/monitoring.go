@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/hibiken/asynq"
@@ -75,7 +76,17 @@ func (m *monitor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) monitoring(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
 	if p.Operator() {
-		s.monRW.ServeHTTP(w, r)
+		if safeMethod(r.Method) {
+			s.monRW.ServeHTTP(w, r)
+			return
+		}
+		// Every write through asynqmon is audited, under the task's id when
+		// it names one (asynq's task id is keel's job id).
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		s.monRW.ServeHTTP(rec, r)
+		action := "asynqmon " + r.Method + " " + strings.TrimPrefix(r.URL.Path, MonitoringPath+"/api")
+		s.audit(r.Context(), taskIDIn(r.URL.Path), clip(action, 300), p.Name, "answered "+strconv.Itoa(rec.status))
+		s.cfg.Logger.Info("keel web: asynqmon write", "method", r.Method, "path", r.URL.Path, "actor", p.Name, "status", rec.status)
 		return
 	}
 	if !safeMethod(r.Method) {
@@ -83,4 +94,28 @@ func (s *Server) monitoring(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.monRO.ServeHTTP(w, r)
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// taskIDIn finds the task id in an asynqmon API path such as
+// /monitoring/api/queues/default/archived_tasks/ID:run.
+func taskIDIn(path string) string {
+	_, rest, ok := strings.Cut(path, "_tasks/")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, ":")
+	if strings.Contains(id, "/") {
+		return ""
+	}
+	return id
 }

@@ -307,10 +307,11 @@ type jobData struct {
 // flashes are the only messages a redirect can ask a page to show: the
 // page never echoes text from the URL.
 var flashes = map[string]string{
-	"replayed":         "Replayed: the job is pending again with a fresh retry budget; the relay hands it to a worker.",
-	"already-replayed": "Nothing to do: the job was no longer dead (someone replayed it first).",
-	"discarded":        "Discarded: the job is closed for good.",
-	"step-resolved":    "Step resolved. Replay the job when no step is left in doubt.",
+	"replayed":          "Replayed: the job is pending again with a fresh retry budget; the relay hands it to a worker.",
+	"already-replayed":  "Nothing to do: the job was no longer dead (someone replayed it first).",
+	"discarded":         "Discarded: the job is closed for good.",
+	"already-discarded": "Nothing to do: the job was already closed (someone discarded it first); its resolution below is theirs.",
+	"step-resolved":     "Step resolved. Replay the job when no step is left in doubt.",
 }
 
 func (s *Server) job(w http.ResponseWriter, r *http.Request) {
@@ -396,12 +397,23 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 	id, p := r.PathValue("id"), principalFrom(r.Context())
 	note := strings.TrimSpace(r.PostForm.Get("note"))
-	if _, err := s.store.Discard(r.Context(), s.insp, id, p.Name, note); err != nil {
+	before, err := s.store.Get(r.Context(), id)
+	if err == nil && before.Status == idempotency.StatusDiscarded && note != "" {
+		http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done=already-discarded", http.StatusSeeOther)
+		return
+	}
+	j, err := s.store.Discard(r.Context(), s.insp, id, p.Name, note)
+	if err != nil {
 		s.actionFailed(w, r, id, "discard", err, note)
 		return
 	}
-	s.cfg.Logger.Info("keel web: job discarded", "job_id", id, "actor", p.Name)
-	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done=discarded", http.StatusSeeOther)
+	done := "discarded"
+	if j.ResolvedBy != p.Name || j.ResolutionNote != note {
+		// Someone else closed it between the read and the discard.
+		done = "already-discarded"
+	}
+	s.cfg.Logger.Info("keel web: job discarded", "job_id", id, "actor", p.Name, "already", done != "discarded")
+	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
 }
 
 func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {

@@ -4,9 +4,11 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 )
 
 // securityHeaders sets the headers every response carries. Keel's pages run
@@ -92,6 +94,14 @@ func checkToken(next http.HandlerFunc) http.HandlerFunc {
 		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 		if err := r.ParseForm(); err != nil {
 			http.Error(w, "bad form", http.StatusBadRequest)
+			return
+		}
+		if !cleanValues(r.PostForm) {
+			http.Error(w, badBytes, http.StatusBadRequest)
+			return
+		}
+		if utf8.RuneCountInString(r.PostForm.Get("note")) > MaxNoteChars {
+			http.Error(w, fmt.Sprintf("the note is longer than %d characters", MaxNoteChars), http.StatusBadRequest)
 			return
 		}
 		if p == nil || subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(p.csrf)) != 1 {

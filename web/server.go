@@ -37,6 +37,7 @@ type Server struct {
 	reg     *prometheus.Registry
 	pages   *pages
 	pageCSP string
+	hosts   hostPolicy
 	handler http.Handler
 
 	closeOnce sync.Once
@@ -60,6 +61,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Origin != "" {
 		s.origin, _ = parseOrigin(cfg.Origin)
 	}
+	s.hosts = newHostPolicy(cfg, s.origin)
 	var err error
 	if s.pages, err = newPages(); err != nil {
 		return nil, err
@@ -123,7 +125,7 @@ func (s *Server) routes() http.Handler {
 	root.HandleFunc("POST /login", s.login)
 	root.Handle("GET /metrics", s.metricsHandler())
 	root.Handle("/", s.requireSignIn(app))
-	return s.securityHeaders(s.sameOrigin(root))
+	return s.securityHeaders(s.checkHost(cleanRequest(s.sameOrigin(root))))
 }
 
 // requireSignIn lets only signed-in users through. A browser asking for a
