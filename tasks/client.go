@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,9 +34,11 @@ type ClientConfig struct {
 	Redis asynq.RedisConnOpt
 	// Pool is the Postgres pool holding the ledger. Required.
 	Pool *pgxpool.Pool
-	// Queues the client may enqueue to, besides the queues declared kinds
-	// name (tasks.Queue in Define); anything else is refused, so a typo
-	// cannot strand jobs on a queue no worker reads. Default DefaultQueues.
+	// Queues the client may enqueue to. A task may also go to the queue its
+	// own kind names (tasks.Queue in Define): that queue is accepted for
+	// that kind's tasks only, not for every task of the program. Anything
+	// else is refused, so a typo cannot strand jobs on a queue no worker
+	// reads. Default DefaultQueues.
 	Queues []string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -43,10 +46,11 @@ type ClientConfig struct {
 
 // Client enqueues tasks: durably into the ledger first, then into Redis.
 type Client struct {
-	store  *idempotency.Store
-	asynq  *asynq.Client
-	queues map[string]bool
-	log    *slog.Logger
+	store   *idempotency.Store
+	asynq   *asynq.Client
+	queues  map[string]bool
+	log     *slog.Logger
+	inserts *batcher[insertReq]
 }
 
 // NewClient returns a client. Close it when done.
@@ -72,11 +76,16 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	for _, q := range cfg.Queues {
 		c.queues[q] = true
 	}
+	c.inserts = newBatcher(insertLoops, maxInsertBatch, c.insertBatch)
 	return c, nil
 }
 
-// Close releases the client's Redis connections.
-func (c *Client) Close() error { return c.asynq.Close() }
+// Close stops the client's group commit and releases its Redis connections.
+// Calls made after Close fail with ErrClientClosed.
+func (c *Client) Close() error {
+	c.inserts.close()
+	return c.asynq.Close()
+}
 
 // Store is the ledger the client writes to.
 func (c *Client) Store() *idempotency.Store { return c.store }
@@ -97,28 +106,28 @@ type Result struct {
 // nil the job will run: if Redis could not be reached the relay publishes the
 // row later. Enqueueing a (kind, business key) that exists returns the
 // existing job with Existed = true, not an error.
+//
+// Concurrent calls share statements (group commit): calls that arrive while
+// another is writing go into the ledger together, in one INSERT and one
+// commit, and each then publishes its own job. A new row is written already
+// marked published, so no second commit follows the publish; a publish that
+// fails hands the row back to the relay, and should the process die in
+// between, the reconciler publishes it after its grace.
 func (c *Client) Enqueue(ctx context.Context, t *Task) (*Result, error) {
 	nj, err := c.validate(t)
 	if err != nil {
-		return nil, err
+		return nil, enqueueError(t, err)
 	}
-	job, existed, err := c.store.Insert(ctx, c.store.Pool(), nj)
+	ins, err := c.insert(ctx, nj)
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
 	}
-	res := &Result{Job: job, Existed: existed}
-	if existed && job.PublishedAt != nil {
+	res := &Result{Job: ins.Job, Existed: ins.Existed}
+	job := ins.Job
+	if ins.Existed && (job.Status != idempotency.StatusPending || job.PublishedAt != nil) {
 		return res, nil
 	}
-	if job.Status != idempotency.StatusPending || job.PublishedAt != nil {
-		return res, nil
-	}
-	if err := c.store.Publish(ctx, c.asynq, job); err != nil {
-		// Durable already; the relay retries the publish.
-		c.log.Warn("keel: publish deferred to the relay", "job_id", job.ID, "kind", job.Kind, "err", err)
-		return res, nil
-	}
-	res.Published = true
+	c.publish(ctx, []*Result{res})
 	return res, nil
 }
 
@@ -128,7 +137,7 @@ func (c *Client) Enqueue(ctx context.Context, t *Task) (*Result, error) {
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, t *Task) (*Result, error) {
 	nj, err := c.validate(t)
 	if err != nil {
-		return nil, err
+		return nil, enqueueError(t, err)
 	}
 	nj.WakeRelay = true
 	job, existed, err := c.store.Insert(ctx, tx, nj)
@@ -138,38 +147,39 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, t *Task) (*Result, er
 	return &Result{Job: job, Existed: existed}, nil
 }
 
+// validate checks t as every enqueue does and returns the row to write. Its
+// errors name the problem but not the task; the caller adds that.
 func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if t == nil {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue: %w: nil task", ErrInvalidTask)
-	}
-	if t.err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: payload does not encode: %v", t.kind, ErrInvalidTask, t.err)
+		return idempotency.NewJob{}, fmt.Errorf("%w: nil task", ErrInvalidTask)
 	}
 	if err := idempotency.ValidateKey("kind", t.kind); err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue: %w: %v", ErrInvalidTask, err)
+		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+	}
+	if t.err != nil {
+		return idempotency.NewJob{}, t.err
 	}
 	if n := len(t.payload); n > MaxPayloadBytes {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: %d bytes, limit %d (pass large data by id)",
-			t.kind, ErrPayloadTooLarge, n, MaxPayloadBytes)
+		return idempotency.NewJob{}, fmt.Errorf("%w: %d bytes, limit %d (pass large data by id)", ErrPayloadTooLarge, n, MaxPayloadBytes)
 	}
 	if err := idempotency.ValidateKey("business key", t.s.key); err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: %v", t.kind, ErrInvalidKey, err)
+		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
-	if strings.TrimSpace(t.s.queue) == "" || (!c.queues[t.s.queue] && !declaredQueue(t.s.queue)) {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w %q (known: %v)", t.kind, ErrUnknownQueue, t.s.queue, c.queueList())
+	if q := t.s.queue; strings.TrimSpace(q) == "" || (!c.queues[q] && q != t.kindQueue) {
+		return idempotency.NewJob{}, fmt.Errorf("%w %q (known: %v)", ErrUnknownQueue, q, c.queueList(t))
 	}
 	maxRetry := DefaultMaxRetry
 	if t.s.maxRetry != nil {
 		maxRetry = *t.s.maxRetry
 	}
 	if maxRetry < 0 {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: negative max retry %d", t.kind, ErrInvalidTask, maxRetry)
+		return idempotency.NewJob{}, fmt.Errorf("%w: negative max retry %d", ErrInvalidTask, maxRetry)
 	}
 	if t.s.timeout < 0 {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: negative timeout %s", t.kind, ErrInvalidTask, t.s.timeout)
+		return idempotency.NewJob{}, fmt.Errorf("%w: negative timeout %s", ErrInvalidTask, t.s.timeout)
 	}
 	if t.s.maxWait < 0 {
-		return idempotency.NewJob{}, fmt.Errorf("keel: enqueue %s: %w: negative max wait %s", t.kind, ErrInvalidTask, t.s.maxWait)
+		return idempotency.NewJob{}, fmt.Errorf("%w: negative max wait %s", ErrInvalidTask, t.s.maxWait)
 	}
 	return idempotency.NewJob{
 		Kind:           t.kind,
@@ -186,6 +196,14 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	}, nil
 }
 
+// enqueueError names the task validate refused.
+func enqueueError(t *Task, err error) error {
+	if t == nil || t.kind == "" {
+		return fmt.Errorf("keel: enqueue: %w", err)
+	}
+	return fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
+}
+
 // ceilSecond rounds t up to a whole second. asynq schedules by Unix seconds,
 // truncating, so an unrounded run time would let a delayed job start up to a
 // second before its time.
@@ -196,7 +214,8 @@ func ceilSecond(t time.Time) time.Time {
 	return t
 }
 
-func (c *Client) queueList() []string {
+// queueList names the queues t may go to, for error messages.
+func (c *Client) queueList(t *Task) []string {
 	var qs []string
 	for _, q := range DefaultQueues {
 		if c.queues[q] {
@@ -204,18 +223,12 @@ func (c *Client) queueList() []string {
 		}
 	}
 	for q := range c.queues {
-		if !contains(DefaultQueues, q) {
+		if !slices.Contains(DefaultQueues, q) {
 			qs = append(qs, q)
 		}
 	}
-	return qs
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if x == y {
-			return true
-		}
+	if t.kindQueue != "" && !slices.Contains(qs, t.kindQueue) {
+		qs = append(qs, t.kindQueue)
 	}
-	return false
+	return qs
 }

@@ -182,10 +182,21 @@ func TestEnqueueQueues(t *testing.T) {
 	require.ErrorContains(t, err, `"bulk"`)
 	require.ErrorContains(t, err, "emails")
 
-	// The queue a declared kind names is known to every client of the program.
+	// The queue a declared kind names is accepted for that kind's tasks,
+	// made with New or NewRaw...
 	res, err = c.Enqueue(ctx, sendReceipt.New(receipt{OrderID: "custom-critical"}))
 	require.NoError(t, err)
 	require.Equal(t, "critical", res.Job.Queue)
+	res, err = c.Enqueue(ctx, tasks.NewRaw("test:send_receipt", []byte(`{"order_id":"raw"}`), "order:raw"))
+	require.NoError(t, err)
+	require.Equal(t, "critical", res.Job.Queue)
+	// ...and not for the tasks of other kinds: declaring a kind does not
+	// widen every client's queues.
+	_, err = c.Enqueue(ctx, keyedKind.New(keyed{Key: "k"}, tasks.Queue("critical")))
+	require.ErrorIs(t, err, tasks.ErrUnknownQueue)
+	require.ErrorContains(t, err, "test:keyed")
+	_, err = c.Enqueue(ctx, tasks.NewRaw("test:undeclared", []byte(`{}`), "k", tasks.Queue("critical")))
+	require.ErrorIs(t, err, tasks.ErrUnknownQueue)
 }
 
 func TestEnqueueRefusesInvalidTasks(t *testing.T) {

@@ -74,9 +74,21 @@ func BusinessKey(key string) Option { return optionFunc(func(s *settings) { s.ke
 // TraceID attaches a log/trace id to the job (kept with it if it dies).
 func TraceID(id string) Option { return optionFunc(func(s *settings) { s.traceID = id }) }
 
+// kindOption is an option only Define takes: it concerns every task of a
+// kind (its key function, its summary), so New and NewRaw refuse it rather
+// than ignore it.
+type kindOption interface {
+	Option
+	kindOnly() string
+}
+
 type keyOption[P any] struct{ fn func(P) string }
 
 func (keyOption[P]) apply(*settings) {}
+func (keyOption[P]) kindOnly() string {
+	var p P
+	return fmt.Sprintf("tasks.Key[%T]", p)
+}
 
 // Key sets the function that names a payload's business action: two tasks
 // with the same kind and key are one job. Required in Define.
@@ -85,6 +97,10 @@ func Key[P any](fn func(P) string) Option { return keyOption[P]{fn: fn} }
 type summaryOption[P any] struct{ fn func(P) string }
 
 func (summaryOption[P]) apply(*settings) {}
+func (summaryOption[P]) kindOnly() string {
+	var p P
+	return fmt.Sprintf("tasks.Summary[%T]", p)
+}
 
 // Summary sets how a dead job's payload is shown to people. Use it to redact
 // secrets: the default shows the first 512 bytes of the JSON payload.
@@ -99,9 +115,9 @@ type Kind[P any] struct {
 	defaults settings
 }
 
-// Define declares a kind. It panics when name is empty or no Key is given,
-// as kinds are declared once at package level and such a mistake must stop
-// the program at start.
+// Define declares a kind. It panics when name is empty, no Key is given, or
+// a Key or Summary is for another payload type, as kinds are declared once
+// at package level and such a mistake must stop the program at start.
 func Define[P any](name string, opts ...Option) *Kind[P] {
 	if name == "" {
 		panic("keel: tasks.Define with an empty kind name")
@@ -113,6 +129,9 @@ func Define[P any](name string, opts ...Option) *Kind[P] {
 			k.key = o.fn
 		case summaryOption[P]:
 			k.summary = o.fn
+		case kindOption:
+			var p P
+			panic(fmt.Sprintf("keel: kind %q: %s does not apply to a payload of type %T", name, o.kindOnly(), p))
 		default:
 			o.apply(&k.defaults)
 		}
@@ -136,24 +155,41 @@ func (k *Kind[P]) Queue() string {
 	return k.defaults.queue
 }
 
-// New makes a task of this kind. Errors (an unencodable payload, say) are
-// reported when it is enqueued.
+// New makes a task of this kind. Errors (an unencodable payload, or Key or
+// Summary, which only Define takes — use BusinessKey for one task's key) are
+// reported when it is enqueued, with ErrInvalidTask.
 func (k *Kind[P]) New(p P, opts ...Option) *Task {
-	t := &Task{kind: k.name, s: k.defaults}
-	for _, o := range opts {
-		o.apply(&t.s)
-	}
+	t := &Task{kind: k.name, s: k.defaults, kindQueue: k.Queue()}
+	optErr := applyTaskOptions(&t.s, opts)
 	if t.s.queue == "" {
 		t.s.queue = DefaultQueue
 	}
-	t.payload, t.err = json.Marshal(p)
-	if t.err == nil && t.s.key == "" {
+	var err error
+	if t.payload, err = json.Marshal(p); err != nil {
+		t.err = fmt.Errorf("%w: payload does not encode: %v", ErrInvalidTask, err)
+		return t
+	}
+	if t.s.key == "" {
 		t.s.key = k.key(p)
 	}
-	if t.err == nil && k.summary != nil {
+	if k.summary != nil {
 		t.summary = k.summary(p)
 	}
+	t.err = optErr
 	return t
+}
+
+// applyTaskOptions applies one task's options, refusing those only Define
+// takes.
+func applyTaskOptions(s *settings, opts []Option) error {
+	for _, o := range opts {
+		if ko, ok := o.(kindOption); ok {
+			return fmt.Errorf("%w: %s is an option of tasks.Define, not of one task (use tasks.BusinessKey for one task's key)",
+				ErrInvalidTask, ko.kindOnly())
+		}
+		o.apply(s)
+	}
+	return nil
 }
 
 // Decode reads a payload of this kind. A payload that does not decode is a
@@ -197,21 +233,11 @@ type kindInfo interface {
 
 func (k *Kind[P]) defaultSettings() settings { return k.defaults }
 
-var registry sync.Map // kind name → kindInfo
+// registry maps a kind name to its kindInfo: NewRaw takes a declared kind's
+// defaults from it and Summarize its summary function.
+var registry sync.Map
 
-// declaredQueues holds the queues declared kinds name: a kind's own queue is
-// known to every client of the program that declares it.
-var declaredQueues sync.Map
-
-func register(k kindInfo) {
-	registry.Store(k.Name(), k)
-	declaredQueues.Store(k.Queue(), true)
-}
-
-func declaredQueue(q string) bool {
-	_, ok := declaredQueues.Load(q)
-	return ok
-}
+func register(k kindInfo) { registry.Store(k.Name(), k) }
 
 // Known reports whether a kind of this name was declared in this program.
 func Known(name string) bool {

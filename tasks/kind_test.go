@@ -33,6 +33,35 @@ func TestDefinePanicsOnMistakes(t *testing.T) {
 		tasks.Define[receipt]("test:wrong_key", tasks.Key(func(s string) string { return s }))
 	})
 	require.Contains(t, msg, `"test:wrong_key"`)
+	require.Contains(t, msg, "tasks.Key[string]")
+
+	// A Summary for another payload type would be ignored: refused.
+	msg = panicMessage(func() {
+		tasks.Define[receipt]("test:wrong_summary", tasks.Key(func(r receipt) string { return r.OrderID }),
+			tasks.Summary(func(s string) string { return s }))
+	})
+	require.Contains(t, msg, `"test:wrong_summary"`)
+	require.Contains(t, msg, "tasks.Summary[string]")
+	require.False(t, tasks.Known("test:wrong_summary"))
+}
+
+// Key and Summary concern a whole kind: New and NewRaw refuse them (at
+// enqueue) instead of ignoring them.
+func TestNewRefusesKindOptions(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	for _, task := range []*tasks.Task{
+		sendReceipt.New(receipt{OrderID: "1"}, tasks.Key(func(r receipt) string { return "other:" + r.OrderID })),
+		sendReceipt.New(receipt{OrderID: "1"}, tasks.Summary(func(receipt) string { return "redacted" })),
+		tasks.NewRaw("test:send_receipt", []byte(`{}`), "k", tasks.Key(func(r receipt) string { return r.OrderID })),
+	} {
+		_, err := b.client.Enqueue(ctx, task)
+		require.ErrorIs(t, err, tasks.ErrInvalidTask)
+		require.ErrorContains(t, err, "test:send_receipt")
+		require.ErrorContains(t, err, "tasks.Define")
+		require.ErrorContains(t, err, "tasks.BusinessKey")
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
 }
 
 func TestDecodeMalformedPayloadIsPermanent(t *testing.T) {

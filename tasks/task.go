@@ -8,11 +8,15 @@ type Task struct {
 	payload []byte
 	summary string
 	s       settings
-	err     error
+	// kindQueue is the queue the task's declared kind names: clients
+	// accept it for this task besides their own queues.
+	kindQueue string
+	err       error
 }
 
 // NewRaw makes a task from an already-encoded JSON payload, for tools (the
 // CLI, the scheduler's config file) that do not know the Go payload type.
+// Like New it refuses Key and Summary, when the task is enqueued.
 func NewRaw(kind string, payload []byte, key string, opts ...Option) *Task {
 	t := &Task{kind: kind, payload: payload}
 	// A declared kind's defaults (queue, retries, timeout) apply to raw
@@ -20,10 +24,9 @@ func NewRaw(kind string, payload []byte, key string, opts ...Option) *Task {
 	if v, ok := registry.Load(kind); ok {
 		t.s = v.(kindInfo).defaultSettings()
 		t.s.queue = v.(kindInfo).Queue()
+		t.kindQueue = t.s.queue
 	}
-	for _, o := range opts {
-		o.apply(&t.s)
-	}
+	t.err = applyTaskOptions(&t.s, opts)
 	if key != "" {
 		t.s.key = key
 	}

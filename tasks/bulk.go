@@ -1,0 +1,231 @@
+package tasks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// TaskError is why a bulk enqueue refused its tasks: the task at Index (of
+// the kind and business key named) is invalid. Nothing of the call was
+// written. Err wraps one of ErrPayloadTooLarge, ErrInvalidKey,
+// ErrUnknownQueue and ErrInvalidTask.
+type TaskError struct {
+	Index       int
+	Kind        string
+	BusinessKey string
+	Err         error
+}
+
+func (e *TaskError) Error() string {
+	return fmt.Sprintf("keel: enqueue many: task %d (%s, key %q): %v", e.Index, e.Kind, e.BusinessKey, e.Err)
+}
+
+func (e *TaskError) Unwrap() error { return e.Err }
+
+// EnqueueMany is Enqueue for many tasks at once: it checks every task, writes
+// them all in one transaction (one statement per idempotency.InsertChunkRows
+// tasks), commits, and publishes the new jobs to Redis with several
+// publishes in flight. The results are in the order of ts.
+//
+// Tasks are deduplicated by (kind, business key), among themselves too: the
+// first task of a key creates the job (unless the ledger holds it), later
+// ones get the same job with Existed = true. When one task is invalid the
+// call returns a *TaskError naming it and writes nothing: it is all or
+// nothing. When it returns nil every job will run: those Redis did not take
+// (Published false) are published by the relay, like Enqueue's.
+func (c *Client) EnqueueMany(ctx context.Context, ts ...*Task) ([]*Result, error) {
+	njs, err := c.validateAll(ts)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := c.store.InsertMany(ctx, c.store.Pool(), njs, idempotency.InsertOptions{Claim: true})
+	if err != nil {
+		return nil, fmt.Errorf("keel: enqueue many: %w", err)
+	}
+	res := results(ins)
+	var pub []*Result
+	for _, r := range res {
+		if !r.Existed {
+			pub = append(pub, r)
+		}
+	}
+	c.publish(ctx, pub)
+	return res, nil
+}
+
+// EnqueueManyTx is EnqueueTx for many tasks: it writes them in the caller's
+// transaction (one statement per idempotency.InsertChunkRows tasks) and
+// wakes the relays once, at commit, to publish them. Deduplication and
+// validation are EnqueueMany's: one invalid task and nothing is written,
+// the transaction is left as it was.
+func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ts ...*Task) ([]*Result, error) {
+	njs, err := c.validateAll(ts)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := c.store.InsertMany(ctx, tx, njs, idempotency.InsertOptions{WakeRelay: true})
+	if err != nil {
+		return nil, fmt.Errorf("keel: enqueue many: %w", err)
+	}
+	return results(ins), nil
+}
+
+func (c *Client) validateAll(ts []*Task) ([]idempotency.NewJob, error) {
+	njs := make([]idempotency.NewJob, len(ts))
+	for i, t := range ts {
+		nj, err := c.validate(t)
+		if err != nil {
+			e := &TaskError{Index: i, Err: err}
+			if t != nil {
+				e.Kind, e.BusinessKey = t.kind, t.s.key
+			}
+			return nil, e
+		}
+		njs[i] = nj
+	}
+	return njs, nil
+}
+
+func results(ins []idempotency.Inserted) []*Result {
+	res := make([]*Result, len(ins))
+	for i, in := range ins {
+		res[i] = &Result{Job: in.Job, Existed: in.Existed}
+	}
+	return res
+}
+
+// publishGiveUp bounds the handing back of jobs Redis refused when the
+// caller's context has ended.
+const publishGiveUp = 10 * time.Second
+
+// publishInFlight is how many publishes one call keeps in flight: enough to
+// hide Redis round trips, few enough to stay inside the asynq client's
+// connection pool (go-redis: ten per CPU).
+const publishInFlight = 16
+
+// publish hands the jobs of rs to Redis, several at once, and sets their
+// Published. New rows were written claimed (marked published); those Redis
+// did not take are handed back to the relay in one statement. An existing
+// row that was not yet published (rare) is published and marked.
+func (c *Client) publish(ctx context.Context, rs []*Result) {
+	if len(rs) == 0 {
+		return
+	}
+	errs := make([]error, len(rs))
+	one := func(i int) {
+		if rs[i].Existed {
+			errs[i] = c.store.Publish(ctx, c.asynq, rs[i].Job)
+		} else {
+			errs[i] = c.publishClaimed(ctx, rs[i].Job)
+		}
+	}
+	if len(rs) == 1 {
+		one(0)
+	} else {
+		var wg sync.WaitGroup
+		slots := make(chan struct{}, publishInFlight)
+		for i := range rs {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				one(i)
+			})
+		}
+		wg.Wait()
+	}
+	var back []string
+	var firstErr error
+	for i, r := range rs {
+		if errs[i] == nil {
+			r.Published = true
+			continue
+		}
+		firstErr = errs[i]
+		if !r.Existed {
+			back = append(back, r.Job.ID)
+			r.Job.PublishedAt = nil
+		}
+	}
+	if firstErr == nil {
+		return
+	}
+	c.log.Warn("keel: publish deferred to the relay", "jobs", len(back), "kind", rs[0].Job.Kind, "err", firstErr)
+	if len(back) == 0 {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishGiveUp)
+	defer cancel()
+	if err := c.store.Unpublish(uctx, back); err != nil {
+		// The rows stay claimed: the reconciler publishes them after its grace.
+		c.log.Warn("keel: jobs not handed back to the relay; the reconciler publishes them", "jobs", len(back), "err", err)
+	}
+}
+
+// publishClaimed enqueues a job whose row is already marked published. A
+// task id conflict means Redis holds it already.
+func (c *Client) publishClaimed(ctx context.Context, j idempotency.Job) error {
+	t := asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{idempotency.HeaderBusinessKey: j.BusinessKey})
+	_, err := c.asynq.EnqueueContext(ctx, t, idempotency.TaskOptions(j)...)
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("keel: publish job %s: %w", j.ID, err)
+	}
+	return nil
+}
+
+// Group commit of Enqueue: up to maxInsertBatch waiting calls share one
+// statement; insertLoops statements may run at once.
+const (
+	insertLoops    = 2
+	maxInsertBatch = 256
+)
+
+type insertReq struct {
+	nj  idempotency.NewJob
+	out chan insertOut
+}
+
+type insertOut struct {
+	idempotency.Inserted
+	err error
+}
+
+// insert writes nj through the group commit.
+func (c *Client) insert(ctx context.Context, nj idempotency.NewJob) (idempotency.Inserted, error) {
+	r := insertReq{nj: nj, out: make(chan insertOut, 1)}
+	if err := c.inserts.submit(ctx, r); err != nil {
+		return idempotency.Inserted{}, err
+	}
+	select {
+	case o := <-r.out:
+		return o.Inserted, o.err
+	case <-c.inserts.closed:
+		// The batch may have run; if it did, the row is claimed and the
+		// reconciler publishes it.
+		return idempotency.Inserted{}, ErrClientClosed
+	}
+}
+
+// insertBatch writes the jobs of waiting Enqueue calls in one statement and
+// one commit.
+func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) {
+	njs := make([]idempotency.NewJob, len(reqs))
+	for i, r := range reqs {
+		njs[i] = r.nj
+	}
+	ins, err := c.store.InsertMany(ctx, c.store.Pool(), njs, idempotency.InsertOptions{Claim: true})
+	for i, r := range reqs {
+		if err != nil {
+			r.out <- insertOut{err: err}
+		} else {
+			r.out <- insertOut{Inserted: ins[i]}
+		}
+	}
+}
