@@ -96,3 +96,19 @@ func TestPageCSPMatchesTheStylesheet(t *testing.T) {
 	require.Contains(t, csp, "style-src 'sha256-")
 	require.NotEqual(t, csp, pageCSP(string(p.css)+" "), "the hash covers the exact text")
 }
+
+func TestUnescapeHTMLEscapes(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		`"\u003cb\u003e"`:    `"<b>"`,
+		`"\u0026amp;"`:       `"&amp;"`,
+		`"\\u003c"`:          `"\\u003c"`, // a backslash, then text
+		`"\\\u003c"`:         `"\\<"`,
+		`"\u00e9 \n \u003C"`: `"\u00e9 \n <"`,
+		`"\`:                 `"\`,
+	} {
+		require.Equal(t, want, unescapeHTMLEscapes(in), in)
+	}
+	require.Equal(t, "not json <", prettyPayload("not json <"))
+	require.Equal(t, "{\n  \"a\": \"<\"\n}", prettyPayload(`{"a":"\u003c"}`))
+}

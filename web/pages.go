@@ -270,12 +270,13 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 		j, err = s.store.Get(ctx, d.ID)
 	case d.Kind != "" && d.Key != "":
 		j, err = s.store.Lookup(ctx, d.Kind, d.Key)
-	case d.Kind != "" || d.Key != "":
+	case d.Key != "":
 		s.render(w, r, http.StatusBadRequest, "lookup", view{Title: "Look up a job", Nav: "lookup",
 			Error: "give both the kind and the business key", Data: d})
 		return
 	default:
-		s.render(w, r, http.StatusOK, "lookup", view{Title: "Look up a job", Nav: "lookup", Data: d})
+		// No look-up asked for: the jobs list (kind alone filters it).
+		s.jobsList(w, r)
 		return
 	}
 	switch {
@@ -330,7 +331,7 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
 		return
 	}
-	d := jobData{Job: j, Payload: s.cfg.PayloadFormatter(j.Kind, j.Payload), Note: note,
+	d := jobData{Job: j, Payload: prettyPayload(s.cfg.PayloadFormatter(j.Kind, j.Payload)), Note: note,
 		MonitorURL: MonitoringPath + "/queues/" + url.PathEscape(j.Queue) + "/tasks/" + url.PathEscape(j.ID)}
 	if d.Steps, err = s.store.Steps(ctx, j.ID); err == nil {
 		d.Audit, err = s.store.Audit(ctx, j.ID)
@@ -346,7 +347,7 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 	}
 	d.LeaseExpired = j.LeaseUntil != nil && time.Now().After(*j.LeaseUntil)
 	d.Next = nextStep(j, d.InDoubt, d.LeaseExpired)
-	s.render(w, r, status, "job", view{Title: j.Kind + " " + j.BusinessKey, Nav: "lookup", Flash: flash, Error: errMsg, Data: d})
+	s.render(w, r, status, "job", view{Title: j.Kind + " " + j.BusinessKey, Nav: "jobs", Flash: flash, Error: errMsg, Data: d})
 }
 
 // nextStep says, in a sentence, who handles the job next — the question
@@ -461,6 +462,7 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 
 type confirmData struct {
 	Action  string
+	IDs     []string // the jobs selected on the jobs list; none: the filter's
 	Filter  filterForm
 	Count   int
 	Sample  []idempotency.Job
@@ -482,12 +484,108 @@ func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
 		s.errorPage(w, r, http.StatusBadRequest, "action must be replay or discard")
 		return
 	}
+	ids, err := selectedIDs(q)
+	if err != nil {
+		s.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if len(ids) > 0 {
+		s.confirmSelected(w, r, http.StatusOK, action, ids, "", false, "")
+		return
+	}
 	f, df, err := readFilter(q)
 	if err != nil {
 		s.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
 	s.confirmPage(w, r, http.StatusOK, action, f, df, "", false, "")
+}
+
+// maxSelected bounds how many jobs one selection may name.
+const maxSelected = 1000
+
+func selectedIDs(v url.Values) ([]string, error) {
+	var ids []string
+	seen := map[string]bool{}
+	for _, id := range v["id"] {
+		if id = strings.TrimSpace(id); id != "" && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > maxSelected {
+		return nil, fmt.Errorf("at most %d jobs can be selected at once", maxSelected)
+	}
+	return ids, nil
+}
+
+// deadAmong returns those of ids that are dead now, oldest death first.
+func (s *Server) deadAmong(ctx context.Context, ids []string) ([]idempotency.Job, error) {
+	var jobs []idempotency.Job
+	for _, id := range ids {
+		j, err := s.store.Get(ctx, id)
+		if errors.Is(err, idempotency.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if j.Status == idempotency.StatusDead {
+			jobs = append(jobs, j)
+		}
+	}
+	return jobs, nil
+}
+
+// confirmSelected is confirmPage for jobs picked one by one on the jobs
+// list: it counts those still dead, and the action is refused if that
+// count changed before it was confirmed.
+func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status int, action string, ids []string, note string, changed bool, errMsg string) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	jobs, err := s.deadAmong(ctx, ids)
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	d := confirmData{Action: action, IDs: ids, Count: len(jobs), Note: note, Changed: changed, BackURL: "/jobs?status=dead"}
+	d.Sample = jobs[:min(len(jobs), 10)]
+	s.render(w, r, status, "confirm", view{Title: "Confirm " + action, Nav: "jobs", Error: errMsg, Data: d})
+}
+
+// bulkSelected replays or discards the selected jobs that are dead.
+func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action string, ids []string, expect int, note string) {
+	p := principalFrom(r.Context())
+	if action == "discard" && note == "" {
+		s.confirmSelected(w, r, http.StatusBadRequest, action, ids, note, false, "a note saying why is required to discard")
+		return
+	}
+	jobs, err := s.deadAmong(r.Context(), ids)
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	if len(jobs) != expect {
+		s.confirmSelected(w, r, http.StatusConflict, action, ids, note, true, "")
+		return
+	}
+	res := idempotency.BulkResult{Matched: len(jobs), Failed: map[string]string{}}
+	for _, j := range jobs {
+		if action == "replay" {
+			_, err = s.store.Replay(r.Context(), s.insp, j.ID, p.Name, note)
+		} else {
+			_, err = s.store.Discard(r.Context(), s.insp, j.ID, p.Name, note)
+		}
+		if err != nil {
+			res.Failed[j.ID] = err.Error()
+			continue
+		}
+		res.Done++
+	}
+	s.cfg.Logger.Info("keel web: bulk action on selected jobs", "action", action, "actor", p.Name, "matched", res.Matched,
+		"done", res.Done, "failed", len(res.Failed))
+	s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + action, Nav: "jobs",
+		Data: bulkData{Action: action, Result: res, BackURL: "/jobs?status=dead"}})
 }
 
 func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int, action string, f filterForm, df idempotency.DeadFilter, note string, changed bool, errMsg string) {
@@ -518,17 +616,26 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		s.errorPage(w, r, http.StatusBadRequest, "action must be replay or discard")
 		return
 	}
-	f, df, err := readFilter(r.PostForm)
-	if err != nil {
-		s.errorPage(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
 	expect, err := strconv.Atoi(r.PostForm.Get("expect"))
 	if err != nil || expect < 0 {
 		s.errorPage(w, r, http.StatusBadRequest, "the confirmed count is missing")
 		return
 	}
 	note := strings.TrimSpace(r.PostForm.Get("note"))
+	ids, err := selectedIDs(r.PostForm)
+	if err != nil {
+		s.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if len(ids) > 0 {
+		s.bulkSelected(w, r, action, ids, expect, note)
+		return
+	}
+	f, df, err := readFilter(r.PostForm)
+	if err != nil {
+		s.errorPage(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
 	var res idempotency.BulkResult
 	if action == "replay" {
 		res, err = s.store.ReplayMatching(r.Context(), s.insp, df, expect, p.Name, note)

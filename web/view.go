@@ -25,7 +25,7 @@ type pages struct {
 	set map[string]*template.Template
 }
 
-var pageNames = []string{"login", "overview", "dead", "lookup", "job", "confirm", "bulk", "error"}
+var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error"}
 
 func newPages() (*pages, error) {
 	p := &pages{css: template.CSS(stylesheet), set: map[string]*template.Template{}}
@@ -47,8 +47,11 @@ type view struct {
 	CSS   template.CSS
 	Flash string
 	Error string
-	Now   time.Time
-	Data  any
+	// Refresh, when positive, makes the page reload itself every Refresh
+	// seconds (a meta refresh: no script).
+	Refresh int
+	Now     time.Time
+	Data    any
 }
 
 // render writes a page. Everything a job carries reaches the page through

@@ -1,0 +1,283 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// statusInDoubt is the jobs list's filter for jobs waiting on a person's
+// verdict about a step: a step started and never recorded done on a job
+// that is not running (a running job's started step is a call in
+// progress), or a dead job whose error says it is in doubt.
+const statusInDoubt = "in-doubt"
+
+var listStatuses = []string{
+	string(idempotency.StatusPending), string(idempotency.StatusRunning), string(idempotency.StatusFailed),
+	string(idempotency.StatusDead), string(idempotency.StatusSucceeded), string(idempotency.StatusDiscarded), statusInDoubt,
+}
+
+// refreshChoices are the auto-refresh periods the list offers, in seconds.
+// Refreshing is a <meta http-equiv="refresh">: keel's pages keep running
+// no script at all.
+var refreshChoices = []int{5, 10, 30, 60}
+
+// jobFilter is the jobs list's filter as typed into its form.
+type jobFilter struct {
+	Status, Kind, Queue, Prefix, Error string
+	Oldest                             bool   // oldest first; default newest first
+	From                               string // keyset cursor: the last id of the previous page
+	Refresh                            int
+}
+
+func (f jobFilter) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"status": f.Status, "kind": f.Kind, "queue": f.Queue, "prefix": f.Prefix,
+		"error": f.Error, "from": f.From} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if f.Oldest {
+		v.Set("sort", "oldest")
+	}
+	if f.Refresh > 0 {
+		v.Set("refresh", strconv.Itoa(f.Refresh))
+	}
+	return v
+}
+
+// Empty reports whether the filter selects every job.
+func (f jobFilter) Empty() bool {
+	return f.Status == "" && f.Kind == "" && f.Queue == "" && f.Prefix == "" && f.Error == ""
+}
+
+func readJobFilter(q url.Values) (jobFilter, error) {
+	f := jobFilter{Status: strings.TrimSpace(q.Get("status")), Kind: strings.TrimSpace(q.Get("kind")),
+		Queue: strings.TrimSpace(q.Get("queue")), Prefix: q.Get("prefix"), Error: strings.TrimSpace(q.Get("error")),
+		From: strings.TrimSpace(q.Get("from"))}
+	switch q.Get("sort") {
+	case "", "newest":
+	case "oldest":
+		f.Oldest = true
+	default:
+		return f, errors.New("sort: want newest or oldest")
+	}
+	if f.Status != "" && !slices.Contains(listStatuses, f.Status) {
+		return f, fmt.Errorf("status %q: want one of %s", f.Status, strings.Join(listStatuses, ", "))
+	}
+	if r := q.Get("refresh"); r != "" && r != "0" {
+		n, err := strconv.Atoi(r)
+		if err != nil || !slices.Contains(refreshChoices, n) {
+			return f, fmt.Errorf("refresh %q: want one of %v seconds", r, refreshChoices)
+		}
+		f.Refresh = n
+	}
+	for what, s := range map[string]string{"kind": f.Kind, "queue": f.Queue, "prefix": f.Prefix, "error": f.Error, "from": f.From} {
+		if len(s) > 512 {
+			return f, fmt.Errorf("%s: at most 512 bytes", what)
+		}
+	}
+	return f, nil
+}
+
+// listRow is what the jobs list shows of a job.
+type listRow struct {
+	ID, Kind, BusinessKey, Queue string
+	Status                       idempotency.Status
+	Attempts, MaxRetry           int
+	LastError, ErrorClass        string
+	CreatedAt, UpdatedAt         time.Time
+	FinishedAt                   *time.Time
+}
+
+// ErrorIsCurrent reports whether the job's last error is why it stands
+// where it is (failed, dead) rather than history from an earlier attempt
+// of a job that has since moved on.
+func (r listRow) ErrorIsCurrent() bool {
+	return r.Status == idempotency.StatusFailed || r.Status == idempotency.StatusDead
+}
+
+// listJobs reads a page of the ledger, newest (or oldest) job id first —
+// keel's job ids are time-ordered — after the cursor. It reads one row
+// more than the page to know whether another page follows.
+//
+// Plans: with no status, or an open one (pending, running, failed), the
+// scan walks the primary key (or keel_jobs_open) in id order and stops
+// after the page; dead, succeeded and discarded read the partial indexes
+// keel_jobs_dead and keel_jobs_prunable; kind with a business-key prefix
+// can use the (kind, business_key) unique index.
+func listJobs(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, f jobFilter, limit int) ([]listRow, bool, error) {
+	var conds []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	switch f.Status {
+	case "":
+	case statusInDoubt:
+		conds = append(conds, `j.status IN ('pending', 'failed', 'dead') AND (EXISTS (SELECT 1 FROM keel_steps s
+			WHERE s.job_id = j.id AND s.status = 'started') OR (j.status = 'dead' AND
+			position(`+arg(idempotency.ErrInDoubt.Error())+` in coalesce(j.last_error, '')) > 0))`)
+	default:
+		conds = append(conds, "j.status = "+arg(f.Status))
+	}
+	if f.Kind != "" {
+		conds = append(conds, "j.kind = "+arg(f.Kind))
+	}
+	if f.Queue != "" {
+		conds = append(conds, "j.queue = "+arg(f.Queue))
+	}
+	if f.Prefix != "" {
+		p := arg(f.Prefix)
+		conds = append(conds, "left(j.business_key, char_length("+p+")) = "+p)
+	}
+	if f.Error != "" {
+		conds = append(conds, "position(lower("+arg(f.Error)+") in lower(coalesce(j.last_error, ''))) > 0")
+	}
+	order := "DESC"
+	if f.From != "" {
+		op := "<"
+		if f.Oldest {
+			op = ">"
+		}
+		conds = append(conds, "j.id "+op+" "+arg(f.From))
+	}
+	if f.Oldest {
+		order = "ASC"
+	}
+	where := ""
+	if len(conds) > 0 {
+		where = "WHERE " + strings.Join(conds, " AND ")
+	}
+	rows, err := db.Query(ctx, `SELECT j.id, j.kind, j.business_key, j.queue, j.status, j.attempts, j.max_retry,
+		coalesce(j.last_error, ''), coalesce(j.error_class, ''), j.created_at, j.updated_at, j.finished_at
+		FROM keel_jobs j `+where+` ORDER BY j.id `+order+` LIMIT `+arg(limit+1), args...)
+	if err != nil {
+		return nil, false, err
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (listRow, error) {
+		var l listRow
+		err := r.Scan(&l.ID, &l.Kind, &l.BusinessKey, &l.Queue, &l.Status, &l.Attempts, &l.MaxRetry,
+			&l.LastError, &l.ErrorClass, &l.CreatedAt, &l.UpdatedAt, &l.FinishedAt)
+		return l, err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	more := len(out) > limit
+	if more {
+		out = out[:limit]
+	}
+	return out, more, nil
+}
+
+type jobsData struct {
+	Filter         jobFilter
+	Statuses       []string
+	RefreshChoices []int
+	Rows           []listRow
+	FirstURL       string
+	NextURL        string
+	Selectable     bool // some row is dead: the bulk buttons apply
+}
+
+// jobsList is the jobs list: every job in the ledger, filtered.
+func (s *Server) jobsList(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	f, err := readJobFilter(r.URL.Query())
+	d := jobsData{Filter: f, Statuses: listStatuses, RefreshChoices: refreshChoices}
+	title := "Jobs"
+	if err != nil {
+		s.render(w, r, http.StatusBadRequest, "jobs", view{Title: title, Nav: "jobs", Error: err.Error(), Data: d})
+		return
+	}
+	rows, more, err := listJobs(ctx, s.cfg.Pool, f, s.cfg.PageSize)
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		return
+	}
+	d.Rows = rows
+	for _, row := range rows {
+		if row.Status == idempotency.StatusDead {
+			d.Selectable = true
+		}
+	}
+	if f.From != "" {
+		first := f
+		first.From = ""
+		d.FirstURL = "/jobs?" + first.values().Encode()
+	}
+	if more {
+		next := f
+		next.From = rows[len(rows)-1].ID
+		d.NextURL = "/jobs?" + next.values().Encode()
+	}
+	s.render(w, r, http.StatusOK, "jobs", view{Title: title, Nav: "jobs", Refresh: f.Refresh, Data: d})
+}
+
+// prettyPayload lays a JSON payload out readably: indented, and with the
+// characters encoding/json escapes for HTML (<, >, &) shown as themselves —
+// the page escapes them for HTML anyway. Anything else is shown as it is.
+func prettyPayload(s string) string {
+	if !json.Valid([]byte(s)) {
+		return s
+	}
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(s), "", "  "); err != nil {
+		return s
+	}
+	return unescapeHTMLEscapes(b.String())
+}
+
+// unescapeHTMLEscapes turns \u003c, \u003e and \u0026 escapes in JSON
+// text back into <, > and &, leaving every other escape (\\u003c is a
+// backslash and text) alone.
+func unescapeHTMLEscapes(s string) string {
+	if !strings.Contains(s, `\u00`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '\\' || i+1 >= len(s) {
+			b.WriteByte(c)
+			continue
+		}
+		if s[i+1] == 'u' && i+6 <= len(s) {
+			switch strings.ToLower(s[i+2 : i+6]) {
+			case "003c":
+				b.WriteByte('<')
+				i += 5
+				continue
+			case "003e":
+				b.WriteByte('>')
+				i += 5
+				continue
+			case "0026":
+				b.WriteByte('&')
+				i += 5
+				continue
+			}
+		}
+		b.WriteString(s[i : i+2])
+		i++
+	}
+	return b.String()
+}

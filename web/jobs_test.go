@@ -1,0 +1,167 @@
+package web_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
+	"github.com/keeljobs/keel/web"
+)
+
+// ledgerJob enqueues a job and sets its ledger row as the test needs.
+func (b *bundle) ledgerJob(t *testing.T, kind, key string, set string, args ...any) idempotency.Job {
+	t.Helper()
+	res, err := b.client.Enqueue(context.Background(), tasks.NewRaw(kind, []byte(`{"order":"`+key+`"}`), key))
+	require.NoError(t, err)
+	if set != "" {
+		_, err = b.pool.Exec(context.Background(), `UPDATE keel_jobs SET `+set+` WHERE id = $1`, append([]any{res.Job.ID}, args...)...)
+		require.NoError(t, err)
+	}
+	return res.Job
+}
+
+var rowID = regexp.MustCompile(`<tr id="row-([^"]+)"`)
+
+// listed returns the ids of the jobs a jobs-list page shows, in order.
+func listed(t *testing.T, u *user, path string) []string {
+	t.Helper()
+	res := u.get(t, path)
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	var ids []string
+	for _, m := range rowID.FindAllStringSubmatch(res.body, -1) {
+		ids = append(ids, m[1])
+	}
+	return ids
+}
+
+func TestJobsListFilters(t *testing.T) {
+	b := setup(t, nil)
+	pending := b.ledgerJob(t, "order:send_receipt", "order:1", "")
+	succeeded := b.ledgerJob(t, "order:send_receipt", "order:2",
+		`status = 'succeeded', finished_at = now(), last_error = 'SMTP timeout on attempt 1'`)
+	dead := b.deadJob(t, "order:send_receipt", "order:3", "card DECLINED by the bank")
+	failed := b.ledgerJob(t, "analytics:sync", "day:1", `status = 'failed', attempts = 1, last_error = 'warehouse busy', queue = 'low'`)
+	deadStep := b.deadJob(t, "order:refund", "refund:1", "payment provider unreachable")
+	deadText := b.deadJob(t, "order:refund", "refund:2", `keel: step "charge" of job x: `+idempotency.ErrInDoubt.Error())
+	failedStep := b.ledgerJob(t, "order:refund", "refund:3", `status = 'failed', last_error = 'timeout'`)
+	running := b.ledgerJob(t, "order:refund", "refund:4", `status = 'running', lease_holder = 'w1', lease_until = now() + interval '1 minute'`)
+	for _, id := range []string{deadStep.ID, failedStep.ID, running.ID} {
+		_, err := b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'charge', 'started')`, id)
+		require.NoError(t, err)
+	}
+	v := b.signIn(t, viewerName, viewerPassword)
+
+	all := []string{running.ID, failedStep.ID, deadText.ID, deadStep.ID, failed.ID, dead.ID, succeeded.ID, pending.ID}
+	require.Equal(t, all, listed(t, v, "/jobs"), "every job, newest first")
+	require.Equal(t, []string{dead.ID, deadStep.ID, deadText.ID}, listed(t, v, "/jobs?status=dead&sort=oldest"))
+	require.Equal(t, []string{succeeded.ID}, listed(t, v, "/jobs?status=succeeded"))
+	require.Equal(t, []string{failed.ID}, listed(t, v, "/jobs?queue=low"))
+	require.Equal(t, []string{failed.ID}, listed(t, v, "/jobs?kind=analytics:sync"))
+	require.Equal(t, []string{running.ID, failedStep.ID, deadText.ID, deadStep.ID}, listed(t, v, "/jobs?kind=order:refund&prefix=refund:"))
+	require.Equal(t, []string{succeeded.ID, pending.ID}, listed(t, v, "/jobs?prefix=order:&status=&kind=order:send_receipt&error=&sort=newest")[1:])
+	require.Equal(t, []string{dead.ID}, listed(t, v, "/jobs?error=declined"), "error text, any case")
+	require.Equal(t, []string{failedStep.ID, deadText.ID, deadStep.ID}, listed(t, v, "/jobs?status=in-doubt"),
+		"a running job's started step is a call in progress, not in doubt")
+	require.Empty(t, listed(t, v, "/jobs?prefix=%25"), "the prefix is text, not a pattern")
+
+	for _, bad := range []string{"/jobs?status=lost", "/jobs?sort=sideways", "/jobs?refresh=7"} {
+		require.Equal(t, http.StatusBadRequest, v.get(t, bad).status, bad)
+	}
+
+	// A succeeded job's error is history, not shown as a failure.
+	page := v.get(t, "/jobs?status=succeeded").body
+	require.Contains(t, page, `<span class="err-old">earlier: SMTP timeout on attempt 1</span>`)
+	require.Contains(t, v.get(t, "/jobs?status=dead").body, `<span class="err-now">card DECLINED by the bank</span>`)
+	page = v.get(t, "/jobs/"+succeeded.ID).body
+	require.Contains(t, page, "Earlier error")
+	require.NotContains(t, page, `class="err"`)
+	require.Contains(t, v.get(t, "/jobs/"+dead.ID).body, `<pre class="err" id="last-error">`)
+}
+
+func TestJobsListPagesByKeyset(t *testing.T) {
+	b := setup(t, func(c *web.Config) { c.PageSize = 2 })
+	var ids []string
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		ids = append([]string{b.ledgerJob(t, "order:send_receipt", "order:"+k, "").ID}, ids...)
+	}
+	v := b.signIn(t, viewerName, viewerPassword)
+	res := v.get(t, "/jobs")
+	require.Equal(t, ids[:2], listed(t, v, "/jobs"))
+	next := regexp.MustCompile(`href="(/jobs\?from=[^"]+)" rel="next"`).FindStringSubmatch(res.body)
+	require.NotNil(t, next, "a link to the next page")
+	nextURL := strings.ReplaceAll(next[1], "&amp;", "&")
+	// A job enqueued meanwhile does not shift the next page.
+	b.ledgerJob(t, "order:send_receipt", "order:f", "")
+	require.Equal(t, ids[2:4], listed(t, v, nextURL))
+	last := v.get(t, "/jobs?from="+url.QueryEscape(ids[3]))
+	require.Equal(t, ids[4:], rowID.FindAllStringSubmatch(last.body, -1)[0][1:])
+	require.NotContains(t, last.body, `rel="next"`)
+	require.Contains(t, last.body, `id="first-page"`)
+}
+
+func TestJobsListRefreshesWithoutScript(t *testing.T) {
+	b := setup(t, nil)
+	v := b.signIn(t, viewerName, viewerPassword)
+	require.NotContains(t, v.get(t, "/jobs").body, `http-equiv="refresh"`)
+	res := v.get(t, "/jobs?status=running&refresh=10")
+	require.Contains(t, res.body, `<meta http-equiv="refresh" content="10">`)
+	require.NotContains(t, res.header.Get("Content-Security-Policy"), "script-src")
+	require.NotContains(t, res.body, "<script")
+}
+
+func TestPayloadIsShownReadably(t *testing.T) {
+	b := setup(t, nil)
+	res, err := b.client.Enqueue(t.Context(), tasks.NewRaw("order:send_receipt",
+		[]byte(`{"note":"\u003cb\u003e \u0026 \\u003c","items":[1,2]}`), "order:1"))
+	require.NoError(t, err)
+	body := b.signIn(t, viewerName, viewerPassword).get(t, "/jobs/"+res.Job.ID).body
+	require.Contains(t, body, "{\n  &#34;note&#34;: &#34;&lt;b&gt; &amp; \\\\u003c&#34;,\n  &#34;items&#34;: [\n    1,")
+	require.NotContains(t, body, `\u003cb`)
+}
+
+func TestBulkActionsOnSelectedJobs(t *testing.T) {
+	b := setup(t, nil)
+	d1 := b.deadJob(t, "order:send_receipt", "order:1", "boom")
+	d2 := b.deadJob(t, "order:send_receipt", "order:2", "boom")
+	d3 := b.deadJob(t, "order:send_receipt", "order:3", "boom")
+	pending := b.ledgerJob(t, "order:send_receipt", "order:4", "")
+	op := b.signIn(t, operatorName, operatorPassword)
+	tok := op.token(t)
+
+	list := op.get(t, "/jobs").body
+	require.Contains(t, list, `<input type="checkbox" name="id" value="`+d1.ID+`"`)
+	require.NotContains(t, list, `value="`+pending.ID+`"`, "only dead jobs can be selected")
+	require.NotContains(t, b.signIn(t, viewerName, viewerPassword).get(t, "/jobs").body, `type="checkbox"`)
+
+	sel := url.Values{"action": {"discard"}, "id": {d1.ID, d2.ID, pending.ID}}
+	res := op.get(t, "/dead/confirm?"+sel.Encode())
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	require.Contains(t, res.body, "Of the 3 jobs you selected, 2 are dead now")
+	require.Contains(t, res.body, `name="expect" value="2"`)
+
+	form := url.Values{"csrf": {tok}, "action": {"discard"}, "id": sel["id"], "expect": {"2"}, "note": {"duplicates"}}
+	// Someone replays one of them meanwhile: the confirmed count is stale.
+	_, err := b.store.Replay(t.Context(), nil, d2.ID, "someone", "")
+	require.NoError(t, err)
+	res = op.post(t, "/dead/bulk", form)
+	require.Equal(t, http.StatusConflict, res.status)
+	require.Contains(t, res.body, `name="expect" value="1"`)
+	form.Set("expect", "1")
+	res = op.post(t, "/dead/bulk", form)
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	require.Contains(t, res.body, "1 of 1 done")
+	for id, want := range map[string]idempotency.Status{d1.ID: idempotency.StatusDiscarded, d2.ID: idempotency.StatusPending,
+		d3.ID: idempotency.StatusDead, pending.ID: idempotency.StatusPending} {
+		j, err := b.store.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, want, j.Status, id)
+	}
+	require.Equal(t, "duplicates", b.audit(t, d1.ID)[0].Note)
+}
