@@ -439,7 +439,8 @@ func TestBudgetHoldsAcrossRepublish(t *testing.T) {
 	require.NoError(t, err)
 	ac := asynq.NewClient(b.redis)
 	defer ac.Close()
-	require.NoError(t, b.store.PublishOnly(ctx, ac, j))
+	_, err = ac.EnqueueContext(ctx, idempotency.Task(j), idempotency.TaskOptions(j)...)
+	require.NoError(t, err)
 
 	dead := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
 	require.Equal(t, 2, dead.Attempts, "max retry 1 means two attempts in all")

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -129,7 +131,7 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Job{}, false, interpretError(err)
 		}
-		job, err = s.lookup(ctx, db, nj.Kind, nj.BusinessKey)
+		job, err = LookupIn(ctx, db, nj.Kind, nj.BusinessKey)
 		if err == nil {
 			return job, true, nil
 		}
@@ -151,15 +153,7 @@ func (s *Store) Get(ctx context.Context, id string) (Job, error) {
 
 // Lookup returns the job of one business action.
 func (s *Store) Lookup(ctx context.Context, kind, businessKey string) (Job, error) {
-	return s.lookup(ctx, s.pool, kind, businessKey)
-}
-
-func (s *Store) lookup(ctx context.Context, db DB, kind, businessKey string) (Job, error) {
-	if ValidateKey("kind", kind) != nil || ValidateKey("business key", businessKey) != nil {
-		return Job{}, ErrNotFound
-	}
-	j, err := scanJob(db.QueryRow(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE kind = $1 AND business_key = $2`, kind, businessKey))
-	return j, interpretError(err)
+	return LookupIn(ctx, s.pool, kind, businessKey)
 }
 
 // Steps returns the recorded steps of a job in the order they started.
@@ -204,19 +198,107 @@ func TaskOptions(j Job) []asynq.Option {
 	return opts
 }
 
-// Publish hands j to Redis and records that it did. A task id conflict means
-// Redis already holds the job: that counts as published.
-func (s *Store) Publish(ctx context.Context, c *asynq.Client, j Job) error {
-	if err := s.PublishOnly(ctx, c, j); err != nil {
-		return err
-	}
-	return s.MarkPublished(ctx, j.ID)
+// PublishInFlight is how many publishes PublishMany keeps in flight at
+// once: enough to hide Redis round trips, few enough to stay inside the
+// asynq client's connection pool (go-redis: ten per CPU).
+const PublishInFlight = 16
+
+// Published is what publishing one job did.
+type Published struct {
+	// Err is nil when Redis holds the job.
+	Err error
+	// New is true when Redis got a new task; false with a nil Err when it
+	// already held one under the job's id (a repeated publish).
+	New bool
 }
 
-// MarkPublished records that Redis holds job id.
-func (s *Store) MarkPublished(ctx context.Context, id string) error {
-	_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = now() WHERE id = $1 AND published_at IS NULL`, id)
-	return interpretError(err)
+// PublishMany hands jobs to Redis, up to PublishInFlight at once, and returns
+// what happened to each, in the order of jobs. It is the one way keel
+// publishes: the ledger id is the asynq task id, so a task id conflict means
+// Redis already holds the job and counts as published. One job Redis refuses
+// does not stop the others.
+//
+// The published jobs whose PublishedAt is nil are then marked published in
+// one statement (the relay's jobs were marked when it claimed them). markErr
+// is that statement's failure; it loses nothing: the jobs are in Redis, and
+// the relay publishing them again is a harmless conflict.
+func (s *Store) PublishMany(ctx context.Context, c *asynq.Client, jobs []Job) (res []Published, markErr error) {
+	res = make([]Published, len(jobs))
+	// The first job goes alone: when it finds Redis unreachable the rest
+	// are not tried, since each would wait for its own dial and add to
+	// go-redis's count of failed dials, which past the pool size makes it
+	// refuse connections for a while after Redis is back. A task asynq
+	// refuses on its own says nothing about the others.
+	if len(jobs) > 0 {
+		res[0].New, res[0].Err = publish(ctx, c, jobs[0])
+		if unreachable(res[0].Err) {
+			for i := range res[1:] {
+				res[1+i].Err = res[0].Err
+			}
+		} else {
+			publishRest(ctx, c, jobs[1:], res[1:])
+		}
+	}
+	var mark []string
+	for i, j := range jobs {
+		if res[i].Err == nil && j.PublishedAt == nil {
+			mark = append(mark, j.ID)
+		}
+	}
+	if len(mark) > 0 {
+		_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = now()
+			WHERE id = ANY($1) AND published_at IS NULL`, mark)
+		markErr = interpretError(err)
+	}
+	return res, markErr
+}
+
+// publishRest publishes jobs, PublishInFlight at a time, into res.
+func publishRest(ctx context.Context, c *asynq.Client, jobs []Job, res []Published) {
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, PublishInFlight)
+	for i := range jobs {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			res[i].New, res[i].Err = publish(ctx, c, jobs[i])
+		})
+	}
+	wg.Wait()
+}
+
+// unreachable tells whether err says Redis could not be reached.
+func unreachable(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr)
+}
+
+// publish enqueues j with asynq; false with a nil error: Redis already held it.
+func publish(ctx context.Context, c *asynq.Client, j Job) (bool, error) {
+	_, err := c.EnqueueContext(ctx, Task(j), TaskOptions(j)...)
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("keel: publish job %s: %w", j.ID, err)
+	}
+	return true, nil
+}
+
+// Task is the asynq task that carries j; publish it with TaskOptions(j).
+func Task(j Job) *asynq.Task {
+	return asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{HeaderBusinessKey: j.BusinessKey})
+}
+
+// Publish hands j to Redis and records that it did.
+//
+// Deprecated: use PublishMany.
+func (s *Store) Publish(ctx context.Context, c *asynq.Client, j Job) error {
+	res, err := s.PublishMany(ctx, c, []Job{j})
+	if res[0].Err != nil {
+		return res[0].Err
+	}
+	return err
 }
 
 // RelayChannel is the Postgres notification channel that wakes relays.
@@ -239,31 +321,14 @@ func (s *Store) GetMany(ctx context.Context, db DB, ids []string) ([]Job, error)
 	return jobs, interpretError(err)
 }
 
-// PublishOnly hands j to Redis without recording it; the caller records it
-// (the relay does so in the transaction that claimed the row).
-func (s *Store) PublishOnly(ctx context.Context, c *asynq.Client, j Job) error {
-	_, err := s.PublishNew(ctx, c, j)
-	return err
-}
-
-// PublishNew is PublishOnly that also says whether Redis got a new task
-// (false: it already held one under the job's id).
-func (s *Store) PublishNew(ctx context.Context, c *asynq.Client, j Job) (bool, error) {
-	t := asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{HeaderBusinessKey: j.BusinessKey})
-	_, err := c.EnqueueContext(ctx, t, TaskOptions(j)...)
-	switch {
-	case errors.Is(err, asynq.ErrTaskIDConflict):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("keel: publish job %s: %w", j.ID, err)
-	}
-	return true, nil
-}
-
 // LookupIn returns the job of one business action as db sees it: pass a
 // transaction to see a job enqueued in it before it commits.
 func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error) {
-	return (*Store)(nil).lookup(ctx, db, kind, businessKey)
+	if ValidateKey("kind", kind) != nil || ValidateKey("business key", businessKey) != nil {
+		return Job{}, ErrNotFound
+	}
+	j, err := scanJob(db.QueryRow(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE kind = $1 AND business_key = $2`, kind, businessKey))
+	return j, interpretError(err)
 }
 
 // ClaimUnpublished marks up to limit committed, unpublished jobs that are

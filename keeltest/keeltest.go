@@ -217,7 +217,7 @@ func (h *Harness) Redeliver(t testing.TB, id string) {
 	insp := asynq.NewInspector(h.Redis)
 	defer insp.Close()
 	_ = insp.DeleteTask(j.Queue, j.ID)
-	if err := h.Store.PublishOnly(context.Background(), c, j); err != nil {
+	if _, err := c.Enqueue(idempotency.Task(j), idempotency.TaskOptions(j)...); err != nil {
 		t.Fatalf("keeltest: redeliver: %v", err)
 	}
 }

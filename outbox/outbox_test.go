@@ -222,7 +222,8 @@ func TestRelayCrashBetweenPublishAndMark(t *testing.T) {
 	ac := asynq.NewClient(b.opt)
 	defer ac.Close()
 	for _, j := range jobs[:10] {
-		require.NoError(t, store.PublishOnly(ctx, ac, j)) // published, never marked
+		_, err := ac.EnqueueContext(ctx, idempotency.Task(j), idempotency.TaskOptions(j)...) // published, never marked
+		require.NoError(t, err)
 	}
 	require.Equal(t, 20, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
 

@@ -341,21 +341,28 @@ func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idem
 	if err := r.rdb.SAdd(ctx, asynqQueuesKey, qs...).Err(); err != nil {
 		return 0, fmt.Errorf("keel reconciler: list queues %v: %w", qs, err)
 	}
-	n := 0
-	for _, j := range jobs {
+	for i, j := range jobs {
 		if j.Status == idempotency.StatusFailed {
-			j.RunAt = time.Now() // its retry time was in the lost Redis entry
-		}
-		created, err := r.store.PublishNew(ctx, r.pub, j)
-		if err != nil {
-			return n, err
-		}
-		if created {
-			n++
-			r.cfg.Logger.Warn(msg, "job_id", j.ID, "kind", j.Kind, "status", j.Status)
+			jobs[i].RunAt = time.Now() // its retry time was in the lost Redis entry
 		}
 	}
-	return n, nil
+	res, markErr := r.store.PublishMany(ctx, r.pub, jobs)
+	n, failed := 0, 0
+	var pubErr error
+	for i, p := range res {
+		switch {
+		case p.Err != nil:
+			failed++
+			pubErr = p.Err
+		case p.New:
+			n++
+			r.cfg.Logger.Warn(msg, "job_id", jobs[i].ID, "kind", jobs[i].Kind, "status", jobs[i].Status)
+		}
+	}
+	if pubErr != nil {
+		pubErr = fmt.Errorf("%d of %d jobs not published again, last: %w", failed, len(jobs), pubErr)
+	}
+	return n, errors.Join(pubErr, markErr)
 }
 
 // Prune deletes succeeded and discarded jobs (and their steps) finished

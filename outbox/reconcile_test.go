@@ -65,7 +65,8 @@ func TestReconcilePassFindsLostJobsAmongManyWithFewRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	for _, j := range all {
 		j.RunAt = time.Now().Add(time.Hour) // kept in Redis, not run
-		require.NoError(t, store.PublishOnly(ctx, ac, j))
+		_, err := ac.EnqueueContext(ctx, idempotency.Task(j), idempotency.TaskOptions(j)...)
+		require.NoError(t, err)
 	}
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()

@@ -144,26 +144,21 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("keel relay: %w", err)
 	}
+	res, _ := r.store.PublishMany(ctx, r.asynq, jobs) // claimed rows are marked already
 	n := 0
 	var pubErr error
 	var failed []string
-	for i, j := range jobs {
-		err := r.store.PublishOnly(ctx, r.asynq, j)
-		if err == nil {
+	for i, p := range res {
+		if p.Err == nil {
 			n++
 			continue
 		}
-		pubErr = err
-		failed = append(failed, j.ID)
-		if i == len(failed)-1 && i >= 2 {
-			// The first three all failed: Redis is down, not one bad job.
-			for _, rest := range jobs[i+1:] {
-				failed = append(failed, rest.ID)
-			}
-			break
-		}
+		pubErr = p.Err
+		failed = append(failed, jobs[i].ID)
 		// One job Redis refuses must not hold up the rest of the batch.
-		r.cfg.Logger.Warn("keel relay: could not publish job", "job_id", j.ID, "kind", j.Kind, "err", err)
+		if len(failed) <= 3 {
+			r.cfg.Logger.Warn("keel relay: could not publish job", "job_id", jobs[i].ID, "kind", jobs[i].Kind, "err", p.Err)
+		}
 	}
 	if len(failed) > 0 {
 		ids := failed
