@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -473,4 +475,91 @@ func TestInTxCommitInDoubt(t *testing.T) {
 	require.NotErrorIs(t, first, idempotency.ErrLeaseLost)
 	require.Equal(t, 2, j.Attempts)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the effect must be committed once")
+}
+
+// A claim the delivery stopped waiting for (its context ended while
+// Postgres was slow) that lands afterwards is given back: the run never
+// started, so it must not count as a crash or an attempt.
+func TestLateClaimIsGivenBack(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	slow := tasks.Define[order]("test:slow_claim", tasks.MaxRetry(0), tasks.Timeout(time.Second),
+		tasks.Key(func(o order) string { return o.OrderID }))
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, slow, func(ctx context.Context, o order) error {
+		runs.Add(1)
+		return nil
+	})
+	res, err := b.client.Enqueue(ctx, slow.New(order{OrderID: "s1"}))
+	require.NoError(t, err)
+
+	// Writes to the ledger wait behind this lock, claims included.
+	lock, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `LOCK TABLE keel_jobs IN EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	srv := b.startWorker(t, mux, func(c *server.Config) { c.DisableRelay, c.DisableReconciler = true, true })
+	testenv.Eventually(t, 20*time.Second, func() bool { return srv.Guard().Stats().LedgerErrors > 0 },
+		"the claim never gave up waiting")
+	require.NoError(t, lock.Rollback(ctx)) // the abandoned claim lands now
+
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
+	require.Equal(t, 1, j.Attempts, "the late claim counted as an attempt")
+	require.EqualValues(t, 1, runs.Load())
+	require.Equal(t, 0, b.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, res.Job.ID), "the late claim counted as a crash")
+}
+
+// Replay starts a dead job's counters afresh: its waits and crashes too.
+func TestReplayStartsWaitsAndCrashesAfresh(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "replayed"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'waited_too_long', attempts = 3,
+		waited_ms = 90000000, crashes = 2, finished_at = now() WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	_, err = b.store.Replay(ctx, inspector(t, b), res.Job.ID, "test", "fixed")
+	require.NoError(t, err)
+	require.Equal(t, 0, b.count(t, `SELECT waited_ms + crashes + attempts FROM keel_jobs WHERE id = $1`, res.Job.ID))
+}
+
+// A request whose write failed after every declared byte had left reached
+// the other side: in doubt, not "not sent".
+func TestDoHTTPWriteErrorAfterTheWholeRequestIsInDoubt(t *testing.T) {
+	var received atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		received.Add(1)
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	body := make([]byte, 8292)
+	req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.ContentLength = 8192 // the body is longer: the write fails after the declared bytes
+	_, err = idempotency.DoHTTP(srv.Client(), req, "job:step")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, idempotency.ErrNotSent, "a request the server may have acted on counted as not sent")
+	require.ErrorIs(t, err, idempotency.ErrInDoubt)
+}
+
+// A 500 may come after the effect: in doubt. A 503 with Retry-After is the
+// server saying "not now": not in doubt.
+func TestDoHTTPServerErrorsAreInDoubt(t *testing.T) {
+	status := atomic.Int32{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if status.Load() == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+	for code, doubt := range map[int32]bool{500: true, 503: false, 422: false} {
+		status.Store(code)
+		req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+		require.NoError(t, err)
+		_, err = idempotency.DoHTTP(srv.Client(), req, "job:step")
+		require.Error(t, err)
+		require.Equal(t, doubt, errors.Is(err, idempotency.ErrInDoubt), "status %d", code)
+	}
 }

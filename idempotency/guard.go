@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/keeljobs/keel/retry"
 )
@@ -40,6 +41,8 @@ const (
 	// DefaultMaxWait is the ceiling on the total time a job may spend
 	// waiting (rate limits, Retry-After) before it dies as waited_too_long.
 	DefaultMaxWait = 24 * time.Hour
+	// closeWait bounds how long Close waits for outcomes being recorded.
+	closeWait = 10 * time.Second
 )
 
 // GuardConfig configures the ledger middleware.
@@ -160,6 +163,59 @@ type Guard struct {
 	stopRenew context.CancelFunc
 	renewDone chan struct{}
 	closeOnce sync.Once
+
+	// recording counts deliveries between their claim and their recorded
+	// outcome (outside the handler itself): Close waits for them, so that
+	// a shutdown does not cut a completion mark and leave a finished job
+	// looking crashed.
+	recording phases
+}
+
+// phases counts work in progress that Close must let finish.
+type phases struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{}
+}
+
+// enter starts a phase; it fails once closing began, unless force.
+func (p *phases) enter(force bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed && !force {
+		return false
+	}
+	p.n++
+	return true
+}
+
+func (p *phases) leave() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n--; p.n == 0 && p.zero != nil {
+		close(p.zero)
+		p.zero = nil
+	}
+}
+
+// closeAndWait refuses new phases and waits up to timeout for the rest.
+func (p *phases) closeAndWait(timeout time.Duration) {
+	p.mu.Lock()
+	p.closed = true
+	if p.n == 0 {
+		p.mu.Unlock()
+		return
+	}
+	z := make(chan struct{})
+	p.zero = z
+	p.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-z:
+	case <-t.C:
+	}
 }
 
 // NewGuard starts a guard on store. Close it after the server has stopped.
@@ -214,6 +270,7 @@ func (g *Guard) Close() {
 				g.release(context.Background(), jc)
 			}
 		}
+		g.recording.closeAndWait(closeWait)
 		g.ledger.close()
 	})
 }
@@ -429,10 +486,25 @@ func (g *Guard) claim(ctx context.Context, id string) claimResult {
 	case res := <-out:
 		return res
 	case <-ctx.Done():
-		// The claim may still land; its lease then expires on its own.
+		// The claim may still land after the delivery gave up on it: give
+		// it back then, or its expired lease would later count as a crash
+		// of a run that never started.
+		go g.undoLateClaim(id, out)
 		return claimResult{err: ctx.Err()}
 	case <-g.ledger.closed:
 		return claimResult{err: ErrGuardClosed}
+	}
+}
+
+// undoLateClaim waits for the result of a claim nobody waits for any more
+// and releases the job if the claim took.
+func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
+	select {
+	case res := <-out:
+		if res.outcome == claimed && res.err == nil {
+			g.release(context.Background(), &jobContext{id: id, attempt: res.attempts})
+		}
+	case <-g.ledger.closed:
 	}
 }
 
@@ -491,7 +563,8 @@ func (g *Guard) renewLoop(ctx context.Context) {
 		if len(ids) == 0 {
 			continue
 		}
-		rows, err := g.store.pool.Query(ctx, `UPDATE keel_jobs j SET lease_until = now() + $1 * interval '1 millisecond'
+		rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
+		rows, err := g.store.pool.Query(rctx, `UPDATE keel_jobs j SET lease_until = now() + $1 * interval '1 millisecond'
 			FROM unnest($2::text[], $3::int[]) AS r(id, attempt)
 			WHERE j.id = r.id AND j.attempts = r.attempt AND j.lease_holder = $4 AND j.status = 'running'
 			RETURNING j.id`, g.cfg.Lease.Milliseconds(), ids, attempts, g.cfg.Holder)
@@ -499,6 +572,7 @@ func (g *Guard) renewLoop(ctx context.Context) {
 		if err == nil {
 			renewed, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		}
+		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
 				g.stats.ledgerErrs.Add(1)
@@ -531,7 +605,11 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			// share (and fail) a round with the others.
 			return fmt.Errorf("%w: task id %q: %w", ErrUnknownJob, id, asynq.SkipRetry)
 		}
+		if !g.recording.enter(false) {
+			return retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: worker shutting down, job %s not started: %w", id, ErrGuardClosed))
+		}
 		res := g.claim(ctx, id)
+		g.recording.leave()
 		if res.err != nil {
 			g.stats.ledgerErrs.Add(1)
 			return keepQueued(ctx, retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err)))
@@ -567,6 +645,11 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		if watchdog != nil {
 			watchdog.Stop()
 		}
+		// Entered before the state changes, so that Close, which gives up
+		// live runs first and then waits, either sees this one live or
+		// waits for its outcome.
+		g.recording.enter(true)
+		defer g.recording.leave()
 		if !jc.state.CompareAndSwap(runLive, runReturned) {
 			// The watchdog or the shutdown gave this run up and recorded its
 			// outcome; asynq moved on long ago.
@@ -577,7 +660,9 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			}
 			return herr
 		}
-		g.untrack(jc)
+		// Renewed until its outcome is recorded: a completion mark that
+		// takes a few tries must not let the lease expire into a "crash".
+		defer g.untrack(jc)
 
 		if jc.completed.Load() {
 			// InTx committed the job's completion.
@@ -727,11 +812,16 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 	ctx = context.WithoutCancel(ctx)
 	id := jc.id
 	var err error
-	for try := range completionMarkTries {
+	// The lease is renewed meanwhile; try for half of it before giving up.
+	giveUp := time.Now().Add(g.cfg.Lease / 2)
+	for try := 0; ; try++ {
 		if try > 0 {
-			time.Sleep(time.Duration(try*try) * 100 * time.Millisecond)
+			time.Sleep(min(time.Duration(try*try)*100*time.Millisecond, time.Second))
 		}
-		if err = g.complete(ctx, id, jc.attempt); err == nil || errors.Is(err, ErrLeaseLost) {
+		if err = g.complete(ctx, id, jc.attempt); err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrGuardClosed) {
+			break
+		}
+		if try+1 >= completionMarkTries && time.Now().After(giveUp) {
 			break
 		}
 	}
@@ -999,8 +1089,8 @@ func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return ErrLeaseLost
 	}
 	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(err, pgx.ErrTxCommitRollback) {
-			return interpretError(err)
+		if errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {
+			return interpretError(err) // rolled back, or COMMIT never left
 		}
 		// The connection went during COMMIT: it may or may not have landed.
 		// The guard looks at the row before it records a failure.

@@ -127,13 +127,13 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		}
 		if done {
 			if _, err := pool.Exec(ctx, `UPDATE keel_steps SET status = 'done', finished_at = now()
-				WHERE job_id = $1 AND name = $2`, jc.id, name); err != nil {
+				WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt); err != nil {
 				return zero, interpretError(err)
 			}
 			return zero, nil
 		}
 		if _, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now()
-			WHERE job_id = $1 AND name = $2`, jc.id, name); err != nil {
+			WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt); err != nil {
 			return zero, interpretError(err)
 		}
 	}
@@ -144,7 +144,10 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		if !callInDoubt(ferr) {
 			// The call never took effect: forget the start so the next
 			// attempt calls again, with the same key.
-			if _, err := pool.Exec(bg, `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'`, jc.id, name); err != nil {
+			// Only while this run still holds the job: a run given up while
+			// its call failed must not erase the record a newer run made.
+			if _, err := pool.Exec(bg, `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'
+				AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt); err != nil {
 				return zero, errors.Join(ferr, interpretError(err))
 			}
 			return zero, ferr
@@ -209,6 +212,10 @@ func InDoubt(err error) error {
 	return fmt.Errorf("%w: %w", ErrInDoubt, err)
 }
 
+// stepLeaseHeld is the condition, on $1 job id, $3 holder and $4 attempt,
+// that this run still holds the job.
+const stepLeaseHeld = `EXISTS (SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND attempts = $4)`
+
 // callInDoubt reports whether a step whose fn returned err may have taken
 // effect. Only a call that never left, or one the other side answered as
 // failed, did not.
@@ -221,16 +228,24 @@ func callInDoubt(err error) bool {
 	}
 	var he *retry.HTTPError
 	if errors.As(err, &he) {
-		return gatewayStatus(he.StatusCode)
+		return answerInDoubt(he)
 	}
 	return true
 }
 
-// gatewayStatus reports whether status is a gateway's answer about a
-// server behind it that may have received the request (502 Bad Gateway,
-// 504 Gateway Timeout): not an answer from the other side itself.
-func gatewayStatus(status int) bool {
-	return status == http.StatusBadGateway || status == http.StatusGatewayTimeout
+// answerInDoubt reports whether a failed HTTP answer leaves the call in
+// doubt. A 4xx is the other side refusing it. A 5xx is not proof of
+// anything: the server may have failed after its effect committed, or a
+// proxy (502, 504, 520-524) answered for a server that got the request —
+// except a 503 with Retry-After, the server saying "not now".
+func answerInDoubt(he *retry.HTTPError) bool {
+	switch {
+	case he.StatusCode < 500:
+		return false
+	case he.StatusCode == http.StatusServiceUnavailable && he.RetryAfter > 0:
+		return false
+	}
+	return true
 }
 
 // inDoubtError is what a step whose call may have happened returns. With a

@@ -117,8 +117,8 @@ func DoHTTP(client *http.Client, req *http.Request, key string) (*http.Response,
 	if ferr := retry.FromResponse(resp); ferr != nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
-		if gatewayStatus(resp.StatusCode) {
-			return nil, doubt("a gateway's answer", ferr)
+		if he := (*retry.HTTPError)(nil); errors.As(ferr, &he) && answerInDoubt(he) {
+			return nil, doubt("a server error, which may come after the effect", ferr)
 		}
 		return nil, ferr
 	}
@@ -163,14 +163,16 @@ type sendState struct {
 }
 
 // neverLeft reports whether a request that was neither written completely
-// nor answered certainly did not reach the other side: a write failed
-// part-way, the transport found no connection, or an http.Transport
-// refused it before looking for one. A transport that reports nothing
-// through httptrace proves nothing.
+// nor answered certainly did not reach the other side: the transport found
+// no connection, or an http.Transport refused it before looking for one. A
+// write that failed part-way proves nothing — the bytes the other side needed
+// may all have left before the error (a body longer than its
+// Content-Length fails only after the declared bytes were sent) — and
+// neither does a transport that reports nothing through httptrace.
 func (s sendState) neverLeft(traced bool) bool {
 	switch {
 	case s.writeFailed:
-		return true
+		return false
 	case s.getConn:
 		return !s.gotConn
 	default:
