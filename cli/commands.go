@@ -1,74 +1,133 @@
-package main
+package cli
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/flow"
-	"github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = ""
-
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
+// printJSON writes v as indented JSON.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
-func newRoot() *cobra.Command {
-	c := &conn{}
-	root := &cobra.Command{
-		Use:           "keel",
-		Short:         "Reliable background jobs: Asynq schedules, Postgres remembers",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	c.bind(root)
-	root.AddCommand(versionCmd(), migrateCmd(c), workerCmd(c), relayCmd(c), enqueueCmd(c), statusCmd(c), ledgerCmd(c), demoCmd(c), deadCmd(c), webCmd(c), schedulerCmd(c), benchCmd(c), apiCmd(c))
-	return root
+// VersionInfo is what `version` prints: the program's module version and
+// VCS revision as the Go toolchain embedded them, and keel's.
+type VersionInfo struct {
+	Program      string `json:"program"`
+	Module       string `json:"module,omitempty"`
+	Version      string `json:"version"`
+	Revision     string `json:"revision,omitempty"`
+	RevisionTime string `json:"revision_time,omitempty"`
+	Modified     bool   `json:"modified,omitempty"`
+	Keel         string `json:"keel"`
+	LedgerSchema int    `json:"ledger_schema"`
+	Go           string `json:"go"`
 }
 
-func versionCmd() *cobra.Command {
+const keelModule = "github.com/keeljobs/keel"
+
+func buildVersion(program string) VersionInfo {
+	v := VersionInfo{Program: program, Version: "(devel)", Keel: "(devel)", LedgerSchema: idempotency.SchemaVersion(), Go: runtime.Version()}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return v
+	}
+	v.Module = bi.Main.Path
+	if bi.Main.Version != "" {
+		v.Version = bi.Main.Version
+	}
+	if bi.Main.Path == keelModule {
+		v.Keel = v.Version
+	}
+	for _, d := range bi.Deps {
+		if d.Path == keelModule {
+			v.Keel = d.Version
+			if d.Replace != nil {
+				v.Keel = d.Replace.Version
+				if v.Keel == "" {
+					v.Keel = "(devel)"
+				}
+			}
+		}
+	}
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			v.Revision = s.Value
+		case "vcs.time":
+			v.RevisionTime = s.Value
+		case "vcs.modified":
+			v.Modified = s.Value == "true"
+		}
+	}
+	return v
+}
+
+func (v VersionInfo) String() string {
+	s := v.Program + " " + v.Version
+	if v.Revision != "" {
+		rev := v.Revision
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		s += " (revision " + rev
+		if v.Modified {
+			s += ", modified"
+		}
+		s += ")"
+	}
+	if v.Module != keelModule {
+		s += ", keel " + v.Keel
+	}
+	return fmt.Sprintf("%s, ledger schema %d, %s", s, v.LedgerSchema, v.Go)
+}
+
+func versionCmd(e *Env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print keel's version and ledger schema version",
+		Short: "Print the program's version and VCS revision, keel's version and the ledger schema version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(cmd.OutOrStdout(), "keel %s (ledger schema %d)\n", versionString(), idempotency.SchemaVersion())
+			v := buildVersion(e.app.name())
+			if e.JSON() {
+				return printJSON(cmd.OutOrStdout(), v)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), v.String())
 			return nil
 		},
 	}
 }
 
-func migrateCmd(c *conn) *cobra.Command {
+func migrateCmd(e *Env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",
-		Short: "Create or upgrade the ledger schema (safe to run any number of times)",
+		Short: "Create the database if needed and create or upgrade the ledger schema (safe to run any number of times)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if err := c.createDatabase(ctx); err != nil {
+			if err := e.CreateDatabase(ctx); err != nil {
 				return err
 			}
-			pool, err := c.pool(ctx)
+			pool, err := e.Pool(ctx)
 			if err != nil {
 				return err
 			}
@@ -77,8 +136,17 @@ func migrateCmd(c *conn) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := handlers.Migrate(ctx, pool); err != nil {
-				return fmt.Errorf("example tables: %w", err)
+			if e.app.Migrate != nil {
+				if err := e.app.Migrate(ctx, pool); err != nil {
+					return fmt.Errorf("%s's own tables: %w", e.app.name(), err)
+				}
+			}
+			if e.JSON() {
+				applied := res.Applied
+				if applied == nil {
+					applied = []string{}
+				}
+				return printJSON(cmd.OutOrStdout(), map[string]any{"from": res.From, "to": res.To, "applied": applied})
 			}
 			if len(res.Applied) == 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "ledger schema is current (version %d)\n", res.To)
@@ -90,68 +158,107 @@ func migrateCmd(c *conn) *cobra.Command {
 	}
 }
 
-func workerCmd(c *conn) *cobra.Command {
-	w := &workerFlags{}
+func healthcheckCmd(e *Env) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "healthcheck",
+		Short: "Exit 0 when Redis and Postgres answer and the ledger schema is current; otherwise print why and exit 1",
+		Long: `Check what every keel process needs: Redis answers (the URL's database
+exists), Postgres answers, and the ledger's schema is one this program can
+use. For container health checks: the image needs no shell.`,
+		Example: `  healthcheck: {test: ["CMD", "keel", "healthcheck"], interval: 10s}`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if timeout <= 0 {
+				return usageError{fmt.Errorf("--timeout must be a positive duration like 5s")}
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			if _, err := e.Redis(ctx); err != nil {
+				return err
+			}
+			pool, err := e.Ledger(ctx)
+			if err != nil {
+				return err
+			}
+			pool.Close()
+			if e.JSON() {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"ok": true, "ledger_schema": idempotency.SchemaVersion()})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "ok: Redis and Postgres answer, ledger schema %d\n", idempotency.SchemaVersion())
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
+	return cmd
+}
+
+func workerCmd(e *Env) *cobra.Command {
+	w := &WorkerFlags{}
 	lf := &limitFlags{}
 	of := &observeFlags{}
 	cmd := &cobra.Command{
 		Use:   "worker",
-		Short: "Run a worker with the example order handlers (build your own binary with server.New for your handlers)",
+		Short: "Run a worker for this program's handlers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := w.config()
+			cfg, err := w.Config()
 			if err != nil {
 				return err
 			}
 			// Every flag is checked before anything is connected to.
-			rules, err := lf.rules()
+			rules, err := lf.rules(e.app)
 			if err != nil {
 				return err
+			}
+			if e.app.Register == nil {
+				return usageError{fmt.Errorf("%s has no handlers to run: build your own binary with the cli package (see the README, \"Your own worker binary\")", e.app.name())}
 			}
 			ctx := cmd.Context()
-			svc, err := c.openService(ctx)
+			svc, err := e.Open(ctx)
 			if err != nil {
 				return err
 			}
-			defer svc.pool.Close()
-			redis, pool, log := svc.redis, svc.pool, svc.log
-			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
+			defer svc.Close()
+			cfg.Redis, cfg.Pool, cfg.Logger = svc.Redis, svc.Pool, svc.Log
 			if len(rules) > 0 {
-				limits, err := flow.New(redis, flow.Config{Rules: rules, Logger: log})
+				limits, err := flow.New(svc.Redis, flow.Config{Rules: rules, Logger: svc.Log})
 				if err != nil {
 					return usageError{err}
 				}
 				defer limits.Close()
 				cfg.Middleware = append(cfg.Middleware, limits.Middleware)
 			}
-			ob, err := of.wire(&cfg, nil, log)
+			ob, err := of.wire(&cfg, nil, svc.Log, e.app.Kinds)
 			if err != nil {
 				return err
 			}
 			mux := tasks.NewMux()
-			handlers.Register(mux, handlers.Deps{Pool: pool, Mailer: handlers.LogMailer{Log: log}})
+			if err := e.app.Register(mux, svc); err != nil {
+				return err
+			}
 			srv, err := server.New(cfg, mux)
 			if err != nil {
 				return usageError{err}
 			}
-			ob.attach(srv)
+			ob.Attach(srv)
 			var wg sync.WaitGroup
 			octx, stop := context.WithCancel(ctx)
 			defer func() { stop(); wg.Wait() }()
-			if err := ob.run(octx, &wg); err != nil {
+			if err := ob.Run(octx, &wg); err != nil {
 				srv.Close()
 				return err
 			}
 			return srv.Run(ctx)
 		},
 	}
-	w.bind(cmd)
+	w.Bind(cmd)
 	lf.bind(cmd)
 	of.bind(cmd)
 	return cmd
 }
 
-func relayCmd(c *conn) *cobra.Command {
+func relayCmd(e *Env) *cobra.Command {
 	var cfg outbox.RelayConfig
 	var rcfg outbox.ReconcilerConfig
 	var rf reconcileFlags
@@ -168,12 +275,12 @@ func relayCmd(c *conn) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			svc, err := c.openService(ctx)
+			svc, err := e.Open(ctx)
 			if err != nil {
 				return err
 			}
-			defer svc.pool.Close()
-			redis, pool, log := svc.redis, svc.pool, svc.log
+			defer svc.Close()
+			redis, pool, log := svc.Redis, svc.Pool, svc.Log
 			cfg.Logger = log
 			r := outbox.NewRelay(pool, redis, cfg)
 			defer r.Close()
@@ -203,76 +310,24 @@ func relayCmd(c *conn) *cobra.Command {
 	return cmd
 }
 
-func enqueueCmd(c *conn) *cobra.Command {
-	var payload, queue string
-	var delay time.Duration
-	var maxRetry int
-	cmd := &cobra.Command{
-		Use:   "enqueue KIND BUSINESS_KEY",
-		Short: "Enqueue a job through the ledger (the same kind and key twice is one job)",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if !json.Valid([]byte(payload)) {
-				return usageError{fmt.Errorf("--payload is not valid JSON: %q", payload)}
-			}
-			redis, err := c.redis()
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool})
-			if err != nil {
-				return err
-			}
-			defer client.Close()
-			var opts []tasks.Option
-			if queue != "" {
-				opts = append(opts, tasks.Queue(queue))
-			}
-			if delay > 0 {
-				opts = append(opts, tasks.Delay(delay))
-			}
-			if cmd.Flags().Changed("max-retry") {
-				opts = append(opts, tasks.MaxRetry(maxRetry))
-			}
-			res, err := client.Enqueue(ctx, tasks.NewRaw(args[0], []byte(payload), args[1], opts...))
-			if err != nil {
-				return err
-			}
-			state := "created"
-			if res.Existed {
-				state = "already existed"
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "job %s %s (status %s, queue %s)\n", res.Job.ID, state, res.Job.Status, res.Job.Queue)
-			return nil
-		},
-	}
-	cmd.Flags().StringVar(&payload, "payload", "{}", "JSON payload")
-	cmd.Flags().StringVar(&queue, "queue", "", "queue (default: the kind's queue, or default)")
-	cmd.Flags().DurationVar(&delay, "delay", 0, "run no earlier than this from now")
-	cmd.Flags().IntVar(&maxRetry, "max-retry", tasks.DefaultMaxRetry, "retry budget")
-	return cmd
-}
-
-func statusCmd(c *conn) *cobra.Command {
-	var asJSON bool
+func statusCmd(e *Env) *cobra.Command {
 	var id string
 	cmd := &cobra.Command{
 		Use:   "status [KIND BUSINESS_KEY]",
-		Short: "Show what state a business action's job is in, and who holds it",
+		Short: "Show what state a business action's job is in, who holds it, and when it retries",
 		Example: "  keel status order:send_receipt order:123\n" +
 			"  keel status --id 01936f3e-...",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (id == "") == (len(args) != 2) {
 				return usageError{fmt.Errorf("give KIND and BUSINESS_KEY, or --id")}
 			}
+			if id != "" {
+				if _, err := uuid.Parse(id); err != nil {
+					return usageError{fmt.Errorf("--id %q is malformed: a job id is a UUID like 01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f", id)}
+				}
+			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			pool, err := e.Ledger(ctx)
 			if err != nil {
 				return err
 			}
@@ -281,8 +336,14 @@ func statusCmd(c *conn) *cobra.Command {
 			var job idempotency.Job
 			if id != "" {
 				job, err = store.Get(ctx, id)
+				if errors.Is(err, idempotency.ErrNotFound) {
+					return fmt.Errorf("no job with id %s: %w", id, err)
+				}
 			} else {
 				job, err = store.Lookup(ctx, args[0], args[1])
+				if errors.Is(err, idempotency.ErrNotFound) {
+					return fmt.Errorf("no job of kind %q with business key %q: %w", args[0], args[1], err)
+				}
 			}
 			if err != nil {
 				return err
@@ -291,14 +352,13 @@ func statusCmd(c *conn) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printStatusJSON(cmd.OutOrStdout(), job, steps)
+			if e.JSON() {
+				return printJSON(cmd.OutOrStdout(), toStatusJSON(job, steps))
 			}
 			printStatus(cmd.OutOrStdout(), job, steps)
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&id, "id", "", "look up by job id instead")
 	return cmd
 }
@@ -332,13 +392,8 @@ type statusJSON struct {
 	PayloadSummary string     `json:"payload_summary,omitempty"`
 	TraceID        string     `json:"trace_id,omitempty"`
 	ResolutionNote string     `json:"resolution_note,omitempty"`
+	NextRetryAt    *time.Time `json:"next_retry_at,omitempty"`
 	Steps          []stepJSON `json:"steps"`
-}
-
-func printStatusJSON(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(toStatusJSON(j, steps))
 }
 
 func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON {
@@ -346,7 +401,7 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 		Attempts: j.Attempts, MaxRetry: j.MaxRetry, LastError: j.LastError, ErrorClass: j.ErrorClass,
 		LeaseHolder: j.LeaseHolder, LeaseUntil: j.LeaseUntil, RunAt: j.RunAt, PublishedAt: j.PublishedAt,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt, PayloadSummary: j.PayloadSummary,
-		TraceID: j.TraceID, ResolutionNote: j.ResolutionNote, Steps: []stepJSON{}}
+		TraceID: j.TraceID, ResolutionNote: j.ResolutionNote, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
 	for _, s := range steps {
 		out.Steps = append(out.Steps, stepJSON{Name: s.Name, Status: s.Status, Calls: s.Calls, Result: string(s.Result),
 			StartedAt: s.StartedAt, FinishedAt: s.FinishedAt})
@@ -378,6 +433,9 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	if j.LeaseHolder != "" {
 		row("lease", fmt.Sprintf("%s until %s", j.LeaseHolder, ts(j.LeaseUntil)))
 	}
+	if next := nextRetry(j); next != nil {
+		row("next retry", fmt.Sprintf("%s (in %s)", next.Format(time.RFC3339), max(0, time.Until(*next)).Round(time.Second)))
+	}
 	row("run at", j.RunAt.Format(time.RFC3339))
 	row("published", ts(j.PublishedAt))
 	row("created", j.CreatedAt.Format(time.RFC3339))
@@ -390,4 +448,14 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 		row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s, finished %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339), ts(s.FinishedAt)))
 	}
 	tw.Flush()
+}
+
+// nextRetry is when a job waiting to retry runs again: the ledger's run_at
+// of a failed job. Nil for any other status.
+func nextRetry(j idempotency.Job) *time.Time {
+	if j.Status != idempotency.StatusFailed {
+		return nil
+	}
+	t := j.RunAt
+	return &t
 }

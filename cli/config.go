@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -25,25 +26,78 @@ import (
 // Defaults for the local machine: the README's commands work without any
 // environment set.
 const (
-	defaultRedisURL    = "redis://127.0.0.1:6379/0"
-	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/keel?sslmode=disable"
+	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/keel?sslmode=disable"
 )
 
-// conn holds the connection flags every subcommand shares.
-type conn struct {
+// Env holds the settings every subcommand shares (connections, logging,
+// output) and opens the connections they name. A program's own subcommands
+// (App.Commands) get it too.
+type Env struct {
+	app         App
 	redisURL    string
 	databaseURL string
 	logLevel    string
 	logFormat   string
+	output      string
+	asJSON      bool
+	log         *slog.Logger
 }
 
-func (c *conn) bind(cmd *cobra.Command) {
+func (e *Env) bind(cmd *cobra.Command) {
 	f := cmd.PersistentFlags()
-	f.StringVar(&c.redisURL, "redis-url", envOr("REDIS_URL", defaultRedisURL),
+	f.StringVar(&e.redisURL, "redis-url", envOr("REDIS_URL", DefaultRedisURL),
 		"Redis: redis://, rediss://, redis-socket://, redis-sentinel://h1,h2?master=NAME or redis-cluster://h1,h2 (env REDIS_URL)")
-	f.StringVar(&c.databaseURL, "database-url", envOr("DATABASE_URL", defaultDatabaseURL), "Postgres URL of the ledger (env DATABASE_URL)")
-	f.StringVar(&c.logLevel, "log-level", envOr("KEEL_LOG_LEVEL", "info"), "debug, info, warn or error (env KEEL_LOG_LEVEL)")
-	f.StringVar(&c.logFormat, "log-format", envOr("KEEL_LOG_FORMAT", "text"), "text or json (env KEEL_LOG_FORMAT)")
+	f.StringVar(&e.databaseURL, "database-url", envOr("DATABASE_URL", DefaultDatabaseURL), "Postgres URL of the ledger (env DATABASE_URL)")
+	f.StringVar(&e.logLevel, "log-level", envOr("KEEL_LOG_LEVEL", "info"), "debug, info, warn or error (env KEEL_LOG_LEVEL)")
+	f.StringVar(&e.logFormat, "log-format", envOr("KEEL_LOG_FORMAT", "text"), "text or json (env KEEL_LOG_FORMAT)")
+	f.StringVarP(&e.output, "output", "o", "text", "what commands print: text or json")
+	f.BoolVar(&e.asJSON, "json", false, "print JSON (the same as -o json)")
+}
+
+// prepare checks the shared settings before any command runs and routes
+// go-redis's own log lines (one per failed dial, many a second while Redis
+// is down) to the logger at debug level.
+func (e *Env) prepare(cmd *cobra.Command) error {
+	switch strings.ToLower(e.output) {
+	case "text":
+	case "json":
+		e.asJSON = true
+	default:
+		return usageError{fmt.Errorf("--output %q: want text or json", e.output)}
+	}
+	log, err := e.newLogger()
+	if err != nil {
+		return err
+	}
+	e.log = log
+	redis.SetLogger(redisLogger{log})
+	return nil
+}
+
+// JSON reports whether the user asked for JSON output (--json or -o json).
+func (e *Env) JSON() bool { return e.asJSON }
+
+// DatabaseURL is the ledger's Postgres URL (--database-url, DATABASE_URL).
+func (e *Env) DatabaseURL() string { return e.databaseURL }
+
+// Logger is the logger --log-level and --log-format describe, writing to
+// stderr.
+func (e *Env) Logger() *slog.Logger {
+	if e.log == nil {
+		if log, err := e.newLogger(); err == nil {
+			e.log = log
+		} else {
+			e.log = slog.Default()
+		}
+	}
+	return e.log
+}
+
+type redisLogger struct{ log *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.log.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
 }
 
 func envOr(name, def string) string {
@@ -75,41 +129,76 @@ func envDuration(name string, def time.Duration) time.Duration {
 	return def
 }
 
-func (c *conn) logger() (*slog.Logger, error) {
+func (e *Env) newLogger() (*slog.Logger, error) {
 	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel)}
+	if err := lvl.UnmarshalText([]byte(e.logLevel)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", e.logLevel)}
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
-	switch strings.ToLower(c.logFormat) {
+	switch strings.ToLower(e.logFormat) {
 	case "text":
 		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	}
-	return nil, usageError{fmt.Errorf("--log-format %q: want text or json", c.logFormat)}
+	return nil, usageError{fmt.Errorf("--log-format %q: want text or json", e.logFormat)}
 }
 
-func (c *conn) redis() (asynq.RedisConnOpt, error) {
-	opt, err := redisurl.Parse(c.redisURL)
+// RedisOpt parses --redis-url without connecting.
+func (e *Env) RedisOpt() (asynq.RedisConnOpt, error) {
+	opt, err := redisurl.Parse(e.redisURL)
 	if err != nil {
 		return nil, usageError{err}
 	}
 	return opt, nil
 }
 
-// createDatabase creates the database DATABASE_URL names when it does not
-// exist yet (migrate and demo call it, so a fresh machine needs no psql).
-func (c *conn) createDatabase(ctx context.Context) error {
-	cfg, err := pgx.ParseConfig(c.databaseURL)
+// Redis parses --redis-url and checks that Redis answers, selecting the
+// URL's database: a server that is down, a wrong password or a database
+// number the server does not have is one clear error, at once.
+func (e *Env) Redis(ctx context.Context) (asynq.RedisConnOpt, error) {
+	opt, err := e.RedisOpt()
 	if err != nil {
-		return usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(c.databaseURL), err)}
+		return nil, err
+	}
+	if err := pingRedis(ctx, opt, redisurl.Redact(e.redisURL)); err != nil {
+		return nil, err
+	}
+	return opt, nil
+}
+
+func pingRedis(ctx context.Context, opt asynq.RedisConnOpt, where string) error {
+	c, ok := opt.MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return nil
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := c.Ping(ctx).Err()
+	switch {
+	case err == nil:
+		return nil
+	case strings.Contains(err.Error(), "DB index is out of range"):
+		return fmt.Errorf("Redis at %s has no such database (%v): the server's `databases` setting limits the number in the URL", where, err)
+	case errors.Is(err, context.Canceled):
+		return err
+	}
+	return fmt.Errorf("Redis at %s is not answering: %v", where, err)
+}
+
+// CreateDatabase creates the database --database-url names when it does
+// not exist yet (migrate calls it, so a fresh machine needs no psql).
+func (e *Env) CreateDatabase(ctx context.Context) error {
+	cfg, err := pgx.ParseConfig(e.databaseURL)
+	if err != nil {
+		return usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(e.databaseURL), err)}
 	}
 	name := cfg.Database
 	cfg.Database = "postgres"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("Postgres at %s is not answering: %w", redisurl.Redact(c.databaseURL), err)
+		return e.postgresError(err)
 	}
 	defer conn.Close(ctx)
 	var exists bool
@@ -124,10 +213,32 @@ func (c *conn) createDatabase(ctx context.Context) error {
 	return err
 }
 
-func (c *conn) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+// postgresError turns a failure to connect into one line that says what is
+// wrong: a database that does not exist is not a server that is down.
+func (e *Env) postgresError(err error) error {
+	where := redisurl.Redact(e.databaseURL)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "3D000":
+			return fmt.Errorf("Postgres at %s: %s: run `%s migrate`, which creates it", where, pgErr.Message, e.app.name())
+		case "28000", "28P01":
+			return fmt.Errorf("Postgres at %s refused the sign-in: %s", where, pgErr.Message)
+		}
+		return fmt.Errorf("Postgres at %s: %s (SQLSTATE %s)", where, pgErr.Message, pgErr.Code)
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("Postgres at %s is not answering: %v", where, err)
+}
+
+// Pool connects to the ledger's database without looking at its schema
+// (migrate's view). Close it when done.
+func (e *Env) Pool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(e.databaseURL)
 	if err != nil {
-		return nil, usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(c.databaseURL), err)}
+		return nil, usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(e.databaseURL), err)}
 	}
 	// search_path in the URL selects the ledger's schema.
 	if sp := cfg.ConnConfig.RuntimeParams["search_path"]; sp == "" {
@@ -141,13 +252,29 @@ func (c *conn) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("Postgres at %s is not answering: %w", redisurl.Redact(c.databaseURL), err)
+		return nil, e.postgresError(err)
 	}
 	return pool, nil
 }
 
-// workerFlags are the worker's own settings.
-type workerFlags struct {
+// Ledger connects to the ledger and refuses a schema this program cannot
+// use: every command that reads or writes jobs says "run `keel migrate`"
+// alike. Close the pool when done.
+func (e *Env) Ledger(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := e.Pool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := idempotency.CheckSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// WorkerFlags are the worker's own settings (--queues, --concurrency, …),
+// for a program's own subcommands that run a worker.
+type WorkerFlags struct {
 	queues          string
 	concurrency     int
 	shutdownTimeout time.Duration
@@ -184,7 +311,8 @@ func (r reconcileFlags) apply(c *outbox.ReconcilerConfig) error {
 	return nil
 }
 
-func (w *workerFlags) bind(cmd *cobra.Command) {
+// Bind adds the flags to cmd, with their environment defaults.
+func (w *WorkerFlags) Bind(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&w.queues, "queues", envOr("KEEL_QUEUES", "critical:6,default:3,low:1"), "queues and weights (env KEEL_QUEUES)")
 	f.IntVar(&w.concurrency, "concurrency", envInt("KEEL_CONCURRENCY", server.DefaultConcurrency), "jobs run at once (env KEEL_CONCURRENCY)")
@@ -199,7 +327,9 @@ func (w *workerFlags) bind(cmd *cobra.Command) {
 	w.reconcile.bind(cmd)
 }
 
-func (w *workerFlags) config() (server.Config, error) {
+// Config checks the settings and returns the server configuration they
+// describe, without connections.
+func (w *WorkerFlags) Config() (server.Config, error) {
 	qs, err := server.ParseQueues(w.queues)
 	if err != nil {
 		return server.Config{}, usageError{err}
@@ -222,31 +352,27 @@ func (w *workerFlags) config() (server.Config, error) {
 		Reconciler: rc}, nil
 }
 
-// service is what a long-running subcommand connects to.
-type service struct {
-	log   *slog.Logger
-	redis asynq.RedisConnOpt
-	pool  *pgxpool.Pool
+// Service is what a long-running subcommand connects to.
+type Service struct {
+	Log   *slog.Logger
+	Redis asynq.RedisConnOpt
+	Pool  *pgxpool.Pool
 }
 
-// openService checks the settings, connects to the ledger and refuses a
-// schema this binary does not know. Close the pool when done.
-func (c *conn) openService(ctx context.Context) (*service, error) {
-	log, err := c.logger()
+// Close closes the pool.
+func (s *Service) Close() { s.Pool.Close() }
+
+// Open checks the settings, checks that Redis answers, connects to the
+// ledger and refuses a schema this program cannot use. Close it when done.
+func (e *Env) Open(ctx context.Context) (*Service, error) {
+	log := e.Logger()
+	redis, err := e.Redis(ctx)
 	if err != nil {
 		return nil, err
 	}
-	redis, err := c.redis()
+	pool, err := e.Ledger(ctx)
 	if err != nil {
 		return nil, err
 	}
-	pool, err := c.pool(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := idempotency.CheckSchema(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return &service{log: log, redis: redis, pool: pool}, nil
+	return &Service{Log: log, Redis: redis, Pool: pool}, nil
 }

@@ -1,30 +1,32 @@
-package main
+package cli
 
 import (
 	"bufio"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/retry"
 )
 
 // deadFlags are the dead-letter filters shared by ls, replay and discard.
 type deadFlags struct {
 	kind, queue, class string
 	since, until       string
-	asJSON, dryRun     bool
+	dryRun             bool
 	yes                bool
 	actor, note        string
 	limit              int
@@ -34,7 +36,7 @@ func (d *deadFlags) bindFilter(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&d.kind, "kind", "", "only this kind")
 	f.StringVar(&d.queue, "queue", "", "only this queue")
-	f.StringVar(&d.class, "class", "", "only this error class (permanent, transient, unknown)")
+	f.StringVar(&d.class, "class", "", "only this error class ("+strings.Join(classNames(), ", ")+")")
 	f.StringVar(&d.since, "since", "", "died at or after: RFC 3339 time or a duration ago (e.g. 2h)")
 	f.StringVar(&d.until, "until", "", "died before: RFC 3339 time or a duration ago")
 }
@@ -74,7 +76,18 @@ func parseWhen(s string) (time.Time, error) {
 	return t, nil
 }
 
+func classNames() []string {
+	var names []string
+	for _, c := range retry.StoredClasses() {
+		names = append(names, string(c))
+	}
+	return names
+}
+
 func (d *deadFlags) filter() (idempotency.DeadFilter, error) {
+	if d.class != "" && !slices.Contains(classNames(), d.class) {
+		return idempotency.DeadFilter{}, usageError{fmt.Errorf("--class %q: no such class; dead jobs carry %s", d.class, strings.Join(classNames(), ", "))}
+	}
 	since, err := parseWhen(d.since)
 	if err != nil {
 		return idempotency.DeadFilter{}, err
@@ -86,16 +99,16 @@ func (d *deadFlags) filter() (idempotency.DeadFilter, error) {
 	return idempotency.DeadFilter{Kind: d.kind, Queue: d.queue, Class: d.class, Since: since, Until: until}, nil
 }
 
-func deadCmd(c *conn) *cobra.Command {
+func deadCmd(e *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dead",
 		Short: "See, replay and discard dead jobs (kept in the ledger until a person closes them)",
 	}
-	cmd.AddCommand(deadLsCmd(c), deadShowCmd(c), deadActionCmd(c, "replay"), deadActionCmd(c, "discard"))
+	cmd.AddCommand(deadLsCmd(e), deadShowCmd(e), deadActionCmd(e, "replay"), deadActionCmd(e, "discard"))
 	return cmd
 }
 
-func deadLsCmd(c *conn) *cobra.Command {
+func deadLsCmd(e *Env) *cobra.Command {
 	d := &deadFlags{}
 	cmd := &cobra.Command{
 		Use:   "ls",
@@ -107,7 +120,7 @@ func deadLsCmd(c *conn) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			pool, err := e.Ledger(ctx)
 			if err != nil {
 				return err
 			}
@@ -122,14 +135,12 @@ func deadLsCmd(c *conn) *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if d.asJSON {
+			if e.JSON() {
 				list := make([]statusJSON, 0, len(jobs))
 				for _, j := range jobs {
 					list = append(list, toStatusJSON(j, nil))
 				}
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(map[string]any{"total": total, "jobs": list})
+				return printJSON(out, map[string]any{"total": total, "jobs": list})
 			}
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "DIED\tJOB\tKIND\tBUSINESS KEY\tCLASS\tATTEMPTS\tLAST ERROR")
@@ -147,7 +158,6 @@ func deadLsCmd(c *conn) *cobra.Command {
 		},
 	}
 	d.bindFilter(cmd)
-	cmd.Flags().BoolVar(&d.asJSON, "json", false, "print JSON")
 	cmd.Flags().IntVar(&d.limit, "limit", 50, "show at most this many (up to 1000)")
 	return cmd
 }
@@ -160,21 +170,26 @@ func oneLine(s string, max int) string {
 	return s
 }
 
-func deadShowCmd(c *conn) *cobra.Command {
-	var asJSON bool
+func deadShowCmd(e *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "show JOB_ID",
 		Short: "Show a job: reason, attempts, steps and the audit log",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkJobID(args[0]); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			pool, err := e.Ledger(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
 			store := idempotency.NewStore(pool)
 			j, err := store.Get(ctx, args[0])
+			if errors.Is(err, idempotency.ErrNotFound) {
+				return fmt.Errorf("no job with id %s: %w", args[0], err)
+			}
 			if err != nil {
 				return err
 			}
@@ -187,34 +202,46 @@ func deadShowCmd(c *conn) *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if asJSON {
-				v := toStatusJSON(j, steps)
+			if e.JSON() {
 				type auditJSON struct {
-					Action, Actor, Note string
-					At                  time.Time
+					Action string    `json:"action"`
+					Actor  string    `json:"actor"`
+					Note   string    `json:"note"`
+					At     time.Time `json:"at"`
 				}
-				var a []auditJSON
-				for _, e := range audit {
-					a = append(a, auditJSON{e.Action, e.Actor, e.Note, e.At})
+				a := []auditJSON{}
+				for _, x := range audit {
+					a = append(a, auditJSON{x.Action, x.Actor, x.Note, x.At})
 				}
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(map[string]any{"job": v, "audit": a})
+				return printJSON(out, map[string]any{"job": toStatusJSON(j, steps), "audit": a})
 			}
 			printStatus(out, j, steps)
-			for _, e := range audit {
-				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", e.At.Format(time.RFC3339), e.Action, e.Actor, e.Note)
+			for _, x := range audit {
+				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), x.Action, x.Actor, x.Note)
 			}
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// checkJobID refuses what cannot be a job id before anything is asked.
+func checkJobID(id string) error {
+	if _, err := uuid.Parse(id); err != nil {
+		return usageError{fmt.Errorf("job id %q is malformed: a job id is a UUID like 01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f", id)}
+	}
+	return nil
+}
+
+// actionResult is what `dead replay` and `dead discard` print per job.
+type actionResult struct {
+	ID    string `json:"id"`
+	Error string `json:"error,omitempty"`
 }
 
 // deadActionCmd builds `dead replay` and `dead discard`: by id, or every
 // dead job a filter matches after a confirmation that shows the count.
-func deadActionCmd(c *conn, action string) *cobra.Command {
+func deadActionCmd(e *Env, action string) *cobra.Command {
 	d := &deadFlags{}
 	short := "Run dead jobs again through the same middleware and handler, with a fresh retry budget"
 	if action == "discard" {
@@ -233,12 +260,23 @@ func deadActionCmd(c *conn, action string) *cobra.Command {
 			if action == "discard" && strings.TrimSpace(d.note) == "" {
 				return usageError{idempotency.ErrNoteRequired}
 			}
+			for _, id := range args {
+				if err := checkJobID(id); err != nil {
+					return err
+				}
+			}
 			f, err := d.filter()
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			// Both actions touch asynq's copy of the job: check Redis first,
+			// so that it is one clear error and not one per job.
+			redis, err := e.Redis(ctx)
+			if err != nil {
+				return err
+			}
+			pool, err := e.Ledger(ctx)
 			if err != nil {
 				return err
 			}
@@ -250,38 +288,55 @@ func deadActionCmd(c *conn, action string) *cobra.Command {
 				}
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "%s: %d job(s)\n", action, len(ids))
-			if d.dryRun || len(ids) == 0 {
+			if d.dryRun {
+				if e.JSON() {
+					return printJSON(out, map[string]any{"dry_run": true, "action": action, "count": len(ids), "ids": nonNil(ids)})
+				}
+				fmt.Fprintf(out, "dry run: would %s %d job(s); nothing was changed\n", action, len(ids))
 				return nil
 			}
-			if all && !d.yes {
-				fmt.Fprintf(out, "type %d to %s them: ", len(ids), action)
+			if !e.JSON() {
+				fmt.Fprintf(out, "%s: %d job(s)\n", action, len(ids))
+			}
+			if all && !d.yes && len(ids) > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "type %d to %s them: ", len(ids), action)
 				line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
 				if strings.TrimSpace(line) != strconv.Itoa(len(ids)) {
 					return fmt.Errorf("not confirmed; nothing changed")
 				}
 			}
-			redis, err := c.redis()
-			if err != nil {
-				return err
-			}
 			insp := asynq.NewInspector(redis)
 			defer insp.Close()
 			store := idempotency.NewStore(pool)
 			failed := 0
+			results := make([]actionResult, 0, len(ids))
+			bar := newProgress(cmd.ErrOrStderr(), action, len(ids))
 			for i, id := range ids {
 				if action == "replay" {
 					_, err = store.Replay(ctx, insp, id, d.actor, d.note)
 				} else {
 					_, err = store.Discard(ctx, insp, id, d.actor, d.note)
 				}
+				r := actionResult{ID: id}
 				if err != nil {
 					failed++
-					fmt.Fprintf(cmd.ErrOrStderr(), "\n%s %s: %v\n", action, id, err)
+					r.Error = err.Error()
+					bar.clear()
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s %s: %v\n", action, id, err)
 				}
-				progress(cmd.ErrOrStderr(), i+1, len(ids))
+				results = append(results, r)
+				bar.set(i + 1)
 			}
-			fmt.Fprintf(out, "%s: %d done, %d failed\n", action, len(ids)-failed, failed)
+			if len(ids) > 0 {
+				bar.done()
+			}
+			if e.JSON() {
+				if err := printJSON(out, map[string]any{"action": action, "done": len(ids) - failed, "failed": failed, "jobs": results}); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(out, "%s: %d done, %d failed\n", action, len(ids)-failed, failed)
+			}
 			if failed > 0 {
 				return fmt.Errorf("%d job(s) could not be %s", failed, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
 			}
@@ -311,12 +366,9 @@ func allDead(ctx context.Context, pool *pgxpool.Pool, f idempotency.DeadFilter) 
 	}
 }
 
-// progress draws a one-line bar on a terminal (stderr), redrawn in place.
-func progress(w io.Writer, done, total int) {
-	const width = 30
-	filled := width * done / max(total, 1)
-	fmt.Fprintf(w, "\r[%s%s] %d/%d", strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total)
-	if done == total {
-		fmt.Fprintln(w)
+func nonNil(ids []string) []string {
+	if ids == nil {
+		return []string{}
 	}
+	return ids
 }

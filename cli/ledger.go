@@ -1,7 +1,6 @@
-package main
+package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -20,8 +19,7 @@ type ledgerStats struct {
 	Pruned7d        int64            `json:"pruned_last_7d"`
 }
 
-func ledgerCmd(c *conn) *cobra.Command {
-	var asJSON bool
+func ledgerCmd(e *Env) *cobra.Command {
 	var retention time.Duration
 	cmd := &cobra.Command{
 		Use:   "ledger",
@@ -29,7 +27,7 @@ func ledgerCmd(c *conn) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			pool, err := c.pool(ctx)
+			pool, err := e.Ledger(ctx)
 			if err != nil {
 				return err
 			}
@@ -37,7 +35,7 @@ func ledgerCmd(c *conn) *cobra.Command {
 			st := ledgerStats{Rows: map[string]int64{}}
 			err = pool.QueryRow(ctx, `SELECT pg_total_relation_size('keel_jobs') + pg_total_relation_size('keel_steps')`).Scan(&st.TotalBytes)
 			if err != nil {
-				return fmt.Errorf("ledger: %w (run `keel migrate` first?)", err)
+				return fmt.Errorf("ledger: %w", err)
 			}
 			rows, err := pool.Query(ctx, `SELECT status, count(*) FROM keel_jobs GROUP BY status`)
 			if err != nil {
@@ -63,10 +61,8 @@ func ledgerCmd(c *conn) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+			if e.JSON() {
+				return printJSON(cmd.OutOrStdout(), st)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "size\t%.1f MiB (jobs + steps, with indexes)\n", float64(st.TotalBytes)/(1<<20))
@@ -79,7 +75,6 @@ func ledgerCmd(c *conn) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().DurationVar(&retention, "retention", envDuration("KEEL_RETENTION", 30*24*time.Hour), "retention to count prunable rows against")
 	return cmd
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/flow"
-	"github.com/keeljobs/keel/tasks"
 )
 
 // limitFlags are the worker's flow-control rules.
@@ -36,7 +35,7 @@ func splitEnv(name string) []string {
 }
 
 // rules turns the flags into flow rules; nil when none are set.
-func (l *limitFlags) rules() ([]flow.Rule, error) {
+func (l *limitFlags) rules(app App) ([]flow.Rule, error) {
 	byName := map[string]*flow.Rule{}
 	var order []string
 	rule := func(name string) *flow.Rule {
@@ -45,7 +44,7 @@ func (l *limitFlags) rules() ([]flow.Rule, error) {
 			r = &flow.Rule{Name: name}
 			// A kind's name limits that kind; any other name is a resource
 			// that handlers apply with Take/Acquire.
-			if tasks.Known(name) {
+			if app.declares(name) {
 				r.Kinds = []string{name}
 			}
 			byName[name] = r

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -37,8 +37,8 @@ func (o *observeFlags) bind(cmd *cobra.Command) {
 		"POST a JSON summary of dying jobs here (Slack-compatible; env KEEL_ALERT_WEBHOOK)")
 }
 
-// observer is a worker's metrics registry and alerter.
-type observer struct {
+// Observer is a worker's metrics registry and alerter.
+type Observer struct {
 	reg     *prometheus.Registry
 	alerter *alert.Alerter
 	addr    string
@@ -46,15 +46,27 @@ type observer struct {
 	mu      sync.Mutex
 }
 
+// Observe adds a worker's metrics (registered in reg, a new registry when
+// nil; the program's kinds' series exist from the start) and death alerts
+// (logged, no webhook) to cfg, for a program's own subcommands that run a
+// worker. Attach the server, then Run.
+func (e *Env) Observe(cfg *server.Config, reg *prometheus.Registry) (*Observer, error) {
+	return (&observeFlags{}).wire(cfg, reg, e.Logger(), e.app.Kinds)
+}
+
 // wire adds worker metrics and the death alert hook to cfg. reg may be a
 // registry another component (the dashboard) already serves.
-func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *slog.Logger) (*observer, error) {
-	ob := &observer{reg: reg, addr: o.metricsAddr}
+func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *slog.Logger, kinds []Kind) (*Observer, error) {
+	ob := &Observer{reg: reg, addr: o.metricsAddr}
 	if ob.reg == nil {
 		ob.reg = prometheus.NewRegistry()
 		ob.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	wm, err := metrics.NewWorker(ob.reg, metrics.WorkerOptions{Classifier: cfg.Classifier,
+	declared := make([]metrics.Kind, 0, len(kinds))
+	for _, k := range kinds {
+		declared = append(declared, metrics.Kind{Name: k.name, Queue: k.queue})
+	}
+	wm, err := metrics.NewWorker(ob.reg, metrics.WorkerOptions{Classifier: cfg.Classifier, Kinds: declared,
 		DuplicatesSkipped: func() uint64 {
 			ob.mu.Lock()
 			defer ob.mu.Unlock()
@@ -123,16 +135,16 @@ func reconStats(s *server.Server) outbox.ReconcileStats {
 	return s.Reconciler().Stats()
 }
 
-// attach tells the observer which server's guard to read.
-func (ob *observer) attach(srv *server.Server) {
+// Attach tells the observer which server's guard to read.
+func (ob *Observer) Attach(srv *server.Server) {
 	ob.mu.Lock()
 	ob.srv = srv
 	ob.mu.Unlock()
 }
 
-// run serves metrics (when an address is set) and sends alerts until ctx
+// Run serves metrics (when an address is set) and sends alerts until ctx
 // ends.
-func (ob *observer) run(ctx context.Context, wg *sync.WaitGroup) error {
+func (ob *Observer) Run(ctx context.Context, wg *sync.WaitGroup) error {
 	wg.Go(func() { _ = ob.alerter.Run(ctx) })
 	if ob.addr == "" {
 		return nil

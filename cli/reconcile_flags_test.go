@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"testing"
@@ -17,11 +17,11 @@ func workerConfig(t *testing.T, env map[string]string, args ...string) (server.C
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
-	var w workerFlags
+	var w WorkerFlags
 	cmd := &cobra.Command{Use: "worker"}
-	w.bind(cmd)
+	w.Bind(cmd)
 	require.NoError(t, cmd.ParseFlags(args))
-	return w.config()
+	return w.Config()
 }
 
 func TestWorkerReconcilerFlagsAndEnv(t *testing.T) {
@@ -52,7 +52,7 @@ func TestWorkerReconcilerFlagsAndEnv(t *testing.T) {
 
 // worker and relay name the reconciler's settings alike.
 func TestRelayAndWorkerShareReconcilerFlags(t *testing.T) {
-	root := newRoot()
+	root := New(App{Name: "keel"})
 	for _, sub := range []string{"worker", "relay"} {
 		cmd, _, err := root.Find([]string{sub})
 		require.NoError(t, err)

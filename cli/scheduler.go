@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -11,13 +11,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	// Declares the example kinds, so schedules naming them pass the kind check.
-	_ "github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/tasks"
 )
 
-func schedulerCmd(c *conn) *cobra.Command {
+func schedulerCmd(e *Env) *cobra.Command {
 	var file, missed string
 	var maxCatchUp int
 	var anyKind, check bool
@@ -42,12 +40,12 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 			if maxCatchUp < 0 {
 				return usageError{fmt.Errorf("--max-catch-up / KEEL_MAX_CATCH_UP must be a whole number ≥ 0")}
 			}
-			known := tasks.Known
+			known := e.app.known
 			if anyKind {
 				known = scheduler.AnyKind
 			}
 			if check {
-				return checkSchedule(cmd, file, known)
+				return checkSchedule(cmd, e, file, known)
 			}
 			if policy == scheduler.CatchUp && maxCatchUp == 0 {
 				// 0 means "default" in Config; here it was asked for.
@@ -58,12 +56,12 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			ctx := cmd.Context()
-			svc, err := c.openService(ctx)
+			svc, err := e.Open(ctx)
 			if err != nil {
 				return err
 			}
-			defer svc.pool.Close()
-			redis, pool, log := svc.redis, svc.pool, svc.log
+			defer svc.Close()
+			redis, pool, log := svc.Redis, svc.Pool, svc.Log
 			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: log})
 			if err != nil {
 				return err
@@ -95,14 +93,14 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 	f.IntVar(&maxCatchUp, "max-catch-up", envInt("KEEL_MAX_CATCH_UP", scheduler.DefaultMaxCatchUp),
 		"missed ticks per entry caught up at most (env KEEL_MAX_CATCH_UP)")
 	f.BoolVar(&anyKind, "allow-unknown-kinds", os.Getenv("KEEL_SCHEDULE_ANY_KIND") == "true",
-		"accept kinds this binary does not declare, handled by your own workers (env KEEL_SCHEDULE_ANY_KIND)")
+		"accept kinds this program does not declare, handled by other programs' workers (env KEEL_SCHEDULE_ANY_KIND)")
 	f.BoolVar(&check, "check", false, "check the file, print each entry's next ticks and exit (needs no database)")
 	return cmd
 }
 
 // checkSchedule validates a schedule file without connecting anywhere, for CI
 // and for a look at when entries will tick.
-func checkSchedule(cmd *cobra.Command, file string, known func(string) bool) error {
+func checkSchedule(cmd *cobra.Command, e *Env, file string, known func(string) bool) error {
 	entries, err := scheduler.LoadFile(file)
 	if err != nil {
 		return usageError{err}
@@ -110,23 +108,41 @@ func checkSchedule(cmd *cobra.Command, file string, known func(string) bool) err
 	if err := scheduler.ValidateEntries(entries, known); err != nil {
 		return usageError{fmt.Errorf("%s: %w", file, err)}
 	}
-	w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ENTRY\tSPEC\tKIND\tNEXT TICKS (UTC)")
+	type entryJSON struct {
+		Name     string      `json:"name"`
+		Spec     string      `json:"spec"`
+		TimeZone string      `json:"timezone,omitempty"`
+		Kind     string      `json:"kind"`
+		Next     []time.Time `json:"next_ticks"`
+	}
+	list := make([]entryJSON, 0, len(entries))
 	now := time.Now()
-	for _, e := range entries {
-		var next []string
+	for _, en := range entries {
+		j := entryJSON{Name: en.Name, Spec: en.Spec, TimeZone: en.TimeZone, Kind: en.Kind, Next: []time.Time{}}
 		t := now
 		for range 3 {
-			if t, err = e.Next(t); err != nil || t.IsZero() {
+			if t, err = en.Next(t); err != nil || t.IsZero() {
 				break
 			}
-			next = append(next, t.UTC().Format(time.RFC3339))
+			j.Next = append(j.Next, t.UTC())
 		}
-		spec := e.Spec
-		if e.TimeZone != "" {
-			spec += " (" + e.TimeZone + ")"
+		list = append(list, j)
+	}
+	if e.JSON() {
+		return printJSON(cmd.OutOrStdout(), map[string]any{"file": file, "entries": list})
+	}
+	w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ENTRY\tSPEC\tKIND\tNEXT TICKS (UTC)")
+	for _, j := range list {
+		var next []string
+		for _, t := range j.Next {
+			next = append(next, t.Format(time.RFC3339))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", e.Name, spec, e.Kind, strings.Join(next, ", "))
+		spec := j.Spec
+		if j.TimeZone != "" {
+			spec += " (" + j.TimeZone + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", j.Name, spec, j.Kind, strings.Join(next, ", "))
 	}
 	if err := w.Flush(); err != nil {
 		return err

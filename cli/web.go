@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -30,7 +30,7 @@ type webFlags struct {
 	sessionTTL    time.Duration
 }
 
-func webCmd(c *conn) *cobra.Command {
+func webCmd(e *Env) *cobra.Command {
 	f := &webFlags{}
 	cmd := &cobra.Command{
 		Use:   "web",
@@ -54,13 +54,13 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 				return err
 			}
 			ctx := cmd.Context()
-			svc, err := c.openService(ctx)
+			svc, err := e.Open(ctx)
 			if err != nil {
 				return err
 			}
-			defer svc.pool.Close()
-			log := svc.log
-			cfg.Redis, cfg.Pool, cfg.Logger = svc.redis, svc.pool, log
+			defer svc.Close()
+			log := svc.Log
+			cfg.Redis, cfg.Pool, cfg.Logger = svc.Redis, svc.Pool, log
 			if len(cfg.Secret) == 0 {
 				log.Warn("keel web: KEEL_WEB_SECRET is not set; sessions end when this server restarts and are not valid on other replicas")
 			}

@@ -14,11 +14,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/bench"
+	"github.com/keeljobs/keel/cli"
 )
 
-func benchCmd(c *conn) *cobra.Command {
+func benchCmd(env *cli.Env) *cobra.Command {
 	var opts bench.Options
-	var asJSON bool
 	var jsonOut string
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -47,37 +47,33 @@ own redis-server (--redis-server) and never flushes the shared one. See
 BENCHMARKS.md for what each figure is bounded by.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			redis, err := c.redis()
+			redis, err := env.RedisOpt()
 			if err != nil {
 				return err
 			}
 			ro, ok := redis.(asynq.RedisClientOpt)
 			if !ok {
-				return usageError{fmt.Errorf("keel bench needs a plain redis:// URL")}
+				return cli.UsageError(fmt.Errorf("keel bench needs a plain redis:// URL"))
 			}
-			if !cmd.Flags().Changed("redis-url") && envOr("REDIS_URL", "") == "" {
+			if !cmd.Flags().Changed("redis-url") && os.Getenv("REDIS_URL") == "" {
 				ro.DB = 14
 			}
 			for _, p := range opts.Parts {
 				if !isPart(p) {
-					return usageError{fmt.Errorf("--only %q: parts are %s", p, strings.Join(bench.AllParts(), ","))}
+					return cli.UsageError(fmt.Errorf("--only %q: parts are %s", p, strings.Join(bench.AllParts(), ",")))
 				}
 			}
 			opts.RedisAddr, opts.RedisDB, opts.RedisPassword = ro.Addr, ro.DB, ro.Password
-			opts.DatabaseURL = c.databaseURL
-			if err := c.createDatabase(cmd.Context()); err != nil {
+			opts.DatabaseURL = env.DatabaseURL()
+			if err := env.CreateDatabase(cmd.Context()); err != nil {
 				return err
 			}
-			log, err := c.logger()
-			if err != nil {
-				return err
-			}
-			opts.Logger = log
+			opts.Logger = env.Logger()
 			if exe, err := os.Executable(); err == nil {
 				opts.WorkerCommand = []string{exe, "bench", "worker"}
 			}
 			stderr := cmd.ErrOrStderr()
-			bar := newProgressBar(stderr)
+			bar := &progressBar{w: stderr, tty: cli.IsTerminal(stderr)}
 			opts.Progress = bar.report
 			fmt.Fprintf(stderr, "keel bench: %d cores, %s, redis %s db %d\n", runtime.NumCPU(), runtime.Version(), ro.Addr, ro.DB)
 			res, runErr := bench.Run(cmd.Context(), opts)
@@ -87,7 +83,7 @@ BENCHMARKS.md for what each figure is bounded by.`,
 					return err
 				}
 			}
-			if asJSON {
+			if env.JSON() {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(res); err != nil {
@@ -115,7 +111,6 @@ BENCHMARKS.md for what each figure is bounded by.`,
 	f.IntVar(&opts.MemoryJobs, "memory-jobs", 0, "memory: backlog per worker (default 10,000; 3,000 with --quick)")
 	f.IntVar(&opts.MemoryConcurrency, "memory-concurrency", 100, "memory: worker concurrency")
 	f.StringVar(&opts.Schema, "schema", "keel_bench", "Postgres schema to (re)create for the benchmark's ledger")
-	f.BoolVar(&asJSON, "json", false, "print the results as JSON instead of tables")
 	f.StringVar(&jsonOut, "json-out", "", "also write the results as JSON to this file")
 	cmd.AddCommand(benchWorkerCmd())
 	return cmd
@@ -160,16 +155,6 @@ type progressBar struct {
 	w     io.Writer
 	tty   bool
 	drawn bool // a bar is on the current line
-}
-
-func newProgressBar(w io.Writer) *progressBar {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil {
-			tty = fi.Mode()&os.ModeCharDevice != 0
-		}
-	}
-	return &progressBar{w: w, tty: tty}
 }
 
 func (b *progressBar) report(p bench.Progress) {

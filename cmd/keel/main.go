@@ -1,33 +1,23 @@
-// Command keel runs keel's worker, relay and operator tools.
+// Command keel is keel's stock binary: the operator's tools (migrate,
+// enqueue, status, dead, ledger, web, scheduler, relay, healthcheck) for
+// jobs whatever program handles them, and `keel bench`. It declares no
+// kinds and runs no handlers: a worker is your own binary, built with the
+// cli package the same way as this one (see examples/orders).
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"os"
-	"os/signal"
-	"strings"
-	"syscall"
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := newRoot().ExecuteContext(ctx); err != nil {
-		msg := err.Error()
-		if !strings.HasPrefix(msg, "keel") {
-			msg = "keel: " + msg
-		}
-		fmt.Fprintln(os.Stderr, msg)
-		var ue usageError
-		if errors.As(err, &ue) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+func app() cli.App {
+	return cli.App{
+		Name: "keel",
+		Commands: func(env *cli.Env) []*cobra.Command {
+			return []*cobra.Command{benchCmd(env)}
+		},
 	}
 }
 
-type usageError struct{ error }
-
-func (u usageError) Unwrap() error { return u.error }
+func main() { cli.Main(app()) }

@@ -4,15 +4,17 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/tasks"
 )
 
-func apiCmd(c *conn) *cobra.Command {
+func apiCmd(env *cli.Env) *cobra.Command {
 	var addr string
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -20,12 +22,12 @@ func apiCmd(c *conn) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			svc, err := c.openService(ctx)
+			svc, err := env.Open(ctx)
 			if err != nil {
 				return err
 			}
-			defer svc.pool.Close()
-			redis, pool, log := svc.redis, svc.pool, svc.log
+			defer svc.Close()
+			redis, pool, log := svc.Redis, svc.Pool, svc.Log
 			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: log})
 			if err != nil {
 				return err
@@ -46,6 +48,10 @@ func apiCmd(c *conn) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", envOr("KEEL_API_ADDR", "127.0.0.1:8081"), "listen address (env KEEL_API_ADDR)")
+	def := os.Getenv("KEEL_API_ADDR")
+	if def == "" {
+		def = "127.0.0.1:8081"
+	}
+	cmd.Flags().StringVar(&addr, "addr", def, "listen address (env KEEL_API_ADDR)")
 	return cmd
 }

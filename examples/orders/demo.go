@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/scheduler"
@@ -34,15 +35,15 @@ type demoFlags struct {
 	seed                       uint64
 }
 
-func demoCmd(c *conn) *cobra.Command {
+func demoCmd(env *cli.Env) *cobra.Command {
 	d := &demoFlags{}
-	w := &workerFlags{}
+	w := &cli.WorkerFlags{}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the whole stack in one process: worker, relay, scheduler, dashboard, the example order API and a flaky mail service, with traffic",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd, c, w, d)
+			return runDemo(cmd, env, w, d)
 		},
 	}
 	f := cmd.Flags()
@@ -53,7 +54,7 @@ func demoCmd(c *conn) *cobra.Command {
 	f.DurationVar(&d.duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
 	f.BoolVar(&d.faults, "faults", true, "make the mail service misbehave (5xx, 429, timeouts, lost replies, bounces)")
 	f.Uint64Var(&d.seed, "seed", 1, "seed of the traffic and fault generator")
-	w.bind(cmd)
+	w.Bind(cmd)
 	return cmd
 }
 
@@ -61,16 +62,13 @@ func demoCmd(c *conn) *cobra.Command {
 // is why the demo's dashboard only listens on loopback.
 const demoPassword = "keel-demo"
 
-func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
-	cfg, err := w.config()
+func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags) error {
+	cfg, err := w.Config()
 	if err != nil {
 		return err
 	}
-	log, err := c.logger()
-	if err != nil {
-		return err
-	}
-	redis, err := c.redis()
+	log := env.Logger()
+	redis, err := env.Redis(cmd.Context())
 	if err != nil {
 		return err
 	}
@@ -80,10 +78,10 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 		ctx, cancel = context.WithTimeout(ctx, d.duration)
 		defer cancel()
 	}
-	if err := c.createDatabase(ctx); err != nil {
+	if err := env.CreateDatabase(ctx); err != nil {
 		return err
 	}
-	pool, err := c.pool(ctx)
+	pool, err := env.Pool(ctx)
 	if err != nil {
 		return err
 	}
@@ -144,7 +142,7 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 		Client: &http.Client{Timeout: 3 * time.Second}}})
 	// The dashboard, serving the worker's metrics on its /metrics too.
 	if !web.IsLoopback(d.webAddr) {
-		return usageError{fmt.Errorf("--web-addr %s: the demo's dashboard passwords are public; it only listens on loopback", d.webAddr)}
+		return cli.UsageError(fmt.Errorf("--web-addr %s: the demo's dashboard passwords are public; it only listens on loopback", d.webAddr))
 	}
 	users, err := demoUsers()
 	if err != nil {
@@ -154,15 +152,15 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 	if err != nil {
 		return err
 	}
-	ob, err := (&observeFlags{}).wire(&cfg, dash.Registry(), log)
+	ob, err := env.Observe(&cfg, dash.Registry())
 	if err != nil {
 		return err
 	}
 	srv, err := server.New(cfg, mux)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError(err)
 	}
-	ob.attach(srv)
+	ob.Attach(srv)
 	// Long jobs get a worker pool of their own, as the README advises.
 	reportsCfg := cfg
 	reportsCfg.Queues = map[string]int{handlers.ReportsQueue: 1}
@@ -171,9 +169,9 @@ func runDemo(cmd *cobra.Command, c *conn, w *workerFlags, d *demoFlags) error {
 	reports, err := server.New(reportsCfg, mux)
 	if err != nil {
 		srv.Close()
-		return usageError{err}
+		return cli.UsageError(err)
 	}
-	if err := ob.run(ctx, &wg); err != nil {
+	if err := ob.Run(ctx, &wg); err != nil {
 		return err
 	}
 	wg.Go(func() {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/internal/testenv"
 )
 
@@ -39,7 +40,7 @@ func TestDemoSmoke(t *testing.T) {
 	testenv.Redis(t, testenv.DBCmd)
 	webAddr, apiAddr, mailAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 
-	root := newRoot()
+	root := cli.New(app())
 	var out testenv.SyncBuffer
 	root.SetOut(&out)
 	root.SetErr(&bytes.Buffer{})

@@ -12,17 +12,22 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
+	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
 )
 
-const schema = "keel_test_cmd"
+const schema = "keel_test_orders"
 
-// keel runs the CLI in-process against the package's schema and Redis DB.
-func keel(t *testing.T, stdin string, args ...string) (string, error) {
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// orders runs the example's CLI in-process against the package's schema
+// and Redis DB.
+func orders(t *testing.T, stdin string, args ...string) (string, error) {
 	t.Helper()
-	root := newRoot()
+	root := cli.New(app())
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)
@@ -37,58 +42,74 @@ func keel(t *testing.T, stdin string, args ...string) (string, error) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
+// statusJSON is the part of `status --json` these tests read.
+type statusJSON struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Queue  string `json:"queue"`
+}
+
 func TestCLI(t *testing.T) {
 	testenv.Redis(t, testenv.DBCmd)
 	pool := testenv.Pool(t, schema) // fresh schema; migrate below must be a no-op
 	ctx := context.Background()
 
-	out, err := keel(t, "", "version")
+	out, err := orders(t, "", "version")
 	require.NoError(t, err)
-	require.Regexp(t, `^keel \S+ \(ledger schema \d+\)`, out)
+	require.Regexp(t, `^orders \S+.*, ledger schema \d+, go`, out)
 
-	out, err = keel(t, "", "migrate")
+	out, err = orders(t, "", "migrate")
 	require.NoError(t, err)
 	require.Contains(t, out, "ledger schema is current")
+	var orderTables bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('keel_example_orders') IS NOT NULL`).Scan(&orderTables))
+	require.True(t, orderTables, "migrate creates the example's own tables too")
 
-	out, err = keel(t, "", "enqueue", "order:send_receipt", "order:cli", "--payload", `{"order_id":"cli","email":"a@example.com"}`)
+	out, err = orders(t, "", "enqueue", "order:send_receipt", "order:cli", "--payload", `{"order_id":"cli","email":"a@example.com"}`)
 	require.NoError(t, err)
 	require.Contains(t, out, "created")
-	out, err = keel(t, "", "enqueue", "order:send_receipt", "order:cli", "--payload", `{"order_id":"cli","email":"a@example.com"}`)
+	out, err = orders(t, "", "enqueue", "order:send_receipt", "order:cli", "--payload", `{"order_id":"cli","email":"a@example.com"}`)
 	require.NoError(t, err)
 	require.Contains(t, out, "already existed")
-	_, err = keel(t, "", "enqueue", "order:send_receipt", "k", "--payload", `{not json`)
+	_, err = orders(t, "", "enqueue", "order:send_receipt", "k", "--payload", `{not json`)
 	require.ErrorContains(t, err, "not valid JSON")
-	_, err = keel(t, "", "enqueue", "order:send_receipt", "k", "--queue", "nope")
+	_, err = orders(t, "", "enqueue", "order:send_receipt", "k", "--queue", "nope")
 	require.ErrorContains(t, err, `unknown queue "nope"`)
+	_, err = orders(t, "", "enqueue", "order:refund", "k")
+	require.ErrorContains(t, err, `orders does not declare the kind "order:refund"`)
+	_, err = orders(t, "", "enqueue", "order:send_receipt", "k", "--payload", `{"order_id": 7}`)
+	require.ErrorContains(t, err, "payload is not a order:send_receipt")
 
-	out, err = keel(t, "", "status", "order:send_receipt", "order:cli", "--json")
+	out, err = orders(t, "", "status", "order:send_receipt", "order:cli", "--json")
 	require.NoError(t, err)
 	var st statusJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	require.Equal(t, "pending", st.Status)
 	require.Equal(t, "critical", st.Queue)
-	out, err = keel(t, "", "status", "--id", st.ID)
+	out, err = orders(t, "", "status", "--id", st.ID)
 	require.NoError(t, err)
 	require.Contains(t, out, "order:cli")
-	_, err = keel(t, "", "status", "order:send_receipt", "order:nope")
+	_, err = orders(t, "", "status", "order:send_receipt", "order:nope")
 	require.ErrorIs(t, err, idempotency.ErrNotFound)
-	_, err = keel(t, "", "status")
+	_, err = orders(t, "", "status")
 	require.Error(t, err)
+	_, err = orders(t, "", "status", "--id", "not-a-uuid")
+	require.ErrorContains(t, err, "malformed")
 
 	// Dead letters: make two dead jobs, then list, discard and replay them.
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', last_error = '<script>x</script> boom', error_class = 'permanent',
 		finished_at = now() WHERE id = $1`, st.ID)
 	require.NoError(t, err)
-	_, err = keel(t, "", "enqueue", "analytics:sync", "order:cli2", "--payload", `{"order_id":"cli2"}`)
+	_, err = orders(t, "", "enqueue", "analytics:sync", "order:cli2", "--payload", `{"order_id":"cli2"}`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', last_error = 'timeout', error_class = 'transient',
 		finished_at = now() WHERE business_key = 'order:cli2'`)
 	require.NoError(t, err)
 
-	out, err = keel(t, "", "dead", "ls")
+	out, err = orders(t, "", "dead", "ls")
 	require.NoError(t, err)
 	require.Contains(t, out, "2 dead job(s) match")
-	out, err = keel(t, "", "dead", "ls", "--class", "permanent", "--json")
+	out, err = orders(t, "", "dead", "ls", "--class", "permanent", "--json")
 	require.NoError(t, err)
 	var ls struct {
 		Total int          `json:"total"`
@@ -98,22 +119,22 @@ func TestCLI(t *testing.T) {
 	require.Equal(t, 1, ls.Total)
 	require.Equal(t, st.ID, ls.Jobs[0].ID)
 
-	_, err = keel(t, "", "dead", "discard", st.ID)
+	_, err = orders(t, "", "dead", "discard", st.ID)
 	require.ErrorIs(t, err, idempotency.ErrNoteRequired)
-	out, err = keel(t, "", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--dry-run")
+	out, err = orders(t, "", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--dry-run")
 	require.NoError(t, err)
-	require.Contains(t, out, "discard: 1 job(s)")
-	_, err = keel(t, "2\n", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left")
+	require.Contains(t, out, "dry run: would discard 1 job(s); nothing was changed")
+	_, err = orders(t, "2\n", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left")
 	require.ErrorContains(t, err, "not confirmed")
-	out, err = keel(t, "1\n", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--actor", "ops:ann")
+	out, err = orders(t, "1\n", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--actor", "ops:ann")
 	require.NoError(t, err)
 	require.Contains(t, out, "1 done, 0 failed")
-	out, err = keel(t, "", "dead", "show", st.ID)
+	out, err = orders(t, "", "dead", "show", st.ID)
 	require.NoError(t, err)
 	require.Contains(t, out, "discarded")
 	require.Regexp(t, regexp.MustCompile(`audit .* discard by ops:ann: customer left`), out)
 
-	out, err = keel(t, "", "dead", "replay", "--all", "--yes")
+	out, err = orders(t, "", "dead", "replay", "--all", "--yes")
 	require.NoError(t, err)
 	require.Contains(t, out, "1 done, 0 failed")
 	j, err := idempotency.NewStore(pool).Lookup(ctx, "analytics:sync", "order:cli2")
@@ -121,9 +142,11 @@ func TestCLI(t *testing.T) {
 	require.Equal(t, idempotency.StatusPending, j.Status)
 	require.Equal(t, 0, j.Attempts, "a replay gets a fresh budget")
 
-	out, err = keel(t, "", "ledger", "--json")
+	out, err = orders(t, "", "ledger", "--json")
 	require.NoError(t, err)
-	var ls2 ledgerStats
+	var ls2 struct {
+		Rows map[string]int64 `json:"rows_by_status"`
+	}
 	require.NoError(t, json.Unmarshal([]byte(out), &ls2))
 	require.EqualValues(t, 1, ls2.Rows["discarded"])
 	require.EqualValues(t, 1, ls2.Rows["pending"])
@@ -142,7 +165,7 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 		{[]string{"--database-url", "postgres://127.0.0.1:1/x?connect_timeout=1", "status", "a", "b"}, "not answering"},
 		{[]string{"worker", "--rate-limit", "mail=fast"}, "RATE/PERIOD"},
 	} {
-		root := newRoot()
+		root := cli.New(app())
 		root.SetOut(&bytes.Buffer{})
 		root.SetErr(&bytes.Buffer{})
 		root.SetArgs(tc.args)
@@ -155,7 +178,7 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 func TestComposeNamesRealSubcommands(t *testing.T) {
 	body, err := os.ReadFile("../../docker-compose.yml")
 	require.NoError(t, err)
-	root := newRoot()
+	root := cli.New(app())
 	known := map[string]bool{}
 	for _, c := range root.Commands() {
 		known[c.Name()] = true

@@ -1,0 +1,203 @@
+// Package cli builds a keel command-line program around your own kinds and
+// handlers: worker, scheduler, relay, migrate, enqueue, status, dead, ledger,
+// web, version and healthcheck, with the same flags and environment as the
+// stock keel binary.
+//
+//	func main() {
+//		cli.Main(cli.App{
+//			Name:  "welcome",
+//			Kinds: []cli.Kind{cli.KindOf(SendWelcome)},
+//			Register: func(mux *tasks.Mux, _ *cli.Service) error {
+//				tasks.Handle(mux, SendWelcome, sendWelcome)
+//				return nil
+//			},
+//		})
+//	}
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/tasks"
+)
+
+// App describes a program built on keel. Only Register is needed for a
+// worker; everything else has a default.
+type App struct {
+	// Name is the program's name in help and error messages. Default: the
+	// executable's base name.
+	Name string
+	// Short is the one-line description shown by --help.
+	Short string
+	// Kinds are the kinds the program declares (see KindOf). When set,
+	// `enqueue` refuses any other kind and a payload that does not decode
+	// into the kind's payload type, and the scheduler refuses entries naming
+	// another kind. When empty, any kind is accepted: the program only
+	// enqueues and inspects jobs other programs handle.
+	Kinds []Kind
+	// Register puts the program's handlers on mux. `worker` calls it once
+	// it has connected; svc holds the connections and the logger. Nil: the
+	// program has no handlers, and `worker` refuses to start.
+	Register func(mux *tasks.Mux, svc *Service) error
+	// Migrate creates the program's own tables; `migrate` runs it after
+	// the ledger's migrations. Nil: none.
+	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
+	// Commands adds subcommands of the program's own. env reads the
+	// connection flags every subcommand shares.
+	Commands func(env *Env) []*cobra.Command
+}
+
+func (a App) name() string {
+	if a.Name != "" {
+		return a.Name
+	}
+	if exe, err := os.Executable(); err == nil {
+		return filepath.Base(exe)
+	}
+	return "keel"
+}
+
+// kind returns the declared kind of this name.
+func (a App) kind(name string) (Kind, bool) {
+	for _, k := range a.Kinds {
+		if k.name == name {
+			return k, true
+		}
+	}
+	return Kind{}, false
+}
+
+// known reports whether name is a kind of the program; every name is, when
+// the program declares none.
+func (a App) known(name string) bool {
+	if len(a.Kinds) == 0 {
+		return true
+	}
+	_, ok := a.kind(name)
+	return ok
+}
+
+// declares reports whether the program declares the kind name.
+func (a App) declares(name string) bool {
+	_, ok := a.kind(name)
+	return ok
+}
+
+func (a App) kindNames() []string {
+	names := make([]string, 0, len(a.Kinds))
+	for _, k := range a.Kinds {
+		names = append(names, k.name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Kind is a kind the program declares, made by KindOf.
+type Kind struct {
+	name  string
+	queue string
+	task func(payload []byte, key string, opts []tasks.Option) (*tasks.Task, error)
+}
+
+// Name is the kind's name.
+func (k Kind) Name() string { return k.name }
+
+// KindOf declares k to the program: `enqueue` decodes a payload given for
+// it into P (refusing fields P does not have) and takes its business key
+// from the kind's Key when none is given.
+func KindOf[P any](k *tasks.Kind[P]) Kind {
+	return Kind{name: k.Name(), queue: k.Queue(), task: func(payload []byte, key string, opts []tasks.Option) (*tasks.Task, error) {
+		var p P
+		dec := json.NewDecoder(bytes.NewReader(payload))
+		dec.DisallowUnknownFields()
+		err := dec.Decode(&p)
+		if err == nil && dec.More() {
+			err = errors.New("more than one JSON value")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("payload is not a %s (%T): %v", k.Name(), p, err)
+		}
+		if key != "" {
+			opts = append(opts, tasks.BusinessKey(key))
+		}
+		return k.New(p, opts...), nil
+	}}
+}
+
+// New returns the program's root command. Run it with ExecuteContext.
+func New(app App) *cobra.Command {
+	e := &Env{app: app}
+	root := &cobra.Command{
+		Use:           app.name(),
+		Short:         app.Short,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return e.prepare(cmd)
+		},
+	}
+	if root.Short == "" {
+		root.Short = "Reliable background jobs: Asynq schedules, Postgres remembers"
+	}
+	e.bind(root)
+	root.AddCommand(versionCmd(e), migrateCmd(e), workerCmd(e), relayCmd(e), enqueueCmd(e), statusCmd(e),
+		ledgerCmd(e), deadCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e))
+	if app.Commands != nil {
+		root.AddCommand(app.Commands(e)...)
+	}
+	return root
+}
+
+// Main runs the program with os.Args, stops it on SIGTERM or SIGINT, prints
+// an error as one line on stderr and exits: 0 on success, 2 for a usage
+// error, 1 otherwise.
+func Main(app App) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := New(app).ExecuteContext(ctx)
+	stop()
+	if err == nil {
+		return
+	}
+	name := app.name()
+	msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
+	msg = strings.TrimPrefix(msg, "keel: ")
+	fmt.Fprintln(os.Stderr, name+": "+msg)
+	if IsUsageError(err) {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
+
+// usageError is a mistake in the command line or the environment: exit
+// status 2.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+// UsageError marks err as a mistake in the command line or environment, so
+// that Main exits with status 2.
+func UsageError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
+}
+
+// IsUsageError reports whether err was marked with UsageError.
+func IsUsageError(err error) bool {
+	var ue usageError
+	return errors.As(err, &ue)
+}

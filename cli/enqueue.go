@@ -1,0 +1,300 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/tasks"
+)
+
+// maxInputBytes bounds what enqueue reads for one payload or one --from
+// line: a payload over tasks.MaxPayloadBytes is refused by the client with
+// its own message, anything much larger is a mistake.
+const maxInputBytes = 4 * tasks.MaxPayloadBytes
+
+// jobLine is one job of `enqueue --from`: one JSON object per line.
+type jobLine struct {
+	Kind     string          `json:"kind"`
+	Key      string          `json:"key"`
+	Payload  json.RawMessage `json:"payload"`
+	Queue    string          `json:"queue"`
+	Delay    string          `json:"delay"`
+	MaxRetry *int            `json:"max_retry"`
+}
+
+// enqueueResult is what enqueue prints per job.
+type enqueueResult struct {
+	Line        int    `json:"line,omitempty"`
+	ID          string `json:"id,omitempty"`
+	Kind        string `json:"kind"`
+	BusinessKey string `json:"business_key"`
+	Queue       string `json:"queue"`
+	Status      string `json:"status,omitempty"`
+	Existed     bool   `json:"existed"`
+}
+
+func enqueueCmd(e *Env) *cobra.Command {
+	var payload, payloadFile, from, queue string
+	var delay time.Duration
+	var maxRetry int
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "enqueue KIND [BUSINESS_KEY] | enqueue --from FILE",
+		Short: "Enqueue jobs through the ledger (the same kind and key twice is one job)",
+		Long: `Enqueue one job, or many with --from: a file (or - for stdin) of JSON lines,
+one job each:
+
+  {"kind": "user:send_welcome", "key": "user:42", "payload": {"user_id": "42"}, "queue": "default", "delay": "10s", "max_retry": 3}
+
+Only kind and payload are needed when the program declares the kind: its
+payload is decoded into the kind's type (unknown fields are refused) and the
+business key comes from the kind's Key. Every line is checked before the
+first job is enqueued.`,
+		Example: "  keel enqueue user:send_welcome user:42 --payload '{\"user_id\":\"42\"}'\n" +
+			"  keel enqueue user:send_welcome --payload-file welcome.json\n" +
+			"  keel enqueue --from jobs.jsonl",
+		Args: cobra.RangeArgs(0, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f := cmd.Flags()
+			var jobs []*tasks.Task
+			var lines []int
+			if from != "" {
+				if len(args) > 0 || f.Changed("payload") || payloadFile != "" || f.Changed("queue") || f.Changed("delay") || f.Changed("max-retry") {
+					return usageError{errors.New("--from takes each job's kind, key, payload and options from its lines: give no KIND, key or job flags with it")}
+				}
+				r, closeFn, err := openInput(cmd, from)
+				if err != nil {
+					return err
+				}
+				jobs, lines, err = readJobLines(e.app, r, from)
+				closeFn()
+				if err != nil {
+					return err
+				}
+			} else {
+				if len(args) == 0 {
+					return usageError{errors.New("give KIND [BUSINESS_KEY], or --from FILE")}
+				}
+				if f.Changed("payload") && payloadFile != "" {
+					return usageError{errors.New("give --payload or --payload-file, not both")}
+				}
+				body := []byte(payload)
+				if payloadFile != "" {
+					r, closeFn, err := openInput(cmd, payloadFile)
+					if err != nil {
+						return err
+					}
+					body, err = io.ReadAll(io.LimitReader(r, maxInputBytes+1))
+					closeFn()
+					if err != nil {
+						return fmt.Errorf("--payload-file %s: %w", payloadFile, err)
+					}
+					if len(body) > maxInputBytes {
+						return usageError{fmt.Errorf("--payload-file %s: over %d bytes (the payload limit is %d: pass large data by id)", payloadFile, maxInputBytes, tasks.MaxPayloadBytes)}
+					}
+				}
+				var opts []tasks.Option
+				if queue != "" {
+					opts = append(opts, tasks.Queue(queue))
+				}
+				if delay < 0 {
+					return usageError{errors.New("--delay must not be negative")}
+				}
+				if delay > 0 {
+					opts = append(opts, tasks.Delay(delay))
+				}
+				if f.Changed("max-retry") {
+					opts = append(opts, tasks.MaxRetry(maxRetry))
+				}
+				key := ""
+				if len(args) == 2 {
+					key = args[1]
+				}
+				t, err := newTask(e.app, args[0], bytes.TrimSpace(body), key, opts)
+				if err != nil {
+					return usageError{err}
+				}
+				jobs, lines = []*tasks.Task{t}, []int{0}
+			}
+			out := cmd.OutOrStdout()
+			if dryRun {
+				return printDryRun(e, out, jobs, lines)
+			}
+			ctx := cmd.Context()
+			redis, err := e.Redis(ctx)
+			if err != nil {
+				return err
+			}
+			pool, err := e.Ledger(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: e.Logger()})
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			var bar *progress
+			if len(jobs) > 1 {
+				bar = newProgress(cmd.ErrOrStderr(), "enqueue", len(jobs))
+			}
+			results := make([]enqueueResult, 0, len(jobs))
+			created := 0
+			for i, t := range jobs {
+				res, err := client.Enqueue(ctx, t)
+				if err != nil {
+					bar.clear()
+					if lines[i] > 0 {
+						return fmt.Errorf("%s line %d: %w (the %d job(s) before it were enqueued)", from, lines[i], err, i)
+					}
+					return err
+				}
+				if !res.Existed {
+					created++
+				}
+				results = append(results, enqueueResult{Line: lines[i], ID: res.Job.ID, Kind: res.Job.Kind, BusinessKey: res.Job.BusinessKey,
+					Queue: res.Job.Queue, Status: string(res.Job.Status), Existed: res.Existed})
+				bar.set(i + 1)
+			}
+			bar.done()
+			if e.JSON() {
+				if from == "" {
+					return printJSON(out, results[0])
+				}
+				return printJSON(out, map[string]any{"created": created, "existed": len(results) - created, "jobs": results})
+			}
+			if from == "" {
+				r := results[0]
+				state := "created"
+				if r.Existed {
+					state = "already existed"
+				}
+				fmt.Fprintf(out, "job %s %s (status %s, queue %s, business key %s)\n", r.ID, state, r.Status, r.Queue, r.BusinessKey)
+				return nil
+			}
+			fmt.Fprintf(out, "%d job(s) from %s: %d created, %d already existed\n", len(results), from, created, len(results)-created)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&payload, "payload", "{}", "JSON payload")
+	fl.StringVar(&payloadFile, "payload-file", "", "read the JSON payload from this file (- for stdin)")
+	fl.StringVar(&from, "from", "", "enqueue many jobs: a file of JSON lines (- for stdin), see above")
+	fl.StringVar(&queue, "queue", "", "queue (default: the kind's queue, or default)")
+	fl.DurationVar(&delay, "delay", 0, "run no earlier than this from now")
+	fl.IntVar(&maxRetry, "max-retry", tasks.DefaultMaxRetry, "retry budget (default: the kind's)")
+	fl.BoolVar(&dryRun, "dry-run", false, "check the jobs and print them; enqueue nothing")
+	return cmd
+}
+
+// newTask checks a job given on the command line or in a --from line: a
+// kind the program declares, a payload of the kind's type, a key.
+func newTask(app App, kind string, payload []byte, key string, opts []tasks.Option) (*tasks.Task, error) {
+	if len(payload) == 0 {
+		payload = []byte("{}")
+	}
+	if !json.Valid(payload) {
+		return nil, fmt.Errorf("the payload is not valid JSON: %q", oneLine(string(payload), 80))
+	}
+	if !app.known(kind) {
+		return nil, fmt.Errorf("%s does not declare the kind %q (its kinds: %s)", app.name(), kind, strings.Join(app.kindNames(), ", "))
+	}
+	if k, ok := app.kind(kind); ok {
+		return k.task(payload, key, opts)
+	}
+	if key == "" {
+		return nil, fmt.Errorf("give a business key: %s does not declare the kind %q, so it cannot derive one", app.name(), kind)
+	}
+	return tasks.NewRaw(kind, payload, key, opts...), nil
+}
+
+// openInput opens name, or stdin for "-".
+func openInput(cmd *cobra.Command, name string) (io.Reader, func(), error) {
+	if name == "-" {
+		return cmd.InOrStdin(), func() {}, nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
+	return f, func() { f.Close() }, nil
+}
+
+// readJobLines reads and checks every line of an --from input; an error
+// names the line.
+func readJobLines(app App, r io.Reader, name string) ([]*tasks.Task, []int, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), maxInputBytes)
+	var jobs []*tasks.Task
+	var lines []int
+	for n := 1; sc.Scan(); n++ {
+		text := bytes.TrimSpace(sc.Bytes())
+		if len(text) == 0 || text[0] == '#' {
+			continue
+		}
+		fail := func(format string, a ...any) error {
+			return usageError{fmt.Errorf("%s line %d: %s; nothing was enqueued", name, n, fmt.Sprintf(format, a...))}
+		}
+		var l jobLine
+		dec := json.NewDecoder(bytes.NewReader(text))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&l); err != nil {
+			return nil, nil, fail("not a job (want {\"kind\", \"key\", \"payload\", \"queue\", \"delay\", \"max_retry\"}): %v", err)
+		}
+		if l.Kind == "" {
+			return nil, nil, fail("no kind")
+		}
+		var opts []tasks.Option
+		if l.Queue != "" {
+			opts = append(opts, tasks.Queue(l.Queue))
+		}
+		if l.Delay != "" {
+			d, err := time.ParseDuration(l.Delay)
+			if err != nil || d < 0 {
+				return nil, nil, fail("delay %q: want a duration like 10s", l.Delay)
+			}
+			opts = append(opts, tasks.Delay(d))
+		}
+		if l.MaxRetry != nil {
+			opts = append(opts, tasks.MaxRetry(*l.MaxRetry))
+		}
+		t, err := newTask(app, l.Kind, l.Payload, l.Key, opts)
+		if err != nil {
+			return nil, nil, fail("%v", err)
+		}
+		jobs = append(jobs, t)
+		lines = append(lines, n)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, nil, usageError{fmt.Errorf("%s: %w", name, err)}
+	}
+	if len(jobs) == 0 {
+		return nil, nil, usageError{fmt.Errorf("%s holds no jobs", name)}
+	}
+	return jobs, lines, nil
+}
+
+func printDryRun(e *Env, out io.Writer, jobs []*tasks.Task, lines []int) error {
+	results := make([]enqueueResult, 0, len(jobs))
+	for i, t := range jobs {
+		results = append(results, enqueueResult{Line: lines[i], Kind: t.Kind(), BusinessKey: t.BusinessKey(), Queue: t.Queue()})
+	}
+	if e.JSON() {
+		return printJSON(out, map[string]any{"dry_run": true, "jobs": results})
+	}
+	fmt.Fprintf(out, "dry run: %d job(s) checked; nothing was enqueued\n", len(jobs))
+	for _, r := range results {
+		fmt.Fprintf(out, "  would enqueue %s %s on queue %s\n", r.Kind, r.BusinessKey, r.Queue)
+	}
+	return nil
+}
