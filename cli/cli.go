@@ -109,7 +109,7 @@ func (a App) kindNames() []string {
 type Kind struct {
 	name  string
 	queue string
-	task func(payload []byte, key string, opts []tasks.Option) (*tasks.Task, error)
+	task  func(payload []byte, key string, opts []tasks.Option) (*tasks.Task, error)
 }
 
 // Name is the kind's name.

@@ -71,6 +71,8 @@ func (e *Env) prepare(cmd *cobra.Command) error {
 		return err
 	}
 	e.log = log
+	// Handlers that log through slog's default logger follow the flags too.
+	slog.SetDefault(log)
 	redis.SetLogger(redisLogger{log})
 	return nil
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -49,7 +50,8 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 			"  KEEL_WEB_USERS='ana:operator:$2a$12$…' KEEL_WEB_SECRET=$(openssl rand -hex 32) keel web --addr 0.0.0.0:8080",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := f.config(cmd.ErrOrStderr())
+			var notice bytes.Buffer
+			cfg, err := f.config(&notice)
 			if err != nil {
 				return err
 			}
@@ -61,6 +63,8 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 			defer svc.Close()
 			log := svc.Log
 			cfg.Redis, cfg.Pool, cfg.Logger = svc.Redis, svc.Pool, log
+			// The one-time password, once the server can start.
+			_, _ = notice.WriteTo(cmd.ErrOrStderr())
 			if len(cfg.Secret) == 0 {
 				log.Warn("keel web: KEEL_WEB_SECRET is not set; sessions end when this server restarts and are not valid on other replicas")
 			}

@@ -1,0 +1,284 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/keeljobs/keel/cli"
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/tasks"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+type Greeting struct {
+	Name string `json:"name"`
+}
+
+var Greet = tasks.Define[Greeting]("cli:greet",
+	tasks.Key(func(g Greeting) string { return "greet:" + g.Name }))
+
+const schema = "keel_test_cli"
+
+func testApp() cli.App {
+	return cli.App{Name: "greeter", Kinds: []cli.Kind{cli.KindOf(Greet)}}
+}
+
+// greeter runs the program's real root command in-process against the
+// package's schema and Redis database; stdout and stderr apart.
+func greeter(t *testing.T, stdin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	root := cli.New(testApp())
+	var out, errb bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	root.SetIn(strings.NewReader(stdin))
+	root.SetArgs(append([]string{"--redis-url", redisURL(testenv.DBCmd), "--database-url", testenv.URL(schema), "--log-level", "error"}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = root.ExecuteContext(ctx)
+	return out.String(), errb.String(), err
+}
+
+type jobOut struct {
+	Line        int    `json:"line"`
+	ID          string `json:"id"`
+	Kind        string `json:"kind"`
+	BusinessKey string `json:"business_key"`
+	Queue       string `json:"queue"`
+	Existed     bool   `json:"existed"`
+}
+
+func TestEnqueueInputs(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	store := idempotency.NewStore(pool)
+
+	// --payload-file, and - for stdin.
+	file := filepath.Join(t.TempDir(), "p.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"name": "ann"}`+"\n"), 0o600))
+	out, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload-file", file)
+	require.NoError(t, err)
+	require.Contains(t, out, "created")
+	require.Contains(t, out, "business key greet:ann")
+	out, _, err = greeter(t, `{"name": "bob"}`, "enqueue", "cli:greet", "--payload-file", "-", "--json")
+	require.NoError(t, err)
+	var one jobOut
+	require.NoError(t, json.Unmarshal([]byte(out), &one))
+	require.Equal(t, "greet:bob", one.BusinessKey)
+	j, err := store.Get(ctx, one.ID)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"name":"bob"}`, string(j.Payload))
+	_, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload-file", file, "--payload", "{}")
+	require.ErrorContains(t, err, "not both")
+	// A payload over the client's limit is refused by it, from a file too.
+	big := filepath.Join(t.TempDir(), "big.json")
+	require.NoError(t, os.WriteFile(big, []byte(`{"name": "`+strings.Repeat("x", tasks.MaxPayloadBytes)+`"}`), 0o600))
+	_, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload-file", big)
+	require.ErrorIs(t, err, tasks.ErrPayloadTooLarge)
+
+	// --from: JSON lines, checked before anything is enqueued.
+	lines := `{"kind": "cli:greet", "payload": {"name": "cy"}}
+# a comment, and an empty line
+
+{"kind": "cli:greet", "key": "greet:custom", "payload": {"name": "dee"}, "queue": "low", "delay": "1h", "max_retry": 2}
+{"kind": "cli:greet", "payload": {"name": "ann"}}
+`
+	from := filepath.Join(t.TempDir(), "jobs.jsonl")
+	require.NoError(t, os.WriteFile(from, []byte(lines), 0o600))
+	out, _, err = greeter(t, "", "enqueue", "--from", from, "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, "dry run: 3 job(s) checked; nothing was enqueued")
+	_, err = store.Lookup(ctx, "cli:greet", "greet:cy")
+	require.ErrorIs(t, err, idempotency.ErrNotFound, "a dry run enqueues nothing")
+
+	out, stderr, err := greeter(t, "", "enqueue", "--from", from, "-o", "json")
+	require.NoError(t, err)
+	require.Empty(t, stderr, "no progress bar where stderr is not a terminal")
+	var many struct {
+		Created, Existed int
+		Jobs             []jobOut
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &many))
+	require.Equal(t, 2, many.Created)
+	require.Equal(t, 1, many.Existed)
+	require.Equal(t, []int{1, 4, 5}, []int{many.Jobs[0].Line, many.Jobs[1].Line, many.Jobs[2].Line})
+	require.True(t, many.Jobs[2].Existed, "ann was enqueued from the file before")
+	dee, err := store.Lookup(ctx, "cli:greet", "greet:custom")
+	require.NoError(t, err)
+	require.Equal(t, "low", dee.Queue)
+	require.Equal(t, 2, dee.MaxRetry)
+	require.Greater(t, time.Until(dee.RunAt), 50*time.Minute)
+
+	out, _, err = greeter(t, `{"kind": "cli:greet", "payload": {"name": "eve"}}`+"\n", "enqueue", "--from", "-")
+	require.NoError(t, err)
+	require.Contains(t, out, "1 job(s) from -: 1 created, 0 already existed")
+
+	for _, tc := range []struct{ input, want string }{
+		{`{"kind": "cli:greet", "payload": {"name": "fay"}}` + "\n" + `{"kind": "cli:nope", "payload": {}}`, `- line 2: greeter does not declare the kind "cli:nope"`},
+		{`{"kind": "cli:greet", "payload": {"name": 3}}`, "- line 1: payload is not a cli:greet"},
+		{`{"kind": "cli:greet", "payload": {"name": "x"}, "priority": 1}`, `- line 1: not a job`},
+		{`{"kind": "cli:greet", "payload": {"name": "x"}, "delay": "soon"}`, `- line 1: delay "soon"`},
+		{`{"payload": {}}`, "- line 1: no kind"},
+		{"\n# nothing\n", "holds no jobs"},
+	} {
+		_, _, err := greeter(t, tc.input, "enqueue", "--from", "-")
+		require.ErrorContains(t, err, tc.want, tc.input)
+		require.True(t, cli.IsUsageError(err))
+	}
+	_, err = store.Lookup(ctx, "cli:greet", "greet:fay")
+	require.ErrorIs(t, err, idempotency.ErrNotFound, "a bad line stops the whole file")
+	_, _, err = greeter(t, "", "enqueue", "cli:greet", "--from", from)
+	require.ErrorContains(t, err, "--from takes each job's kind")
+
+	// A single job's dry run says so and enqueues nothing.
+	out, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "gus"}`, "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, "dry run: 1 job(s) checked; nothing was enqueued")
+	require.Contains(t, out, "would enqueue cli:greet greet:gus on queue default")
+	_, err = store.Lookup(ctx, "cli:greet", "greet:gus")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
+}
+
+// A program that declares no kinds (the stock keel) enqueues any kind, with
+// an explicit key.
+func TestEnqueueUndeclaredKindsInAProgramWithout(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	testenv.Pool(t, schema)
+	root := cli.New(cli.App{Name: "keel"})
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"--redis-url", redisURL(testenv.DBCmd), "--database-url", testenv.URL(schema),
+		"enqueue", "other:kind", "k1", "--payload", `{"any": ["thing"]}`})
+	require.NoError(t, root.ExecuteContext(context.Background()))
+	require.Contains(t, out.String(), "created")
+
+	root = cli.New(cli.App{Name: "keel"})
+	root.SetOut(&bytes.Buffer{})
+	root.SetArgs([]string{"--redis-url", redisURL(testenv.DBCmd), "--database-url", testenv.URL(schema),
+		"enqueue", "other:kind", "--payload", `{}`})
+	require.ErrorContains(t, root.ExecuteContext(context.Background()), "give a business key")
+
+	root = cli.New(cli.App{Name: "keel"})
+	root.SetArgs([]string{"worker"})
+	err := root.ExecuteContext(context.Background())
+	require.ErrorContains(t, err, "keel has no handlers to run")
+	require.True(t, cli.IsUsageError(err))
+}
+
+func TestStatusAndDeadLetters(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+
+	out, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "hal"}`, "--json")
+	require.NoError(t, err)
+	var hal jobOut
+	require.NoError(t, json.Unmarshal([]byte(out), &hal))
+
+	// A job waiting to retry shows when.
+	next := time.Now().Add(90 * time.Second).Truncate(time.Second)
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'failed', attempts = 1, last_error = '503', error_class = 'transient',
+		run_at = $2 WHERE id = $1`, hal.ID, next)
+	require.NoError(t, err)
+	out, _, err = greeter(t, "", "status", "cli:greet", "greet:hal")
+	require.NoError(t, err)
+	require.Regexp(t, `next retry\s+`+next.Format(time.RFC3339)+` \(in 1m\d+s\)`, out)
+	out, _, err = greeter(t, "", "-o", "json", "status", "--id", hal.ID)
+	require.NoError(t, err)
+	var st struct {
+		Status      string     `json:"status"`
+		NextRetryAt *time.Time `json:"next_retry_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Equal(t, "failed", st.Status)
+	require.NotNil(t, st.NextRetryAt)
+	require.True(t, next.Equal(*st.NextRetryAt))
+
+	_, _, err = greeter(t, "", "status", "--id", "not-a-uuid")
+	require.ErrorContains(t, err, `--id "not-a-uuid" is malformed`)
+	require.True(t, cli.IsUsageError(err))
+	_, _, err = greeter(t, "", "status", "--id", "01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
+	_, _, err = greeter(t, "", "dead", "show", "nope")
+	require.ErrorContains(t, err, "malformed")
+	_, _, err = greeter(t, "", "-o", "yaml", "version")
+	require.ErrorContains(t, err, `--output "yaml": want text or json`)
+
+	// Dead letters: a bogus class names the real ones.
+	_, _, err = greeter(t, "", "dead", "ls", "--class", "bogus")
+	require.ErrorContains(t, err, `--class "bogus": no such class; dead jobs carry permanent, transient, unknown, timeout, crashed, waited_too_long`)
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed', finished_at = now() WHERE id = $1`, hal.ID)
+	require.NoError(t, err)
+	out, _, err = greeter(t, "", "dead", "ls", "--class", "crashed", "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"total": 1`)
+
+	out, _, err = greeter(t, "", "dead", "replay", "--all", "--dry-run", "--json")
+	require.NoError(t, err)
+	var dry struct {
+		DryRun bool     `json:"dry_run"`
+		Count  int      `json:"count"`
+		IDs    []string `json:"ids"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &dry))
+	require.Equal(t, struct {
+		DryRun bool     `json:"dry_run"`
+		Count  int      `json:"count"`
+		IDs    []string `json:"ids"`
+	}{true, 1, []string{hal.ID}}, dry)
+	out, _, err = greeter(t, "", "dead", "replay", "--all", "--dry-run")
+	require.NoError(t, err)
+	require.Equal(t, "dry run: would replay 1 job(s); nothing was changed\n", out)
+
+	out, stderr, err := greeter(t, "", "dead", "replay", hal.ID, "--json")
+	require.NoError(t, err)
+	require.NotContains(t, stderr, "\r", "no progress bar where stderr is not a terminal")
+	var act struct {
+		Action string `json:"action"`
+		Done   int    `json:"done"`
+		Failed int    `json:"failed"`
+		Jobs   []struct {
+			ID    string `json:"id"`
+			Error string `json:"error"`
+		} `json:"jobs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &act))
+	require.Equal(t, "replay", act.Action)
+	require.Equal(t, 1, act.Done)
+	require.Equal(t, hal.ID, act.Jobs[0].ID)
+
+	// Discarding a job that is not dead fails, and says so per job in JSON.
+	out, _, err = greeter(t, "", "dead", "discard", hal.ID, "--note", "gone", "--json")
+	require.ErrorContains(t, err, "1 job(s) could not be discarded")
+	require.NoError(t, json.Unmarshal([]byte(out), &act))
+	require.Equal(t, 1, act.Failed)
+	require.NotEmpty(t, act.Jobs[0].Error)
+
+	out, _, err = greeter(t, "", "healthcheck", "--json")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"ok": true, "ledger_schema": `+itoa(idempotency.SchemaVersion())+`}`, out)
+}
