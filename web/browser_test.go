@@ -311,3 +311,76 @@ func TestBrowser(t *testing.T) {
 	}
 	require.False(t, strings.Contains(eval[string](t, ctx, `document.body.innerText`), "Refused"))
 }
+
+func TestBrowserJobsList(t *testing.T) {
+	if _, err := os.Stat(chromium); err != nil {
+		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
+	}
+	b := setup(t, nil)
+	shots := t.TempDir()
+	dead1 := b.deadJob(t, "order:send_receipt", "order:1", "card declined")
+	dead2 := b.deadJob(t, "order:send_receipt", "order:2", "card declined")
+	dead3 := b.deadJob(t, "order:send_receipt", "order:3", "card declined")
+	done, err := b.client.Enqueue(context.Background(), tasks.NewRaw("order:send_receipt", []byte(`{"note":"\u003cb\u003ebold\u003c/b\u003e \u0026 co"}`), "order:4"))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'succeeded', last_error = 'SMTP timeout' WHERE id = $1`, done.Job.ID)
+	require.NoError(t, err)
+	pending, err := b.client.Enqueue(context.Background(), tasks.NewRaw("analytics:sync", []byte(`{}`), "day:1"))
+	require.NoError(t, err)
+
+	ctx := newBrowser(t)
+	base := b.ts.URL
+	signInBrowser(t, ctx, base, operatorName, operatorPassword, "/jobs")
+	run(t, ctx, chromedp.WaitVisible(chromedp.ID("jobs")))
+	require.Equal(t, 5, eval[int](t, ctx, `document.querySelectorAll('#jobs tbody tr').length`))
+	// The succeeded job's old error is grey history, not a red failure.
+	require.Equal(t, "earlier: SMTP timeout", text(t, ctx, "#row-"+done.Job.ID+" .err-old"))
+	require.NotEqual(t, eval[string](t, ctx, `getComputedStyle(document.querySelector('#row-`+dead1.ID+` .err-now')).color`),
+		eval[string](t, ctx, `getComputedStyle(document.querySelector('#row-`+done.Job.ID+` .err-old')).color`))
+	screenshot(t, ctx, shots, "jobs.png")
+	noCSPViolations(t, ctx, "the jobs list")
+
+	// Filter to the dead through the form.
+	run(t, ctx,
+		chromedp.SetValue(chromedp.ID("f-status"), "dead"),
+		chromedp.Click(chromedp.ID("f-apply")),
+	)
+	waitJS(t, ctx, `document.location.search.includes('status=dead') && !!document.querySelector('#selected-discard')`,
+		"the filter form did not show the dead jobs")
+	require.Equal(t, 3, eval[int](t, ctx, `document.querySelectorAll('#jobs tbody tr').length`))
+	require.Equal(t, 0, eval[int](t, ctx, `document.querySelectorAll('#row-`+pending.Job.ID+`').length`))
+
+	// Select two and discard them through the confirmed count.
+	run(t, ctx,
+		chromedp.Click(chromedp.CSS(`#row-`+dead1.ID+` input[type=checkbox]`)),
+		chromedp.Click(chromedp.CSS(`#row-`+dead2.ID+` input[type=checkbox]`)),
+		chromedp.Click(chromedp.ID("selected-discard")),
+		chromedp.WaitVisible(chromedp.ID("confirm")),
+	)
+	require.Contains(t, text(t, ctx, "main"), "Of the 2 jobs you selected, 2 are dead now")
+	run(t, ctx,
+		chromedp.SendKeys(chromedp.CSS(`textarea[name="note"]`), "duplicate orders"),
+		chromedp.Click(chromedp.ID("confirm")),
+	)
+	waitJS(t, ctx, `(document.querySelector('main h1') || {innerText: ''}).innerText.startsWith('Bulk discard')`,
+		"the bulk discard's result did not show")
+	require.Equal(t, "Bulk discard: 2 of 2 done", text(t, ctx, "main h1"))
+	for id, want := range map[string]idempotency.Status{dead1.ID: idempotency.StatusDiscarded, dead2.ID: idempotency.StatusDiscarded,
+		dead3.ID: idempotency.StatusDead} {
+		j, err := b.store.Get(context.Background(), id)
+		require.NoError(t, err)
+		require.Equal(t, want, j.Status)
+	}
+
+	// The payload reads as JSON, with < as <.
+	run(t, ctx, chromedp.Navigate(base+"/jobs/"+done.Job.ID), chromedp.WaitVisible(chromedp.CSS("pre.payload")))
+	require.Equal(t, "{\n  \"note\": \"<b>bold</b> & co\"\n}", text(t, ctx, "pre.payload"))
+	require.Equal(t, 0, eval[int](t, ctx, `document.querySelectorAll('pre.payload b').length`))
+
+	// Auto refresh works under the script-free policy: the page reloads.
+	run(t, ctx, chromedp.Navigate(base+"/jobs?status=dead&refresh=5"), chromedp.WaitVisible(chromedp.ID("jobs")))
+	run(t, ctx, chromedp.Evaluate[chromedp.Void](`window.__before_reload = 1`))
+	waitJS(t, ctx, `window.__before_reload === undefined && !!document.querySelector('#jobs')`, "the jobs list did not refresh itself")
+	require.Contains(t, eval[string](t, ctx, `document.location.search`), "refresh=5")
+	noCSPViolations(t, ctx, "the refreshed jobs list")
+}
