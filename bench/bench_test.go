@@ -181,15 +181,19 @@ func TestEnqueueSmoke(t *testing.T) {
 	o := tiny(t, bench.PartEnqueue)
 	rep := run(t, o).Enqueue
 	methods := []string{bench.MethodAsynq, bench.MethodEnqueue, bench.MethodEnqueueTx, bench.MethodInsert}
-	if len(rep.Rows) != 2*len(methods) {
-		t.Fatalf("%d rows, want %d", len(rep.Rows), 2*len(methods))
+	bulk := []string{bench.MethodEnqueueMany, bench.MethodEnqueueManyTx}
+	if len(rep.Rows) != 2*len(methods)+len(bulk) {
+		t.Fatalf("%d rows, want %d", len(rep.Rows), 2*len(methods)+len(bulk))
 	}
 	for i, row := range rep.Rows {
-		producers := 1
-		if i >= len(methods) {
+		method, producers, jobs := methods[i%len(methods)], 1, o.EnqueueJobs
+		switch {
+		case i >= 2*len(methods):
+			method, jobs = bulk[i-2*len(methods)], bench.BulkRowFactor*o.EnqueueJobs
+		case i >= len(methods):
 			producers = o.Producers
 		}
-		if row.Method != methods[i%len(methods)] || row.Producers != producers || row.Jobs != o.EnqueueJobs {
+		if row.Method != method || row.Producers != producers || row.Jobs != jobs {
 			t.Fatalf("row %d: %+v", i, row)
 		}
 		if row.JobsPerSecond <= 0 || row.Call.P50 <= 0 || row.Call.P99 < row.Call.P50 || row.Ratio <= 0 {

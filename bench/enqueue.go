@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -22,6 +23,17 @@ const (
 	MethodEnqueue   = "keel Enqueue"
 	MethodEnqueueTx = "keel EnqueueTx, 1 job/tx"
 	MethodInsert    = "ledger INSERT, 1 row/tx"
+	// The bulk rows, one producer, BulkPerCall jobs per call; their ratio
+	// is to one producer's asynq Client.Enqueue.
+	MethodEnqueueMany   = "keel EnqueueMany, 1,000/call"
+	MethodEnqueueManyTx = "keel EnqueueManyTx, 1,000/tx, until in Redis"
+)
+
+// BulkPerCall is how many jobs one EnqueueMany or EnqueueManyTx call of the
+// bulk rows takes; the bulk rows enqueue BulkRowFactor times a row's jobs.
+const (
+	BulkPerCall   = 1000
+	BulkRowFactor = 10
 )
 
 // EnqueueRow is one enqueue method measured with some producers.
@@ -40,7 +52,7 @@ type EnqueueRow struct {
 }
 
 // EnqueueReport is the enqueue part's result: each method with one
-// producer, then with Producers at once.
+// producer, then with Producers at once, then the bulk methods.
 type EnqueueReport struct {
 	Jobs      int          `json:"jobs"`
 	Producers int          `json:"producers"`
@@ -50,8 +62,8 @@ type EnqueueReport struct {
 // String renders the report as a table.
 func (r EnqueueReport) String() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d jobs per row, one producer and then %d at once; the ledger and the queue are emptied between rows\n\n",
-		r.Jobs, r.Producers)
+	fmt.Fprintf(&sb, "%d jobs per row (bulk rows: %d), one producer and then %d at once; the ledger and the queue are emptied between rows\n\n",
+		r.Jobs, BulkRowFactor*r.Jobs, r.Producers)
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tproducers\tjobs/s\tp50 ms\tp99 ms\tvs asynq\t")
 	for _, row := range r.Rows {
@@ -59,7 +71,9 @@ func (r EnqueueReport) String() string {
 			fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio)
 	}
 	tw.Flush()
-	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT (commit), asynq enqueue, UPDATE published_at (commit).\n"+
+	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT written claimed (commit; concurrent calls share it: group commit), asynq enqueue.\n"+
+		"keel EnqueueMany: one INSERT … SELECT FROM unnest per 1,000 jobs (commit), then 16 asynq enqueues in flight; p50/p99 per call.\n"+
+		"keel EnqueueManyTx: BEGIN, the same INSERT with pg_notify, COMMIT; timed until one relay has put every job in Redis.\n"+
 		"keel EnqueueTx: BEGIN, INSERT with pg_notify in the same statement, COMMIT; the relay publishes later.\n"+
 		"ledger INSERT: the same INSERT in its own transaction without pg_notify (Postgres' floor for EnqueueTx).\n")
 	return sb.String()
@@ -107,7 +121,7 @@ func (e *env) enqueueRates(ctx context.Context) (EnqueueReport, error) {
 			})
 		}},
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.timeout(8*o.EnqueueJobs))
+	ctx, cancel := context.WithTimeout(ctx, o.timeout((8+2*BulkRowFactor)*o.EnqueueJobs))
 	defer cancel()
 	for _, producers := range []int{1, o.Producers} {
 		var asynqRate float64
@@ -126,7 +140,86 @@ func (e *env) enqueueRates(ctx context.Context) (EnqueueReport, error) {
 			}
 		}
 	}
-	return rep, e.reset(ctx)
+	if err := e.reset(ctx); err != nil {
+		return rep, err
+	}
+	asynqRate := rep.Rows[0].JobsPerSecond
+	for _, m := range []string{MethodEnqueueMany, MethodEnqueueManyTx} {
+		row, err := e.measureBulk(ctx, client, m, BulkRowFactor*o.EnqueueJobs)
+		row.Ratio = ratio(row.JobsPerSecond, asynqRate)
+		rep.Rows = append(rep.Rows, row)
+		if err != nil {
+			return rep, fmt.Errorf("%s: %w", m, err)
+		}
+		if err := e.reset(ctx); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// measureBulk enqueues n jobs BulkPerCall at a time with one producer. For
+// EnqueueManyTx the clock stops when a relay has published every job.
+func (e *env) measureBulk(ctx context.Context, client *tasks.Client, method string, n int) (EnqueueRow, error) {
+	row := EnqueueRow{Method: method, Producers: 1, Jobs: n}
+	var relay *outbox.Relay
+	stopRelay := func() {}
+	if method == MethodEnqueueManyTx {
+		relay = outbox.NewRelay(e.pool, e.redis, outbox.RelayConfig{Logger: e.warn})
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = relay.Run(rctx) }()
+		stopRelay = func() { cancel(); <-done; relay.Close() }
+	}
+	defer stopRelay()
+	var done atomic.Int64
+	finish := e.step(fmt.Sprintf("%s ×1", method), n, func() int { return int(done.Load()) })
+	var ds []time.Duration
+	start := time.Now()
+	for i := 0; i < n; i += BulkPerCall {
+		ts := make([]*tasks.Task, 0, BulkPerCall)
+		for j := i; j < min(n, i+BulkPerCall); j++ {
+			ts = append(ts, tasks.NewRaw(Kind, payload, fmt.Sprintf("bulk-%d", j), tasks.Queue(Queue)))
+		}
+		t0 := time.Now()
+		var err error
+		if method == MethodEnqueueMany {
+			var res []*tasks.Result
+			if res, err = client.EnqueueMany(ctx, ts...); err == nil {
+				for _, r := range res {
+					if !r.Published {
+						err = fmt.Errorf("job %s was not published", r.Job.ID)
+						break
+					}
+				}
+			}
+		} else {
+			err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				_, err := client.EnqueueManyTx(ctx, tx, ts...)
+				return err
+			})
+		}
+		if err != nil {
+			finish()
+			return row, err
+		}
+		ds = append(ds, time.Since(t0))
+		done.Add(int64(len(ts)))
+	}
+	if relay != nil {
+		for relay.Published() < uint64(n) {
+			if ctx.Err() != nil {
+				finish()
+				return row, fmt.Errorf("%d of %d jobs published: %w", relay.Published(), n, ctx.Err())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	row.Seconds = time.Since(start).Seconds()
+	finish()
+	row.Call = summarize(ds)
+	row.JobsPerSecond = float64(n) / row.Seconds
+	return row, nil
 }
 
 // measureEnqueue makes n calls of m from producers goroutines and times each.
