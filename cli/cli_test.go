@@ -153,6 +153,15 @@ func TestEnqueueInputs(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrNotFound, "a bad line stops the whole file")
 	_, _, err = greeter(t, "", "enqueue", "cli:greet", "--from", from)
 	require.ErrorContains(t, err, "--from takes each job's kind")
+	// What only the client checks (the queue) names the line too; the batch
+	// goes in whole or not at all.
+	_, _, err = greeter(t, `{"kind": "cli:greet", "payload": {"name": "q1"}}`+"\n"+`{"kind": "cli:greet", "payload": {"name": "q2"}, "queue": "nope"}`,
+		"enqueue", "--from", "-")
+	require.ErrorIs(t, err, tasks.ErrUnknownQueue)
+	require.ErrorContains(t, err, "- line 2: ")
+	require.ErrorContains(t, err, "the 0 job(s) before line 1 were enqueued")
+	_, err = store.Lookup(ctx, "cli:greet", "greet:q1")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
 
 	// A single job's dry run says so and enqueues nothing.
 	out, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "gus"}`, "--dry-run")

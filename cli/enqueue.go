@@ -21,6 +21,10 @@ import (
 // its own message, anything much larger is a mistake.
 const maxInputBytes = 4 * tasks.MaxPayloadBytes
 
+// enqueueBatch is how many jobs of --from go into the ledger per statement
+// and commit.
+const enqueueBatch = 1000
+
 // jobLine is one job of `enqueue --from`: one JSON object per line.
 type jobLine struct {
 	Kind     string          `json:"kind"`
@@ -150,21 +154,34 @@ first job is enqueued.`,
 			}
 			results := make([]enqueueResult, 0, len(jobs))
 			created := 0
-			for i, t := range jobs {
-				res, err := client.Enqueue(ctx, t)
+			// Batches of enqueueBatch jobs, each one statement and one
+			// commit (EnqueueMany): a batch goes in whole or not at all.
+			for start := 0; start < len(jobs); start += enqueueBatch {
+				batch := jobs[start:min(start+enqueueBatch, len(jobs))]
+				res, err := client.EnqueueMany(ctx, batch...)
 				if err != nil {
 					bar.clear()
-					if lines[i] > 0 {
-						return fmt.Errorf("%s line %d: %w (the %d job(s) before it were enqueued)", from, lines[i], err, i)
+					if from == "" {
+						var te *tasks.TaskError
+						if errors.As(err, &te) {
+							return te.Err
+						}
+						return err
 					}
-					return err
+					var te *tasks.TaskError
+					if errors.As(err, &te) {
+						return fmt.Errorf("%s line %d: %w (the %d job(s) before line %d were enqueued)", from, lines[start+te.Index], te.Err, start, lines[start])
+					}
+					return fmt.Errorf("%s: %w (the %d job(s) before line %d were enqueued)", from, err, start, lines[start])
 				}
-				if !res.Existed {
-					created++
+				for i, r := range res {
+					if !r.Existed {
+						created++
+					}
+					results = append(results, enqueueResult{Line: lines[start+i], ID: r.Job.ID, Kind: r.Job.Kind, BusinessKey: r.Job.BusinessKey,
+						Queue: r.Job.Queue, Status: string(r.Job.Status), Existed: r.Existed})
 				}
-				results = append(results, enqueueResult{Line: lines[i], ID: res.Job.ID, Kind: res.Job.Kind, BusinessKey: res.Job.BusinessKey,
-					Queue: res.Job.Queue, Status: string(res.Job.Status), Existed: res.Existed})
-				bar.set(i + 1)
+				bar.set(len(results))
 			}
 			bar.done()
 			if e.JSON() {
