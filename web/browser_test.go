@@ -178,7 +178,7 @@ func TestBrowser(t *testing.T) {
 	}))
 	startWorker(t, b, mux)
 	var jobs []idempotency.Job
-	for _, key := range []string{"order:1", "order:2", "order:3"} {
+	for _, key := range []string{"order:1", "order:2", "order:3", "order:4"} {
 		res, err := b.client.Enqueue(context.Background(), tasks.NewRaw("order:send_receipt", []byte(`{"order_id":"`+key+`"}`), key))
 		require.NoError(t, err)
 		jobs = append(jobs, res.Job)
@@ -193,7 +193,7 @@ func TestBrowser(t *testing.T) {
 	for _, j := range jobs {
 		waitStatus(j.ID, idempotency.StatusDead)
 	}
-	replayed, discarded, untouched := jobs[0], jobs[1], jobs[2]
+	replayed, discarded, untouched, handedOver := jobs[0], jobs[1], jobs[2], jobs[3]
 
 	ctx := newBrowser(t)
 	base := b.ts.URL
@@ -201,7 +201,7 @@ func TestBrowser(t *testing.T) {
 	// The operator signs in and lands on the overview.
 	signInBrowser(t, ctx, base, operatorName, operatorPassword, "/")
 	run(t, ctx, chromedp.WaitVisible(chromedp.ID("dead-total")))
-	require.Equal(t, "3", text(t, ctx, "#dead-total"))
+	require.Equal(t, "4", text(t, ctx, "#dead-total"))
 	require.Contains(t, text(t, ctx, "table.queues"), "default")
 	// Two samples a second apart draw the charts.
 	run(t, ctx, chromedp.Sleep(2200*time.Millisecond), chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("svg.chart")))
@@ -267,6 +267,16 @@ func TestBrowser(t *testing.T) {
 		require.Equal(t, 204, status, action)
 	}
 	noCSPViolations(t, ctx, "asynqmon")
+	// Nothing comes from another site, and a link leads back to keel.
+	require.True(t, eval[bool](t, ctx, `performance.getEntriesByType('resource').every(e => e.name.startsWith(location.origin))`),
+		"asynqmon loaded something from another site")
+	require.Equal(t, "/", eval[string](t, ctx, `document.querySelector('#keel-back').getAttribute('href')`))
+	// asynqmon's "run" of the archived task is keel's replay: the ledger
+	// hands the job back to the worker, which now succeeds.
+	status := eval[int](t, ctx, `fetch('/monitoring/api/queues/default/archived_tasks/`+handedOver.ID+`:run', {method: 'POST'}).then(r => r.status)`, chromedp.EvalAwaitPromise)
+	require.Equal(t, 204, status)
+	waitStatus(handedOver.ID, idempotency.StatusSucceeded)
+	require.Equal(t, "replay", b.audit(t, handedOver.ID)[0].Action)
 
 	// The viewer sees the dead job but has no replay button, and a forged
 	// replay is refused.
@@ -301,7 +311,7 @@ func TestBrowser(t *testing.T) {
 		"asynqmon's app did not render the queue list")
 	require.True(t, eval[bool](t, ctx, `window.FLAG_READ_ONLY === "true"`))
 	noCSPViolations(t, ctx, "asynqmon")
-	status := eval[int](t, ctx, `fetch('/monitoring/api/queues/default:pause', {method: 'POST'}).then(r => r.status)`, chromedp.EvalAwaitPromise)
+	status = eval[int](t, ctx, `fetch('/monitoring/api/queues/default:pause', {method: 'POST'}).then(r => r.status)`, chromedp.EvalAwaitPromise)
 	require.Equal(t, 403, status)
 	screenshot(t, ctx, shots, "monitoring.png")
 	for _, name := range []string{"overview.png", "dead.png", "job.png", "monitoring.png"} {

@@ -1,23 +1,33 @@
 package web
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/hibiken/asynq"
 	"github.com/hibiken/asynqmon"
+
+	"github.com/keeljobs/keel/idempotency"
 )
 
-// monitor is one asynqmon handler and the policy its page needs.
+// monitor is one asynqmon handler, its index page as keel serves it and
+// the policy that page needs.
 type monitor struct {
-	h   *asynqmon.HTTPHandler
-	csp string
+	h     *asynqmon.HTTPHandler
+	index []byte
+	csp   string
 }
 
 // newMonitor builds asynqmon for one role. asynqmon takes its options once,
@@ -29,43 +39,65 @@ func newMonitor(redis asynq.RedisConnOpt, format func(string, []byte) string, re
 		ReadOnly:         readOnly,
 		PayloadFormatter: asynqmon.PayloadFormatterFunc(format),
 	})
-	csp, err := monitorCSP(h)
-	if err != nil {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, MonitoringPath+"/", nil))
+	if rec.Code != http.StatusOK {
 		h.Close()
-		return nil, err
+		return nil, fmt.Errorf("keel web: asynqmon's index page answered %d", rec.Code)
 	}
-	return &monitor{h: h, csp: csp}, nil
+	index := monitorIndex(rec.Body.String())
+	return &monitor{h: h, index: []byte(index), csp: monitorCSP(index)}, nil
 }
 
-var inlineScript = regexp.MustCompile(`(?s)<script>(.*?)</script>`)
+var (
+	inlineScript = regexp.MustCompile(`(?s)<script>(.*?)</script>`)
+	// foreignLink is a stylesheet from another site: asynqmon's index links
+	// Google's Roboto and Material Icons fonts.
+	foreignLink = regexp.MustCompile(`<link[^>]*href="https?://[^"]*"[^>]*>`)
+)
+
+// backLink leads from asynqmon back to keel's pages.
+const backLink = `<a id="keel-back" href="/" style="position:fixed;right:16px;bottom:16px;z-index:2000;` +
+	`padding:8px 14px;border-radius:18px;background:#14213d;color:#fff;font:14px system-ui,sans-serif;` +
+	`text-decoration:none;box-shadow:0 2px 6px rgba(0,0,0,.3)">← keel: jobs, dead letters</a>`
+
+// monitorIndex is asynqmon's index page as keel serves it: nothing loaded
+// from another site (the system's fonts stand in for Roboto), and a link
+// back to keel.
+func monitorIndex(page string) string {
+	page = foreignLink.ReplaceAllString(page, "")
+	return strings.Replace(page, "</body>", backLink+"</body>", 1)
+}
 
 // monitorCSP is the policy asynqmon's single-page app needs. Its index page
 // has two inline scripts (settings and the webpack loader) whose text
 // depends on the options, so they are allowed by hash, computed from the
 // page itself; the bundle is same-origin. Material-UI injects style
-// elements (hence 'unsafe-inline' for styles only), and the page links
-// Google's Roboto and Material Icons fonts.
-func monitorCSP(h http.Handler) (string, error) {
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, MonitoringPath+"/", nil))
-	if rec.Code != http.StatusOK {
-		return "", fmt.Errorf("keel web: asynqmon's index page answered %d", rec.Code)
-	}
+// elements (hence 'unsafe-inline' for styles only). Nothing comes from
+// another site.
+func monitorCSP(index string) string {
 	var hashes []string
-	for _, m := range inlineScript.FindAllStringSubmatch(rec.Body.String(), -1) {
+	for _, m := range inlineScript.FindAllStringSubmatch(index, -1) {
 		sum := sha256.Sum256([]byte(m[1]))
 		hashes = append(hashes, "'sha256-"+base64.StdEncoding.EncodeToString(sum[:])+"'")
 	}
 	return "default-src 'self'; script-src 'self' " + strings.Join(hashes, " ") + "; " +
-		"style-src 'self' 'unsafe-inline' https://fonts.googleapis.com; " +
-		"font-src 'self' data: https://fonts.gstatic.com; img-src 'self' data:; connect-src 'self'; " +
-		"manifest-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'", nil
+		"style-src 'self' 'unsafe-inline'; font-src 'self' data:; img-src 'self' data:; connect-src 'self'; " +
+		"manifest-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 }
 
 func (m *monitor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", m.csp)
-	if strings.HasPrefix(r.URL.Path, MonitoringPath+"/api/") {
+	rest := strings.TrimPrefix(r.URL.Path, MonitoringPath)
+	switch {
+	case strings.HasPrefix(rest, "/api/"):
 		w.Header().Set("Cache-Control", "no-store")
+	case safeMethod(r.Method) && !strings.HasPrefix(rest, "/static/") && path.Ext(rest) == "":
+		// A page of the app: asynqmon answers every one with its index.
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(m.index)
+		return
 	}
 	m.h.ServeHTTP(w, r)
 }
@@ -83,7 +115,9 @@ func (s *Server) monitoring(w http.ResponseWriter, r *http.Request) {
 		// Every write through asynqmon is audited, under the task's id when
 		// it names one (asynq's task id is keel's job id).
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		s.monRW.ServeHTTP(rec, r)
+		if !s.runThroughKeel(rec, r, p) {
+			s.monRW.ServeHTTP(rec, r)
+		}
 		action := "asynqmon " + r.Method + " " + strings.TrimPrefix(r.URL.Path, MonitoringPath+"/api")
 		s.audit(r.Context(), taskIDIn(r.URL.Path), clip(action, 300), p.Name, "answered "+strconv.Itoa(rec.status))
 		s.cfg.Logger.Info("keel web: asynqmon write", "method", r.Method, "path", r.URL.Path, "actor", p.Name, "status", rec.status)
@@ -118,4 +152,82 @@ func taskIDIn(path string) string {
 		return ""
 	}
 	return id
+}
+
+// runThroughKeel takes over asynqmon's "run" of archived tasks. An archived
+// task of a keel job is a dead letter: running it in asynq would run the
+// handler while the ledger still says dead, so keel replays it instead
+// (through the ledger, with the audit entry). Tasks keel does not know are
+// left to asynqmon. It reports whether it answered.
+func (s *Server) runThroughKeel(w http.ResponseWriter, r *http.Request, p *principal) bool {
+	rest, ok := strings.CutPrefix(r.URL.Path, MonitoringPath+"/api/queues/")
+	if !ok || r.Method != http.MethodPost {
+		return false
+	}
+	queue, action, ok := strings.Cut(rest, "/archived_tasks")
+	if !ok || strings.Contains(queue, "/") {
+		return false
+	}
+	switch {
+	case action == ":run_all":
+		http.Error(w, "keel: archived tasks of keel jobs are dead letters; replay them from keel's dead letters page (/dead), "+
+			"which runs them again through the ledger", http.StatusConflict)
+		return true
+	case action == ":batch_run":
+		var req struct {
+			TaskIDs []string `json:"task_ids"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, maxFormBytes)).Decode(&req); err != nil {
+			http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+			return true
+		}
+		resp := struct {
+			PendingIDs []string `json:"pending_ids"`
+			ErrorIDs   []string `json:"error_ids"`
+		}{PendingIDs: []string{}, ErrorIDs: []string{}}
+		for _, id := range req.TaskIDs {
+			known, err := s.replayFromMonitor(r.Context(), id, p)
+			if !known {
+				err = s.insp.RunTask(queue, id)
+			}
+			if err != nil {
+				resp.ErrorIDs = append(resp.ErrorIDs, id)
+				continue
+			}
+			resp.PendingIDs = append(resp.PendingIDs, id)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(resp)
+		return true
+	case strings.HasPrefix(action, "/") && strings.HasSuffix(action, ":run"):
+		id := strings.TrimSuffix(strings.TrimPrefix(action, "/"), ":run")
+		known, err := s.replayFromMonitor(r.Context(), id, p)
+		if !known {
+			return false
+		}
+		if err != nil {
+			http.Error(w, "keel: "+err.Error()+"; see the job's page, /jobs/"+url.PathEscape(id), http.StatusConflict)
+			return true
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return true
+	}
+	return false
+}
+
+// replayFromMonitor replays the keel job id, if there is one.
+func (s *Server) replayFromMonitor(ctx context.Context, id string, p *principal) (known bool, err error) {
+	if _, err := s.store.Get(ctx, id); errors.Is(err, idempotency.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return true, err
+	}
+	res, err := s.store.Replay(ctx, s.insp, id, p.Name, "run from asynqmon")
+	if err == nil && res.AlreadyReplayed {
+		err = fmt.Errorf("the ledger says the job is %s, not dead", res.Job.Status)
+	}
+	if err == nil {
+		s.cfg.Logger.Info("keel web: job replayed from asynqmon", "job_id", id, "actor", p.Name)
+	}
+	return true, err
 }

@@ -1,0 +1,83 @@
+package web_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// archivedDeadJob is a keel job that died: dead in the ledger, archived in
+// asynq.
+func (b *bundle) archivedDeadJob(t *testing.T, key string) idempotency.Job {
+	t.Helper()
+	j := b.deadJob(t, "order:send_receipt", key, "boom")
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	require.NoError(t, insp.ArchiveTask(j.Queue, j.ID))
+	return j
+}
+
+func TestAsynqmonRunOfADeadJobIsKeelsReplay(t *testing.T) {
+	b := setup(t, nil)
+	j := b.archivedDeadJob(t, "order:1")
+	op := b.signIn(t, operatorName, operatorPassword)
+
+	res := op.do(t, http.MethodPost, "/monitoring/api/queues/default/archived_tasks/"+j.ID+":run", nil, nil)
+	require.Equal(t, http.StatusNoContent, res.status, res.body)
+	got, err := b.store.Get(t.Context(), j.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, got.Status, "replayed through the ledger, not run behind its back")
+	a := b.audit(t, j.ID)
+	require.Equal(t, "replay", a[0].Action)
+	require.Equal(t, operatorName, a[0].Actor)
+	require.Equal(t, "run from asynqmon", a[0].Note)
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	_, err = insp.GetTaskInfo("default", j.ID)
+	require.ErrorIs(t, err, asynq.ErrTaskNotFound, "the relay, not asynqmon, hands it back to Redis")
+
+	// Batches too; and running them all at once is refused with a pointer.
+	j2, j3 := b.archivedDeadJob(t, "order:2"), b.archivedDeadJob(t, "order:3")
+	res = op.do(t, http.MethodPost, "/monitoring/api/queues/default/archived_tasks:batch_run",
+		strings.NewReader(`{"task_ids":["`+j2.ID+`","`+j3.ID+`"]}`), map[string]string{"Content-Type": "application/json"})
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	require.JSONEq(t, `{"pending_ids":["`+j2.ID+`","`+j3.ID+`"],"error_ids":[]}`, res.body)
+	for _, id := range []string{j2.ID, j3.ID} {
+		got, err := b.store.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.StatusPending, got.Status)
+	}
+	res = op.do(t, http.MethodPost, "/monitoring/api/queues/default/archived_tasks:run_all", nil, nil)
+	require.Equal(t, http.StatusConflict, res.status)
+	require.Contains(t, res.body, "/dead")
+
+	// A job with a step in doubt is not run: the person must say first.
+	j4 := b.archivedDeadJob(t, "order:4")
+	_, err = b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'started')`, j4.ID)
+	require.NoError(t, err)
+	res = op.do(t, http.MethodPost, "/monitoring/api/queues/default/archived_tasks/"+j4.ID+":run", nil, nil)
+	require.Equal(t, http.StatusConflict, res.status)
+	require.Contains(t, res.body, "/jobs/"+j4.ID)
+	info, err := insp.GetTaskInfo("default", j4.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateArchived, info.State)
+}
+
+func TestAsynqmonLoadsNothingFromElsewhereAndLinksBack(t *testing.T) {
+	b := setup(t, nil)
+	v := b.signIn(t, viewerName, viewerPassword)
+	for _, p := range []string{"/monitoring/", "/monitoring/queues/default"} {
+		res := v.get(t, p)
+		require.Equal(t, http.StatusOK, res.status, p)
+		require.NotContains(t, res.body, "https://", p)
+		require.Contains(t, res.body, `<a id="keel-back" href="/"`, p)
+		csp := res.header.Get("Content-Security-Policy")
+		require.NotContains(t, csp, "https:", p)
+		require.Contains(t, res.body, `window.FLAG_READ_ONLY="true"`)
+	}
+}
