@@ -287,6 +287,26 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	require.Equal(t, 1, act.Failed)
 	require.NotEmpty(t, act.Jobs[0].Error)
 
+	// The schedule check names an entry whose kind the program lacks, and
+	// prints JSON.
+	_, _, err = greeter(t, "", "scheduler", "--check", "--config", "../examples/schedule.yaml")
+	require.ErrorContains(t, err, "analytics:sync")
+	out, _, err = greeter(t, "", "scheduler", "--check", "--config", "../examples/schedule.yaml", "--allow-unknown-kinds", "--json")
+	require.NoError(t, err)
+	var sched struct {
+		Entries []struct {
+			Name string      `json:"name"`
+			Next []time.Time `json:"next_ticks"`
+		} `json:"entries"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &sched))
+	require.NotEmpty(t, sched.Entries)
+	require.Len(t, sched.Entries[0].Next, 3)
+
+	out, _, err = greeter(t, "", "migrate", "--json")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"from": `+itoa(idempotency.SchemaVersion())+`, "to": `+itoa(idempotency.SchemaVersion())+`, "applied": []}`, out)
+
 	out, _, err = greeter(t, "", "healthcheck", "--json")
 	require.NoError(t, err)
 	require.JSONEq(t, `{"ok": true, "ledger_schema": `+itoa(idempotency.SchemaVersion())+`}`, out)
