@@ -79,8 +79,14 @@ func TestParallelWrongPasswordsAreCountedBeforeTheCompare(t *testing.T) {
 func TestConcurrentComparesAreCapped(t *testing.T) {
 	b := setup(t, func(c *web.Config) { c.LoginConcurrency = 2 })
 	entered, release := make(chan string), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // should the test fail with compares still held
 	web.SetCompareHook(b.srv, func(name string) {
-		entered <- name
+		select {
+		case entered <- name:
+		case <-release:
+		}
 		<-release
 	})
 	var wg sync.WaitGroup
@@ -96,7 +102,7 @@ func TestConcurrentComparesAreCapped(t *testing.T) {
 	res := b.anonymous().signInFrom(t, "nobody", "guess", "")
 	require.Equal(t, http.StatusServiceUnavailable, res.status)
 	require.NotEmpty(t, res.header.Get("Retry-After"))
-	close(release)
+	free()
 	wg.Wait()
 	web.SetCompareHook(b.srv, nil)
 	require.Equal(t, http.StatusSeeOther, b.anonymous().signInFrom(t, operatorName, operatorPassword, "").status)
