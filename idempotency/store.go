@@ -49,8 +49,9 @@ type NewJob struct {
 	RunAt          time.Time     // zero: now
 	PayloadSummary string
 	TraceID        string
-	// WakeRelay sends the relays a notification, delivered when the
-	// transaction commits, when a new row is written (EnqueueTx sets it).
+	// WakeRelay makes sure a relay publishes the row soon after the
+	// transaction commits (EnqueueTx sets it): it notifies the relays,
+	// delivered at commit, unless one is awake and polling.
 	WakeRelay bool
 }
 
@@ -85,12 +86,50 @@ const insertSQL = `INSERT INTO keel_jobs
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns
 
-// insertWakeSQL is insertSQL that also notifies the relays, in the same
-// round trip; Postgres folds a transaction's identical notifications into
-// one, delivered at commit.
+// insertWakeSQL is insertSQL that also wakes a relay, in the same round
+// trip, unless one is awake (see RelayAwakeLock).
 const insertWakeSQL = `WITH ins AS (` + insertSQL + `),
-	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins)
+	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins WHERE ` + wakeNeeded + `)
 	SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
+
+// A transaction that commits a NOTIFY holds a database-wide lock from its
+// notify until its commit is flushed (PreCommit_Notify), so notifying
+// writers commit one at a time: 16 producers were barely faster than one.
+// While rows keep coming a relay therefore stays awake, polling the
+// unpublished rows every few milliseconds, and writers do not notify it.
+// Two advisory locks on the ledger table say who is where:
+//
+//   - RelayAwakeLock: the awake relay holds it exclusively. A writer that
+//     can take it shared knows no relay is awake, and notifies.
+//   - RelaySettleLock: every writer takes it shared, before it looks at the
+//     awake lock, and keeps it until its transaction ends. A relay going
+//     back to sleep lets go of the awake lock (new writers notify again),
+//     then polls on until it can take this lock exclusively: every writer
+//     that may have counted on it has committed or rolled back. One last
+//     pass publishes what they wrote, and it lets go. A writer that finds
+//     this lock taken notifies.
+//
+// Writers only ever try the locks (never wait), and shared locks do not
+// conflict with each other, so the locks serialise nothing.
+//
+// Each constant is the argument list of Postgres's advisory lock functions
+// for that lock, e.g. "SELECT pg_try_advisory_lock(" + RelayAwakeLock + ")";
+// its second key is the ledger table's oid, so ledgers in different schemas
+// of one database do not share them.
+const (
+	RelayAwakeLock  = `1801807212, ` + ledgerLockKey // 0x6b65656c, "keel"
+	RelaySettleLock = `1801807213, ` + ledgerLockKey
+)
+
+const ledgerLockKey = `('keel_jobs'::regclass::oid::int8 & 2147483647)::int4`
+
+// wakeNeeded is true when the writing transaction must notify: a relay is
+// settling (it holds the settle lock), or none is awake. Otherwise the
+// writer keeps the settle lock, shared, until it commits. CASE fixes the
+// order in which the locks are tried.
+const wakeNeeded = `CASE WHEN NOT pg_try_advisory_xact_lock_shared(` + RelaySettleLock + `) THEN true
+		WHEN pg_try_advisory_xact_lock_shared(` + RelayAwakeLock + `) THEN true
+		ELSE false END`
 
 // Insert records nj in db (a pool or the caller's transaction). When a row for
 // (kind, business key) already exists it is returned with existed = true and

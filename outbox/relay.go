@@ -2,12 +2,16 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -17,13 +21,22 @@ import (
 const (
 	DefaultPollInterval = time.Second
 	DefaultBatchSize    = 200
+	DefaultAwakePoll    = 2 * time.Millisecond
+	DefaultIdleAfter    = 500 * time.Millisecond
 )
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
-	// PollInterval is how often the relay looks for unpublished rows when no
-	// notification wakes it. Default 1s.
+	// PollInterval is how often a sleeping relay looks for unpublished rows
+	// when no notification wakes it. Default 1s.
 	PollInterval time.Duration
+	// AwakePoll is how often the awake relay looks for new rows. Writers do
+	// not notify an awake relay, so a job committed meanwhile waits up to
+	// this long. Default 2ms.
+	AwakePoll time.Duration
+	// IdleAfter is how long the awake relay polls without finding a row
+	// before it goes back to sleep (and writers notify again). Default 500ms.
+	IdleAfter time.Duration
 	// BatchSize is how many rows one pass claims. Default 200.
 	BatchSize int
 	// Logger; default slog.Default().
@@ -33,6 +46,12 @@ type RelayConfig struct {
 func (c RelayConfig) withDefaults() RelayConfig {
 	if c.PollInterval <= 0 {
 		c.PollInterval = DefaultPollInterval
+	}
+	if c.AwakePoll <= 0 {
+		c.AwakePoll = DefaultAwakePoll
+	}
+	if c.IdleAfter <= 0 {
+		c.IdleAfter = DefaultIdleAfter
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = DefaultBatchSize
@@ -48,6 +67,11 @@ func (c RelayConfig) withDefaults() RelayConfig {
 // a worker. Any number of relays can run at once: rows are claimed with
 // FOR UPDATE SKIP LOCKED, and the ledger id is the asynq task id, so a
 // publish repeated after a crash is a harmless conflict.
+//
+// A relay sleeps until a writer's notification (or its poll) finds rows;
+// then one relay stays awake, polling every AwakePoll while rows keep
+// coming, and writers skip the notification that would serialise their
+// commits (idempotency.RelayAwakeLock tells how).
 type Relay struct {
 	pool  *pgxpool.Pool
 	store *idempotency.Store
@@ -55,6 +79,8 @@ type Relay struct {
 	cfg   RelayConfig
 
 	published atomic.Uint64
+	awake     atomic.Bool
+	listening atomic.Bool
 }
 
 // NewRelay returns a relay; Run it, then Close it.
@@ -68,34 +94,229 @@ func (r *Relay) Close() error { return r.asynq.Close() }
 // Published is how many jobs this relay has published.
 func (r *Relay) Published() uint64 { return r.published.Load() }
 
-// Run publishes until ctx ends. It wakes on the ledger's notification and
-// polls as a fallback, so a lost notification delays a job by at most one
-// poll interval.
+// Listening tells whether the relay is listening for writers'
+// notifications (a running relay is, but for a moment at start and after a
+// lost connection).
+func (r *Relay) Listening() bool { return r.listening.Load() }
+
+// Awake tells whether the relay is polling every AwakePoll: it holds the
+// awake lock, or is waiting for the writers that counted on it to finish.
+func (r *Relay) Awake() bool { return r.awake.Load() }
+
+// The states of a running relay.
+type relayState int
+
+const (
+	asleep   relayState = iota // listening; writers notify
+	awake                      // holds the awake lock; writers do not notify
+	settling                   // let go of it; waits for the writers that did not notify
+)
+
+// Run publishes until ctx ends. A sleeping relay wakes on the ledger's
+// notification and polls as a fallback, so a lost notification delays a
+// job by at most one poll interval.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
-	go r.listen(ctx, wake)
-	t := time.NewTicker(r.cfg.PollInterval)
-	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { r.listen(ctx, wake) })
+	locks := &relayLocks{pool: r.pool}
+	defer locks.close()
+	defer r.awake.Store(false)
+
+	tick := time.NewTicker(r.cfg.PollInterval)
+	defer tick.Stop()
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	state := asleep
+	var lastWork time.Time
 	for {
-		for {
-			n, err := r.PublishBatch(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				r.cfg.Logger.Warn("keel relay: publish pass failed", "err", err)
-				break
-			}
-			if n < r.cfg.BatchSize {
-				break
-			}
+		n, err := r.drain(ctx)
+		if ctx.Err() != nil {
+			return nil
 		}
+		if n > 0 {
+			lastWork = time.Now()
+		}
+		switch {
+		case err != nil:
+			// The ledger or Redis is failing: no point polling fast.
+			r.cfg.Logger.Warn("keel relay: publish pass failed", "err", err)
+		case state == asleep && n > 0, state == settling && n > 0:
+			state = r.wakeUp(ctx, locks)
+		case state == awake && time.Since(lastWork) >= r.cfg.IdleAfter:
+			if err := locks.unlock(ctx, idempotency.RelayAwakeLock); err != nil {
+				locks.close() // lets go of every lock
+			}
+			state = settling
+		case state == settling:
+			state = r.settle(ctx, locks)
+		}
+		r.awake.Store(state != asleep)
+		if state == asleep || err != nil {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-wake:
+			case <-tick.C:
+			}
+			continue
+		}
+		poll.Reset(r.cfg.AwakePoll)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
-		case <-t.C:
+		case <-poll.C:
 		}
+	}
+}
+
+// drain publishes batches until one comes back short.
+func (r *Relay) drain(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := r.PublishBatch(ctx)
+		total += n
+		if err != nil || n < r.cfg.BatchSize {
+			return total, err
+		}
+	}
+}
+
+// wakeUp tries to become the awake relay. While it waits for the awake lock
+// writers do not notify, so if it does not get it, it settles, unless
+// another relay holds the lock: that one waits for them.
+func (r *Relay) wakeUp(ctx context.Context, locks *relayLocks) relayState {
+	got, err := locks.lockAwake(ctx)
+	switch {
+	case err != nil:
+		r.cfg.Logger.Debug("keel relay: could not take the awake lock", "err", err)
+		locks.close()
+		return settling
+	case got:
+		return awake
+	}
+	other, err := locks.awakeHeld(ctx)
+	if err == nil && other {
+		return asleep
+	}
+	return settling
+}
+
+// settle returns asleep once every writer that did not notify has ended and
+// one last pass has published what they wrote.
+func (r *Relay) settle(ctx context.Context, locks *relayLocks) relayState {
+	got, err := locks.try(ctx, idempotency.RelaySettleLock)
+	if err != nil {
+		locks.close()
+		return settling
+	}
+	if !got {
+		return settling
+	}
+	defer func() {
+		if err := locks.unlock(ctx, idempotency.RelaySettleLock); err != nil {
+			locks.close()
+		}
+	}()
+	if _, err := r.drain(ctx); err != nil {
+		r.cfg.Logger.Warn("keel relay: publish pass failed", "err", err)
+		return settling
+	}
+	return asleep
+}
+
+// relayLocks holds the relay's session-level advisory locks on a connection
+// of their own, taken from the pool when first needed; closing it lets go
+// of every lock.
+type relayLocks struct {
+	pool *pgxpool.Pool
+	conn *pgx.Conn
+}
+
+// awakeLockTimeout bounds the wait for the awake lock: writers that took it
+// shared to notify hold it until they commit, which is quick.
+const awakeLockTimeout = 20 * time.Millisecond
+
+func (l *relayLocks) get(ctx context.Context) (*pgx.Conn, error) {
+	if l.conn != nil {
+		return l.conn, nil
+	}
+	pc, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Session locks must not go back to the pool with the connection.
+	conn := pc.Hijack()
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d", awakeLockTimeout.Milliseconds())); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	l.conn = conn
+	return conn, nil
+}
+
+// lockAwake waits up to awakeLockTimeout for the awake lock.
+func (l *relayLocks) lockAwake(ctx context.Context) (bool, error) {
+	conn, err := l.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, err = conn.Exec(ctx, "SELECT pg_advisory_lock("+idempotency.RelayAwakeLock+")")
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// awakeHeld tells whether another session holds the awake lock.
+func (l *relayLocks) awakeHeld(ctx context.Context) (bool, error) {
+	conn, err := l.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	var held bool
+	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks,
+			(VALUES (`+idempotency.RelayAwakeLock+`)) AS k (k1, k2)
+		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
+			AND mode = 'ExclusiveLock' AND granted AND pid <> pg_backend_pid())`).Scan(&held)
+	return held, err
+}
+
+// try takes lock (an idempotency.Relay…Lock) exclusively if it is free.
+func (l *relayLocks) try(ctx context.Context, lock string) (bool, error) {
+	conn, err := l.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	var got bool
+	err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+lock+")").Scan(&got)
+	return got, err
+}
+
+// unlock lets go of lock.
+func (l *relayLocks) unlock(ctx context.Context, lock string) error {
+	if l.conn == nil {
+		return errors.New("keel relay: no lock connection")
+	}
+	var held bool
+	if err := l.conn.QueryRow(ctx, "SELECT pg_advisory_unlock("+lock+")").Scan(&held); err != nil {
+		return err
+	}
+	if !held {
+		return errors.New("keel relay: lock was not held")
+	}
+	return nil
+}
+
+// close lets go of every lock.
+func (l *relayLocks) close() {
+	if l.conn != nil {
+		l.conn.Close(context.Background())
+		l.conn = nil
 	}
 }
 
@@ -126,6 +347,8 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+idempotency.RelayChannel); err != nil {
 		return err
 	}
+	r.listening.Store(true)
+	defer r.listening.Store(false)
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err

@@ -1,0 +1,226 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// enqueueTx commits one job with EnqueueTx, calling check inside the
+// transaction first, and returns the job's id.
+func enqueueTx(t *testing.T, c *tasks.Client, b *bundle, key string, check func(pgx.Tx)) string {
+	t.Helper()
+	var id string
+	require.NoError(t, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		res, err := c.EnqueueTx(context.Background(), tx, work.New(item{ID: key}))
+		if err != nil {
+			return err
+		}
+		id = res.Job.ID
+		if check != nil {
+			check(tx)
+		}
+		return nil
+	}))
+	return id
+}
+
+// runRelay runs r until the test ends and waits until it listens.
+func runRelay(t *testing.T, r *outbox.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; r.Close() })
+	testenv.Eventually(t, 5*time.Second, r.Listening, "the relay never listened")
+}
+
+// relayLocksHeld tells which relay locks tx holds: every writer holds the
+// settle lock; only one that notified holds the awake lock.
+func relayLocksHeld(t *testing.T, tx pgx.Tx) (settle, awake bool) {
+	t.Helper()
+	held := func(lock string) bool {
+		var n int
+		require.NoError(t, tx.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks, (VALUES (`+lock+`)) AS k (k1, k2)
+			WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND classid = k1::int8::oid AND objid = k2::int8::oid
+			AND objsubid = 2 AND granted`).Scan(&n))
+		return n > 0
+	}
+	return held(idempotency.RelaySettleLock), held(idempotency.RelayAwakeLock)
+}
+
+// inRedis tells whether asynq holds the task of job id.
+func inRedis(t *testing.T, insp *asynq.Inspector, id string) bool {
+	t.Helper()
+	_, err := insp.GetTaskInfo("default", id)
+	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		return false
+	}
+	require.NoError(t, err)
+	return true
+}
+
+// A burst larger than a batch goes to Redis with several publishes in
+// flight, every job once: the queue holds exactly the ledger's ids.
+func TestRelayPublishesBurstEachJobOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	const n = 1000
+	want := map[string]bool{}
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for i := range n {
+			res, err := c.EnqueueTx(ctx, tx, work.New(item{ID: fmt.Sprint("burst-", i)}))
+			if err != nil {
+				return err
+			}
+			want[res.Job.ID] = true
+		}
+		return nil
+	}))
+	r1 := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour})
+	r2 := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour})
+	runRelay(t, r1)
+	runRelay(t, r2)
+	testenv.Eventually(t, 20*time.Second, func() bool { return r1.Published()+r2.Published() >= n },
+		"the relays published %d of %d", r1.Published()+r2.Published(), n)
+	require.EqualValues(t, n, r1.Published()+r2.Published())
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
+
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	got := map[string]bool{}
+	for page := 1; ; page++ {
+		tasks, err := insp.ListPendingTasks("default", asynq.Page(page), asynq.PageSize(200))
+		require.NoError(t, err)
+		if len(tasks) == 0 {
+			break
+		}
+		for _, ti := range tasks {
+			require.False(t, got[ti.ID], "task %s is in Redis twice", ti.ID)
+			got[ti.ID] = true
+		}
+	}
+	require.Equal(t, want, got)
+}
+
+// While a relay is awake a writer does not notify (its commit takes no
+// database-wide lock), and the job still reaches Redis at once: the relay
+// polls. Its poll interval, an hour, rules the fallback out.
+func TestAwakeRelayPublishesWithoutNotification(t *testing.T) {
+	b := setup(t)
+	c := b.client(t, b.opt)
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	runRelay(t, r)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+
+	first := enqueueTx(t, c, b, "first", func(tx pgx.Tx) {
+		settle, awake := relayLocksHeld(t, tx)
+		require.True(t, settle)
+		require.True(t, awake, "with no relay awake the writer must notify")
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
+	testenv.Eventually(t, 5*time.Second, r.Awake, "the relay did not stay awake after finding work")
+
+	second := enqueueTx(t, c, b, "second", func(tx pgx.Tx) {
+		settle, awake := relayLocksHeld(t, tx)
+		require.True(t, settle, "a writer that skips the notification holds the settle lock")
+		require.False(t, awake, "a writer must not notify an awake relay")
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, second) }, "the awake relay did not poll")
+}
+
+// A relay that found nothing for IdleAfter goes back to sleep; then the
+// writer notifies again, and the notification wakes it.
+func TestIdleRelaySleepsAndIsWokenAgain(t *testing.T) {
+	b := setup(t)
+	c := b.client(t, b.opt)
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: 20 * time.Millisecond})
+	runRelay(t, r)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	first := enqueueTx(t, c, b, "first", nil)
+	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
+	testenv.Eventually(t, 5*time.Second, func() bool { return !r.Awake() }, "the relay did not go back to sleep")
+
+	second := enqueueTx(t, c, b, "second", func(tx pgx.Tx) {
+		_, awake := relayLocksHeld(t, tx)
+		require.True(t, awake, "with the relay asleep the writer must notify")
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, second) }, "the sleeping relay was not woken")
+}
+
+// A writer that counted on the awake relay and commits after the relay let
+// go of the awake lock is still published: the relay waits for it before
+// it sleeps.
+func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: 50 * time.Millisecond})
+	runRelay(t, r)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	first := enqueueTx(t, c, b, "first", nil)
+	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	res, err := c.EnqueueTx(ctx, tx, work.New(item{ID: "straggler"}))
+	require.NoError(t, err)
+	settle, awake := relayLocksHeld(t, tx)
+	require.True(t, settle)
+	require.False(t, awake, "the relay was awake: the writer must not notify")
+	// The relay lets go of the awake lock after IdleAfter but cannot
+	// settle while the writer is open.
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_locks, (VALUES (`+idempotency.RelayAwakeLock+`)) AS k (k1, k2)
+			WHERE locktype = 'advisory' AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
+			AND mode = 'ExclusiveLock' AND granted`) == 0
+	}, "the relay kept the awake lock")
+	require.True(t, r.Awake(), "the relay slept before the writer that counted on it ended")
+	require.NoError(t, tx.Commit(ctx))
+	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, res.Job.ID) }, "the straggler's job was not published")
+	testenv.Eventually(t, 5*time.Second, func() bool { return !r.Awake() }, "the relay did not go back to sleep")
+}
+
+// A rolled-back transaction publishes nothing, with the relay awake or
+// asleep: the job written after it is published, it is not.
+func TestRolledBackEnqueueTxPublishesNothing(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	runRelay(t, r)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	for round, state := range []string{"asleep", "awake"} {
+		var rolledBack string
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			res, err := c.EnqueueTx(ctx, tx, work.New(item{ID: "rolled-back-" + state}))
+			require.NoError(t, err)
+			rolledBack = res.Job.ID
+			return errors.New("roll back")
+		})
+		require.Error(t, err)
+		after := enqueueTx(t, c, b, fmt.Sprint("after-", round), nil)
+		testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, after) }, "the relay (%s) did not publish", state)
+		require.False(t, inRedis(t, insp, rolledBack), "a rolled-back job reached Redis (relay %s)", state)
+		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1`, rolledBack))
+		testenv.Eventually(t, 5*time.Second, r.Awake, "the relay did not wake")
+	}
+	require.EqualValues(t, 2, r.Published())
+}
