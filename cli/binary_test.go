@@ -206,7 +206,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 	} {
 		t.Run("no schema/"+strings.Join(args[:min(2, len(args))], " "), func(t *testing.T) {
 			oneLine(t, welcome(t, []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL(empty)}, args...),
-				"the ledger has no schema yet: run `keel migrate`")
+				"the ledger has no schema yet: run `welcome migrate`")
 		})
 	}
 	t.Run("no database", func(t *testing.T) {

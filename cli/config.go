@@ -269,9 +269,20 @@ func (e *Env) Ledger(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	if err := idempotency.CheckSchema(ctx, pool); err != nil {
 		pool.Close()
-		return nil, err
+		return nil, e.migrateHint(err)
 	}
 	return pool, nil
+}
+
+// migrateHint names this program in the ledger's "run `keel migrate`": a
+// program's own migrate also creates its own tables.
+func (e *Env) migrateHint(err error) error {
+	name := e.app.name()
+	msg := err.Error()
+	if name == "keel" || errors.Is(err, idempotency.ErrSchemaTooNew) || !strings.Contains(msg, "run `keel migrate`") {
+		return err
+	}
+	return errors.New(strings.Replace(msg, "run `keel migrate`", "run `"+name+" migrate`", 1))
 }
 
 // WorkerFlags are the worker's own settings (--queues, --concurrency, …),
