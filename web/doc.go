@@ -1,6 +1,7 @@
 // Package web is keel's dashboard: one HTTP server with keel's own pages
-// (queues, dead letters, look-up by business key, replay, discard and step
-// resolution), asynqmon under /monitoring/, /metrics and /healthz.
+// (queues, the jobs list, dead letters, look-up by business key, replay,
+// discard and step resolution), asynqmon under /monitoring/, /metrics and
+// /healthz.
 //
 // # Pages
 //
@@ -14,8 +15,13 @@
 // timestamps, steps and the audit log. Operators replay, discard (with a
 // note), resolve steps in doubt, and act on every dead job a filter matches
 // after confirming the count; each action lands in the audit log under the
-// operator's name. Pages are rendered on the server with html/template, so
-// everything a job carries is escaped, and they run no script at all.
+// operator's name. The jobs list shows every job in the ledger, filtered by
+// status (or "in doubt"), kind, queue, business-key prefix and error text,
+// in keyset pages, optionally refreshing itself with a meta refresh; dead
+// jobs ticked there go through the same confirmed-count bulk actions. Pages
+// are rendered on the server with html/template, so everything a job
+// carries is escaped (and invisible or bidi control characters are shown as
+// codes), and they run no script at all.
 //
 // # Security
 //
@@ -31,5 +37,14 @@
 // Responses carry a Content-Security-Policy (a separate, hash-pinned one for
 // asynqmon's app), nosniff, frame denial and a same-origin referrer policy.
 // New refuses an address other machines can reach when no user and no proxy
-// header is configured.
+// header is configured. Requests for a Host the server does not answer to
+// (see Config.AllowedHosts) get 421, which stops DNS rebinding.
+//
+// Sign-in attempts are counted before the password is compared: per client
+// address (read from X-Forwarded-For only behind Config.TrustedProxies),
+// per account as a slowdown rather than a lock-out, and per device for
+// browsers the user signed in from before; concurrent compares are capped
+// (Config.LoginConcurrency). Sign-ins, failed sign-ins and operator writes
+// through asynqmon are written to the audit log, and asynqmon's "run" of a
+// keel job's archived task is keel's replay.
 package web
