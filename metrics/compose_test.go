@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"path"
@@ -22,6 +23,7 @@ import (
 type composeService struct {
 	Image       string            `yaml:"image"`
 	Build       any               `yaml:"build"`
+	Entrypoint  []string          `yaml:"entrypoint"`
 	Command     []string          `yaml:"command"`
 	Environment map[string]string `yaml:"environment"`
 	Volumes     []string          `yaml:"volumes"`
@@ -287,4 +289,73 @@ func metricsPort(t *testing.T, s composeService, metricsPath string) string {
 		return portOf(flag("--addr"))
 	}
 	return ""
+}
+
+// image reads the Dockerfile: the binaries the final image holds (built
+// with go build -o /out/ from packages of this module, then copied) and its
+// entrypoint.
+func image(t *testing.T) (bins map[string]bool, entrypoint string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "Dockerfile"))
+	require.NoError(t, err)
+	built := map[string]bool{}
+	bins = map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		switch {
+		case slices.Contains(fields, "go") && slices.Contains(fields, "build"):
+			require.Contains(t, fields, "/out/", "build every binary into /out/")
+			for _, f := range fields {
+				if !strings.HasPrefix(f, "./") {
+					continue
+				}
+				main, err := os.ReadFile(filepath.Join("..", filepath.FromSlash(f), "main.go"))
+				require.NoError(t, err, "the Dockerfile builds %s: no main.go there", f)
+				require.Regexp(t, `(?m)^package main$`, string(main), f)
+				built[path.Base(f)] = true
+			}
+		case len(fields) > 0 && fields[0] == "COPY" && slices.Contains(fields, "--from=build"):
+			for _, f := range fields {
+				if bin, ok := strings.CutPrefix(f, "/out/"); ok {
+					require.True(t, built[bin], "the image copies %s, which is not built", bin)
+					bins[bin] = true
+				}
+			}
+		case len(fields) > 0 && fields[0] == "ENTRYPOINT":
+			var ep []string
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(line, "ENTRYPOINT")), &ep))
+			require.NotEmpty(t, ep)
+			entrypoint = ep[0]
+		}
+	}
+	require.NotEmpty(t, bins, "the Dockerfile builds no binary")
+	require.True(t, bins[entrypoint], "the image's entrypoint %q is not in it", entrypoint)
+	return bins, entrypoint
+}
+
+func TestComposeRunsBinariesTheImageHas(t *testing.T) {
+	t.Parallel()
+	f := readCompose(t)
+	bins, entrypoint := image(t)
+	n := 0
+	for name, s := range f.Services {
+		if s.Image != "keel:local" {
+			continue
+		}
+		n++
+		bin := entrypoint
+		if len(s.Entrypoint) > 0 {
+			bin = s.Entrypoint[0]
+		}
+		require.True(t, bins[bin], "%s runs %s, which the image does not have", name, bin)
+		require.NotEmpty(t, s.Command, name)
+		if sub := s.Command[0]; sub == "worker" || sub == "api" {
+			// The stock binary declares no kinds and has no handlers.
+			require.NotEqual(t, "keel", bin, "%s: `keel %s` has no handlers to run; use the program that declares them", name, sub)
+		}
+		if s.Healthcheck != nil {
+			require.True(t, bins[s.Healthcheck.Test[1]], "%s: the healthcheck runs %s, which the image does not have", name, s.Healthcheck.Test[1])
+		}
+	}
+	require.NotZero(t, n)
 }
