@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -44,7 +45,29 @@ type RelayReport struct {
 	// BatchSize is how many rows one relay pass claims.
 	BatchSize int        `json:"batch_size"`
 	Rows      []RelayRow `json:"rows"`
+	// Commits are EnqueueTx's commit rate with Producers at once, a relay
+	// running or not, against the bare ledger INSERT with a relay running.
+	Producers int         `json:"producers"`
+	Commits   []CommitRow `json:"commits"`
 }
+
+// CommitRow is one way of committing jobs, 1 per transaction, timed.
+type CommitRow struct {
+	Name          string  `json:"name"`
+	Jobs          int     `json:"jobs"`
+	Seconds       float64 `json:"seconds"`
+	JobsPerSecond float64 `json:"jobs_per_second"`
+	Call          Latency `json:"per_call"`
+	// Ratio is the rate over the bare ledger INSERT's.
+	Ratio float64 `json:"ratio_to_insert"`
+}
+
+// The commit rows of the relay part.
+const (
+	CommitInsert    = "ledger INSERT, relay running"
+	CommitTxAwake   = "keel EnqueueTx, relay running"
+	CommitTxNoRelay = "keel EnqueueTx, no relay (every commit notifies)"
+)
 
 // String renders the report as a table.
 func (r RelayReport) String() string {
@@ -58,7 +81,21 @@ func (r RelayReport) String() string {
 	}
 	tw.Flush()
 	fmt.Fprintf(&sb, "\nA relay pass claims up to %d rows (FOR UPDATE SKIP LOCKED), marks them published and commits,\n"+
-		"then enqueues each with asynq's client; asynq Client.Enqueue, one producer, is the same Redis work alone.\n", r.BatchSize)
+		"then enqueues them with asynq's client, %d in flight; asynq Client.Enqueue, one producer, is the same Redis work\n"+
+		"one at a time.\n", r.BatchSize, idempotency.PublishInFlight)
+	if len(r.Commits) > 0 {
+		fmt.Fprintf(&sb, "\n%d producers, 1 job per transaction:\n\n", r.Producers)
+		tw = tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "commits\tjobs\tseconds\tjobs/s\tp50 ms\tp99 ms\tvs INSERT\t")
+		for _, row := range r.Commits {
+			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%.2f\t\n", row.Name, row.Jobs, row.Seconds, row.JobsPerSecond,
+				fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio)
+		}
+		tw.Flush()
+		fmt.Fprintf(&sb, "\nWhile a relay is awake (rows keep coming) EnqueueTx's writers do not NOTIFY, whose commit-time\n"+
+			"lock would make their commits wait for each other; the awake relay polls every %s instead.\n"+
+			"With no relay running every commit notifies. The relay publishes the INSERT row's jobs too.\n", outbox.DefaultAwakePoll)
+	}
 	return sb.String()
 }
 
@@ -107,7 +144,69 @@ func (e *env) relay(ctx context.Context) (RelayReport, error) {
 			return rep, err
 		}
 	}
+	if err := e.commits(ctx, &rep); err != nil {
+		return rep, err
+	}
 	return rep, e.reset(ctx)
+}
+
+// commits measures EnqueueTx's commits against the bare ledger INSERT,
+// Producers at once, with and without a relay running.
+func (e *env) commits(ctx context.Context, rep *RelayReport) error {
+	o := e.o
+	rep.Producers = o.Producers
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool, Logger: e.warn})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	enqueueTx := func(ctx context.Context, key string) error {
+		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := client.EnqueueTx(ctx, tx, tasks.NewRaw(Kind, payload, key, tasks.Queue(Queue)))
+			return err
+		})
+	}
+	insert := func(ctx context.Context, key string) error {
+		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, _, err := client.Store().Insert(ctx, tx, idempotency.NewJob{Kind: Kind, BusinessKey: key, Queue: Queue,
+				Payload: payload, MaxRetry: tasks.DefaultMaxRetry})
+			return err
+		})
+	}
+	var base float64
+	for _, m := range []struct {
+		name  string
+		relay bool
+		call  func(context.Context, string) error
+	}{
+		{CommitInsert, true, insert},
+		{CommitTxAwake, true, enqueueTx},
+		{CommitTxNoRelay, false, enqueueTx},
+	} {
+		if err := e.reset(ctx); err != nil {
+			return err
+		}
+		stop := func() {}
+		if m.relay {
+			r := outbox.NewRelay(e.pool, e.redis, outbox.RelayConfig{Logger: e.warn})
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = r.Run(rctx) }()
+			stop = func() { cancel(); <-done; r.Close() }
+		}
+		er, err := e.measureEnqueue(ctx, enqueueMethod{name: m.name, call: m.call}, o.Producers, o.EnqueueJobs)
+		stop()
+		row := CommitRow{Name: m.name, Jobs: er.Jobs, Seconds: er.Seconds, JobsPerSecond: er.JobsPerSecond, Call: er.Call}
+		if m.name == CommitInsert {
+			base = row.JobsPerSecond
+		}
+		row.Ratio = ratio(row.JobsPerSecond, base)
+		rep.Commits = append(rep.Commits, row)
+		if err != nil {
+			return fmt.Errorf("%s: %w", m.name, err)
+		}
+	}
+	return nil
 }
 
 // fillUnpublished commits n jobs with EnqueueTx, RelayTxJobs per

@@ -379,9 +379,11 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 // Unpublish, any it could not; a caller that dies in between leaves jobs the
 // reconciler republishes after its grace period.
 func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) {
+	// By ctid: the rows are locked, so their ctids hold until the commit,
+	// and a TID scan spares a second primary key look-up per row.
 	rows, err := s.pool.Query(ctx, `UPDATE keel_jobs SET published_at = now()
-		WHERE id = ANY (ARRAY (
-			SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()
+		WHERE ctid = ANY (ARRAY (
+			SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()
 			ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 		RETURNING `+jobColumns, limit)
 	if err != nil {

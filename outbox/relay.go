@@ -172,16 +172,57 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// drain publishes batches until one comes back short.
+// drain publishes batches until one comes back short. It claims the next
+// batch while it publishes one (each claim commits on its own), so the
+// ledger's work and Redis's overlap.
 func (r *Relay) drain(ctx context.Context) (int, error) {
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	batches := make(chan []idempotency.Job, 1)
+	claimErr := make(chan error, 1)
+	go func() {
+		defer close(batches)
+		for {
+			jobs, err := r.store.ClaimUnpublished(cctx, r.cfg.BatchSize)
+			if err != nil {
+				claimErr <- fmt.Errorf("keel relay: %w", err)
+				return
+			}
+			if len(jobs) == 0 {
+				return
+			}
+			select {
+			case batches <- jobs:
+			case <-cctx.Done():
+				r.handBack(ctx, jobs)
+				return
+			}
+			if len(jobs) < r.cfg.BatchSize {
+				return
+			}
+		}
+	}()
 	total := 0
-	for {
-		n, err := r.PublishBatch(ctx)
+	var err error
+	for jobs := range batches {
+		if err != nil {
+			r.handBack(ctx, jobs)
+			continue
+		}
+		n, perr := r.publish(ctx, jobs)
 		total += n
-		if err != nil || n < r.cfg.BatchSize {
-			return total, err
+		if perr != nil {
+			err = perr
+			stop()
 		}
 	}
+	if err == nil {
+		select {
+		case err = <-claimErr:
+		default:
+		}
+	}
+	return total, err
 }
 
 // wakeUp tries to become the awake relay. While it waits for the awake lock
@@ -367,32 +408,47 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("keel relay: %w", err)
 	}
+	return r.publish(ctx, jobs)
+}
+
+// publish publishes claimed jobs, hands back those it could not, and returns
+// how many it published; an error when it published none of them.
+func (r *Relay) publish(ctx context.Context, jobs []idempotency.Job) (int, error) {
 	res, _ := r.store.PublishMany(ctx, r.asynq, jobs) // claimed rows are marked already
 	n := 0
 	var pubErr error
-	var failed []string
+	var failed []idempotency.Job
 	for i, p := range res {
 		if p.Err == nil {
 			n++
 			continue
 		}
 		pubErr = p.Err
-		failed = append(failed, jobs[i].ID)
+		failed = append(failed, jobs[i])
 		// One job Redis refuses must not hold up the rest of the batch.
 		if len(failed) <= 3 {
 			r.cfg.Logger.Warn("keel relay: could not publish job", "job_id", jobs[i].ID, "kind", jobs[i].Kind, "err", p.Err)
 		}
 	}
-	if len(failed) > 0 {
-		ids := failed
-		// Without the ledger the reconciler republishes them after its grace.
-		if err := r.store.Unpublish(context.WithoutCancel(ctx), ids); err != nil {
-			r.cfg.Logger.Warn("keel relay: could not hand back unpublished jobs", "jobs", len(ids), "err", err)
-		}
-	}
+	r.handBack(ctx, failed)
 	r.published.Add(uint64(n))
 	if pubErr != nil && n == 0 {
 		return 0, fmt.Errorf("keel relay: %w", pubErr)
 	}
 	return n, nil
+}
+
+// handBack returns claimed jobs to the relays. Without the ledger the
+// reconciler republishes them after its grace.
+func (r *Relay) handBack(ctx context.Context, jobs []idempotency.Job) {
+	if len(jobs) == 0 {
+		return
+	}
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ID
+	}
+	if err := r.store.Unpublish(context.WithoutCancel(ctx), ids); err != nil {
+		r.cfg.Logger.Warn("keel relay: could not hand back unpublished jobs", "jobs", len(ids), "err", err)
+	}
 }
