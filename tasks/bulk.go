@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -106,6 +107,8 @@ func results(ins []idempotency.Inserted) []*Result {
 // caller's context has ended.
 const publishGiveUp = 10 * time.Second
 
+var errPublishSkipped = errors.New("keel: publish skipped after an earlier failure")
+
 // publishInFlight is how many publishes one call keeps in flight: enough to
 // hide Redis round trips, few enough to stay inside the asynq client's
 // connection pool (go-redis: ten per CPU).
@@ -120,7 +123,19 @@ func (c *Client) publish(ctx context.Context, rs []*Result) {
 		return
 	}
 	errs := make([]error, len(rs))
+	// After one failure the rest go to the relay untried: with Redis down,
+	// each try could wait out a dial timeout.
+	var failed atomic.Bool
 	one := func(i int) {
+		if failed.Load() {
+			errs[i] = errPublishSkipped
+			return
+		}
+		defer func() {
+			if errs[i] != nil {
+				failed.Store(true)
+			}
+		}()
 		if rs[i].Existed {
 			errs[i] = c.store.Publish(ctx, c.asynq, rs[i].Job)
 		} else {
@@ -148,7 +163,9 @@ func (c *Client) publish(ctx context.Context, rs []*Result) {
 			r.Published = true
 			continue
 		}
-		firstErr = errs[i]
+		if firstErr == nil || firstErr == errPublishSkipped {
+			firstErr = errs[i]
+		}
 		if !r.Existed {
 			back = append(back, r.Job.ID)
 			r.Job.PublishedAt = nil
