@@ -75,8 +75,10 @@ func TestDemoSmoke(t *testing.T) {
 	succeeded, _ := strconv.Atoi(m[2])
 	mails, _ := strconv.Atoi(m[5])
 	require.Greater(t, orders, 100, text)
-	require.Greater(t, succeeded, 2*orders, text)
-	require.Greater(t, mails, orders/2, text)
+	// Jobs and mails trail the orders by as much as the machine is busy: the
+	// bounds say work flowed, not how fast.
+	require.Greater(t, succeeded, orders, text)
+	require.Greater(t, mails, orders/4, text)
 	require.Equal(t, "0", m[6], "an order was mailed twice:\n%s", text)
 
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
