@@ -56,7 +56,8 @@ type App struct {
 	// the ledger's migrations. Nil: none.
 	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
 	// Commands adds subcommands of the program's own. env reads the
-	// connection flags every subcommand shares.
+	// connection flags every subcommand shares. They must not set a
+	// PersistentPreRun: the root's checks the shared flags.
 	Commands func(env *Env) []*cobra.Command
 }
 
