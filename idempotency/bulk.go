@@ -29,7 +29,8 @@ type InsertOptions struct {
 	// could not. A caller that dies in between leaves rows the reconciler
 	// republishes after its grace, as it does for a relay that dies.
 	Claim bool
-	// WakeRelay notifies the relays, at commit, when a new row is written.
+	// WakeRelay makes sure a relay publishes new rows soon after commit, as
+	// NewJob.WakeRelay does for Insert.
 	WakeRelay bool
 }
 
@@ -42,7 +43,8 @@ const (
 
 // bulkInsertSQL writes the rows given as arrays, in order, skipping those
 // whose (kind, business key) exists. $13: write them claimed (published);
-// $14: wake the relays when a row was written.
+// $14: make sure a relay publishes them after commit, as insertWakeSQL does
+// (notify unless a relay is awake and polling).
 const bulkInsertSQL = `WITH ins AS (
 	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
 		run_at, payload_summary, trace_id, max_wait_ms, published_at)
@@ -56,7 +58,8 @@ const bulkInsertSQL = `WITH ins AS (
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns + `),
-wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one WHERE $14::bool)
+wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one
+	WHERE $14::bool AND ` + wakeNeeded + `)
 SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
 
 // bulkLookupSQL reads the rows of the given (kind, business key) pairs.

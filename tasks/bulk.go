@@ -2,13 +2,9 @@ package tasks
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -107,64 +103,32 @@ func results(ins []idempotency.Inserted) []*Result {
 // caller's context has ended.
 const publishGiveUp = 10 * time.Second
 
-var errPublishSkipped = errors.New("keel: publish skipped after an earlier failure")
-
-// publishInFlight is how many publishes one call keeps in flight: enough to
-// hide Redis round trips, few enough to stay inside the asynq client's
-// connection pool (go-redis: ten per CPU).
-const publishInFlight = 16
-
-// publish hands the jobs of rs to Redis, several at once, and sets their
-// Published. New rows were written claimed (marked published); those Redis
-// did not take are handed back to the relay in one statement. An existing
-// row that was not yet published (rare) is published and marked.
+// publish hands the jobs of rs to Redis with Store.PublishMany (several in
+// flight) and sets their Published. New rows were written claimed (marked
+// published); those Redis did not take are handed back to the relay in one
+// statement. An existing row that was not yet published is marked by
+// PublishMany once Redis holds it.
 func (c *Client) publish(ctx context.Context, rs []*Result) {
 	if len(rs) == 0 {
 		return
 	}
-	errs := make([]error, len(rs))
-	// After one failure the rest go to the relay untried: with Redis down,
-	// each try could wait out a dial timeout.
-	var failed atomic.Bool
-	one := func(i int) {
-		if failed.Load() {
-			errs[i] = errPublishSkipped
-			return
-		}
-		defer func() {
-			if errs[i] != nil {
-				failed.Store(true)
-			}
-		}()
-		if rs[i].Existed {
-			errs[i] = c.store.Publish(ctx, c.asynq, rs[i].Job)
-		} else {
-			errs[i] = c.publishClaimed(ctx, rs[i].Job)
-		}
+	jobs := make([]idempotency.Job, len(rs))
+	for i, r := range rs {
+		jobs[i] = r.Job
 	}
-	if len(rs) == 1 {
-		one(0)
-	} else {
-		var wg sync.WaitGroup
-		slots := make(chan struct{}, publishInFlight)
-		for i := range rs {
-			slots <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-slots }()
-				one(i)
-			})
-		}
-		wg.Wait()
+	out, markErr := c.store.PublishMany(ctx, c.asynq, jobs)
+	if markErr != nil {
+		c.log.Warn("keel: published jobs not marked; the relay's second publish is harmless", "err", markErr)
 	}
 	var back []string
 	var firstErr error
 	for i, r := range rs {
-		if errs[i] == nil {
+		if out[i].Err == nil {
 			r.Published = true
 			continue
 		}
-		if firstErr == nil || firstErr == errPublishSkipped {
-			firstErr = errs[i]
+		if firstErr == nil {
+			firstErr = out[i].Err
 		}
 		if !r.Existed {
 			back = append(back, r.Job.ID)
@@ -184,17 +148,6 @@ func (c *Client) publish(ctx context.Context, rs []*Result) {
 		// The rows stay claimed: the reconciler publishes them after its grace.
 		c.log.Warn("keel: jobs not handed back to the relay; the reconciler publishes them", "jobs", len(back), "err", err)
 	}
-}
-
-// publishClaimed enqueues a job whose row is already marked published. A
-// task id conflict means Redis holds it already.
-func (c *Client) publishClaimed(ctx context.Context, j idempotency.Job) error {
-	t := asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{idempotency.HeaderBusinessKey: j.BusinessKey})
-	_, err := c.asynq.EnqueueContext(ctx, t, idempotency.TaskOptions(j)...)
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("keel: publish job %s: %w", j.ID, err)
-	}
-	return nil
 }
 
 // Group commit of Enqueue: up to maxInsertBatch waiting calls share one
