@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -70,8 +71,10 @@ func (r LatencyReport) String() string {
 	}
 	fmt.Fprintf(&sb, "\ntarget p99 ≤ %s ms for the keel worker: %s.\n", fmtMs(r.TargetP99Ms), verdict)
 	fmt.Fprintf(&sb, "poll: how often an idle worker looks at its queues (asynq sleeps ½–1½ of it between looks). keel's\n"+
-		"way in: EnqueueTx's NOTIFY wakes the relay, which publishes to Redis; the worker's guard claims the job.\n"+
-		"put off: deliveries the guard found locked (the relay had not committed yet) and handed back to asynq.\n")
+		"way in: the relay, awake while jobs keep coming (here: all along), polls every %s and publishes to\n"+
+		"Redis (asleep, EnqueueTx's NOTIFY wakes it); the worker's guard claims the job.\n"+
+		"put off: deliveries the guard found locked (the relay had not committed yet) and handed back to asynq.\n",
+		outbox.DefaultAwakePoll)
 	return sb.String()
 }
 

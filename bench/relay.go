@@ -94,7 +94,7 @@ func (r RelayReport) String() string {
 		tw.Flush()
 		fmt.Fprintf(&sb, "\nWhile a relay is awake (rows keep coming) EnqueueTx's writers do not NOTIFY, whose commit-time\n"+
 			"lock would make their commits wait for each other; the awake relay polls every %s instead.\n"+
-			"With no relay running every commit notifies. The relay publishes the INSERT row's jobs too.\n", outbox.DefaultAwakePoll)
+			"With no relay running every commit notifies. The INSERT row's relay polls as often, and publishes its jobs too.\n", outbox.DefaultAwakePoll)
 	}
 	return sb.String()
 }
@@ -188,7 +188,13 @@ func (e *env) commits(ctx context.Context, rep *RelayReport) error {
 		}
 		stop := func() {}
 		if m.relay {
-			r := outbox.NewRelay(e.pool, e.redis, outbox.RelayConfig{Logger: e.warn})
+			// Polling as often as an awake relay, the INSERT row's relay
+			// publishes its rows as they come too: the same work downstream.
+			cfg := outbox.RelayConfig{Logger: e.warn}
+			if m.name == CommitInsert {
+				cfg.PollInterval = outbox.DefaultAwakePoll
+			}
+			r := outbox.NewRelay(e.pool, e.redis, cfg)
 			rctx, cancel := context.WithCancel(ctx)
 			done := make(chan struct{})
 			go func() { defer close(done); _ = r.Run(rctx) }()
