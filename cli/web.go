@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
@@ -29,6 +31,9 @@ type webFlags struct {
 	tlsCert       string
 	tlsKey        string
 	sessionTTL    time.Duration
+	proxies       []string
+	hosts         []string
+	logins        int
 }
 
 func webCmd(e *Env) *cobra.Command {
@@ -94,6 +99,12 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 	fl.StringVar(&f.tlsKey, "tls-key", os.Getenv("KEEL_WEB_TLS_KEY"), "the certificate's key file (env KEEL_WEB_TLS_KEY)")
 	fl.DurationVar(&f.sessionTTL, "session-ttl", envDuration("KEEL_WEB_SESSION_TTL", web.DefaultSessionTTL),
 		"how long a sign-in lasts (env KEEL_WEB_SESSION_TTL)")
+	fl.StringSliceVar(&f.proxies, "trusted-proxy", splitList(os.Getenv("KEEL_WEB_TRUSTED_PROXIES")),
+		"address or CIDR prefix of a reverse proxy whose X-Forwarded-For is read, repeatable; none by default (env KEEL_WEB_TRUSTED_PROXIES, comma-separated)")
+	fl.StringSliceVar(&f.hosts, "allowed-host", splitList(os.Getenv("KEEL_WEB_ALLOWED_HOSTS")),
+		"a further host name the server answers to, repeatable (env KEEL_WEB_ALLOWED_HOSTS, comma-separated)")
+	fl.IntVar(&f.logins, "login-concurrency", envInt("KEEL_WEB_LOGIN_CONCURRENCY", web.DefaultLoginConcurrency),
+		"password comparisons at once; more sign-ins wait with 503 (env KEEL_WEB_LOGIN_CONCURRENCY)")
 	cmd.AddCommand(hashPasswordCmd())
 	return cmd
 }
@@ -110,6 +121,7 @@ func (f *webFlags) config(stderr io.Writer) (web.Config, error) {
 		Addr: f.addr, Users: users, Secret: []byte(os.Getenv("KEEL_WEB_SECRET")), SessionTTL: f.sessionTTL,
 		BehindHTTPS: f.behindHTTPS, TLSCertFile: f.tlsCert, TLSKeyFile: f.tlsKey, Origin: f.origin,
 		ProxyUserHeader: f.proxyHeader, ProxyOperators: splitList(os.Getenv("KEEL_WEB_PROXY_OPERATORS")),
+		TrustedProxies: f.proxies, AllowedHosts: f.hosts, LoginConcurrency: f.logins,
 		MetricsToken: f.metricsToken, MetricsPublic: f.metricsPublic,
 	}
 	// On this machine only, with nobody configured, make a one-time
@@ -126,6 +138,13 @@ func (f *webFlags) config(stderr io.Writer) (web.Config, error) {
 	}
 	if len(cfg.Users) == 0 && cfg.ProxyUserHeader == "" && !web.IsLoopback(f.addr) {
 		return web.Config{}, usageError{fmt.Errorf("%w (address %s)", web.ErrNoCredentials, f.addr)}
+	}
+	// Every setting is checked before anything is connected to; the
+	// connections are only stand-ins here.
+	probe := cfg
+	probe.Redis, probe.Pool = asynq.RedisClientOpt{}, new(pgxpool.Pool)
+	if err := probe.Validate(); err != nil {
+		return web.Config{}, usageError{err}
 	}
 	return cfg, nil
 }

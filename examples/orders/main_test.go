@@ -164,6 +164,8 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 		{[]string{"--log-level", "loud", "worker"}, "log-level"},
 		{[]string{"--database-url", "postgres://127.0.0.1:1/x?connect_timeout=1", "status", "a", "b"}, "not answering"},
 		{[]string{"worker", "--rate-limit", "mail=fast"}, "RATE/PERIOD"},
+		{[]string{"web", "--trusted-proxy", "proxy.internal"}, "CIDR prefix"},
+		{[]string{"web", "--allowed-host", "a b"}, "host"},
 	} {
 		root := cli.New(app())
 		root.SetOut(&bytes.Buffer{})
