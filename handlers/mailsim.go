@@ -43,8 +43,10 @@ type Faults struct {
 // GET /sent?key=K tells whether a mail with key K went out: the look-up a
 // step's Verify uses.
 type MailSim struct {
-	mu      sync.Mutex
-	faults  Faults
+	mu     sync.Mutex
+	faults Faults
+	// bounce is the bouncing domain /bounces/on brings back.
+	bounce  string
 	rnd     *rand.Rand
 	calls   int
 	mails   int
@@ -54,7 +56,7 @@ type MailSim struct {
 
 // NewMailSim returns a simulated mail service.
 func NewMailSim(f Faults, seed uint64) *MailSim {
-	return &MailSim{faults: f, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+	return &MailSim{faults: f, bounce: f.BounceDomain, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		sent: map[string]int{}, byOrder: map[string]int{}}
 }
 
@@ -62,6 +64,9 @@ func NewMailSim(f Faults, seed uint64) *MailSim {
 func (m *MailSim) SetFaults(f Faults) {
 	m.mu.Lock()
 	m.faults = f
+	if f.BounceDomain != "" {
+		m.bounce = f.BounceDomain
+	}
 	m.mu.Unlock()
 }
 
@@ -96,8 +101,9 @@ type mailRequest struct {
 }
 
 // ServeHTTP serves POST /send, GET /sent?key=K (200 if a mail with key K
-// went out, 404 if not), GET /stats, and POST /bounces/off, which "fixes"
-// the bouncing mailboxes so that dead receipts can be replayed successfully.
+// went out, 404 if not), GET /stats, POST /bounces/off, which "fixes" the
+// bouncing mailboxes so that dead receipts can be replayed successfully, and
+// POST /bounces/on, which breaks them again.
 func (m *MailSim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/bounces/off":
@@ -105,6 +111,11 @@ func (m *MailSim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.faults.BounceDomain = ""
 		m.mu.Unlock()
 		fmt.Fprintln(w, "bouncing mailboxes fixed: replay their dead receipts now")
+	case r.Method == http.MethodPost && r.URL.Path == "/bounces/on":
+		m.mu.Lock()
+		m.faults.BounceDomain = m.bounce
+		m.mu.Unlock()
+		fmt.Fprintf(w, "mailboxes at %s bounce again\n", m.bounce)
 	case r.Method == http.MethodPost && r.URL.Path == "/send":
 		m.send(w, r)
 	case r.Method == http.MethodGet && r.URL.Path == "/sent":

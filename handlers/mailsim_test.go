@@ -52,3 +52,31 @@ func TestMailSimAppliesEverySend(t *testing.T) {
 	require.Equal(t, 1, st.OrdersMailedTwice)
 	require.Equal(t, http.StatusNotFound, sentStatus(t, srv.URL, "job-3:mail"))
 }
+
+// The tour fixes the bouncing mailboxes with /bounces/off; /bounces/on
+// breaks them again, for a second go.
+func TestMailSimBouncesOffAndOnAgain(t *testing.T) {
+	m := handlers.NewMailSim(handlers.Faults{BounceDomain: "bounce.example"}, 1)
+	srv := httptest.NewServer(m)
+	defer srv.Close()
+	post := func(path string) {
+		resp, err := http.Post(srv.URL+path, "text/plain", nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+	}
+	mailTo := func(addr string) int {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/send", strings.NewReader(`{"email":"`+addr+`","order_id":"o"}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "k-"+addr)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusUnprocessableEntity, mailTo("a@bounce.example"))
+	post("/bounces/off")
+	require.Equal(t, http.StatusOK, mailTo("b@bounce.example"))
+	post("/bounces/on")
+	require.Equal(t, http.StatusUnprocessableEntity, mailTo("c@bounce.example"))
+}

@@ -308,7 +308,9 @@ func statusLine(ctx context.Context, pool *pgxpool.Pool, mail *handlers.MailSim)
 	}
 	rows.Close()
 	ms := mail.Stats()
-	return fmt.Sprintf("orders %d | jobs: %d succeeded, %d pending, %d running, %d failed (retrying), %d dead, %d discarded | mail: %d calls, %d mails, %d orders mailed twice",
+	// The ledger's figures include earlier runs; the mail service starts
+	// from zero with each run.
+	return fmt.Sprintf("ledger, all runs: orders %d | jobs: %d succeeded, %d pending, %d running, %d failed (retrying), %d dead, %d discarded | mail service, this run: %d calls, %d mails, %d orders mailed twice",
 		orders, counts["succeeded"], counts["pending"], counts["running"], counts["failed"], counts["dead"], counts["discarded"],
 		ms.Calls, ms.Mails, ms.OrdersMailedTwice), nil
 }

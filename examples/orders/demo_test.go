@@ -68,7 +68,7 @@ func TestDemoSmoke(t *testing.T) {
 	require.NoError(t, <-done)
 	text := out.String()
 	require.Contains(t, text, "operator / keel-demo")
-	m := regexp.MustCompile(`final: orders (\d+) \| jobs: (\d+) succeeded.* (\d+) dead.*\| mail: (\d+) calls, (\d+) mails, (\d+) orders mailed twice`).
+	m := regexp.MustCompile(`final: ledger, all runs: orders (\d+) \| jobs: (\d+) succeeded.* (\d+) dead.*\| mail service, this run: (\d+) calls, (\d+) mails, (\d+) orders mailed twice`).
 		FindStringSubmatch(text)
 	require.NotNil(t, m, "no final summary in:\n%s", text)
 	orders, _ := strconv.Atoi(m[1])
