@@ -329,17 +329,6 @@ func Task(j Job) *asynq.Task {
 	return asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{HeaderBusinessKey: j.BusinessKey})
 }
 
-// Publish hands j to Redis and records that it did.
-//
-// Deprecated: use PublishMany.
-func (s *Store) Publish(ctx context.Context, c *asynq.Client, j Job) error {
-	res, err := s.PublishMany(ctx, c, []Job{j})
-	if res[0].Err != nil {
-		return res[0].Err
-	}
-	return err
-}
-
 // RelayChannel is the Postgres notification channel that wakes relays.
 const RelayChannel = "keel_relay"
 
