@@ -366,3 +366,13 @@ func TestConcurrentEnqueueAndEnqueueManyRunEachKeyOnce(t *testing.T) {
 		require.Equal(t, 1, n, "key %s ran %d times", k, n)
 	}
 }
+
+func TestEnqueueAfterCloseIsRefused(t *testing.T) {
+	b := setup(t)
+	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	_, err = c.Enqueue(context.Background(), keyedKind.New(keyed{Key: "closed"}))
+	require.ErrorIs(t, err, tasks.ErrClientClosed)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
+}
