@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -237,6 +238,7 @@ func workerCmd(e *Env) *cobra.Command {
 			if err := e.app.Register(mux, svc); err != nil {
 				return err
 			}
+			warnUnhandled(svc.Log, e.app.Kinds, mux, cfg.Queues)
 			srv, err := server.New(cfg, mux)
 			if err != nil {
 				return usageError{err}
@@ -458,4 +460,27 @@ func nextRetry(j idempotency.Job) *time.Time {
 	}
 	t := j.RunAt
 	return &t
+}
+
+// warnUnhandled names declared kinds whose queue this worker reads but
+// for which Register put no handler on the mux: their jobs would fail here
+// as unknown kinds (and be retried until a worker that has one takes them).
+func warnUnhandled(log *slog.Logger, kinds []Kind, mux *tasks.Mux, queues map[string]int) {
+	handled := map[string]bool{}
+	for _, k := range mux.Kinds() {
+		handled[k] = true
+	}
+	if len(queues) == 0 {
+		queues = server.DefaultQueues()
+	}
+	for _, k := range kinds {
+		q := k.queue
+		if q == "" {
+			q = tasks.DefaultQueue
+		}
+		if _, reads := queues[q]; reads && !handled[k.name] {
+			log.Warn("keel worker: a declared kind has no handler, and this worker reads its queue: its jobs will fail here",
+				"kind", k.name, "queue", q)
+		}
+	}
 }
