@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/keeljobs/keel/internal/batch"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -147,7 +148,7 @@ type Guard struct {
 	store *Store
 	cfg   GuardConfig
 
-	ledger *batcher[ledgerReq] // claims and completions, in shared rounds
+	ledger *batch.Batcher[ledgerReq] // claims and completions, in shared rounds
 
 	mu      sync.Mutex
 	running map[*jobContext]struct{}
@@ -222,7 +223,7 @@ func (p *phases) closeAndWait(timeout time.Duration) {
 func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	cfg = cfg.withDefaults()
 	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{})}
-	g.ledger = newBatcher(DefaultBatchLoops, cfg.BatchSize, g.runRound)
+	g.ledger = batch.New(DefaultBatchLoops, cfg.BatchSize, ErrGuardClosed, g.runRound)
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopRenew = cancel
 	go g.renewLoop(ctx)
@@ -271,7 +272,7 @@ func (g *Guard) Close() {
 			}
 		}
 		g.recording.closeAndWait(closeWait)
-		g.ledger.close()
+		g.ledger.Close()
 	})
 }
 
@@ -479,7 +480,7 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 
 func (g *Guard) claim(ctx context.Context, id string) claimResult {
 	out := make(chan claimResult, 1)
-	if err := g.ledger.submit(ctx, ledgerReq{id: id, claimOut: out}); err != nil {
+	if err := g.ledger.Submit(ctx, ledgerReq{id: id, claimOut: out}); err != nil {
 		return claimResult{err: err}
 	}
 	select {
@@ -491,7 +492,7 @@ func (g *Guard) claim(ctx context.Context, id string) claimResult {
 		// of a run that never started.
 		go g.undoLateClaim(id, out)
 		return claimResult{err: ctx.Err()}
-	case <-g.ledger.closed:
+	case <-g.ledger.Closed():
 		return claimResult{err: ErrGuardClosed}
 	}
 }
@@ -504,13 +505,13 @@ func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
 		if res.outcome == claimed && res.err == nil {
 			g.release(context.Background(), &jobContext{id: id, attempt: res.attempts})
 		}
-	case <-g.ledger.closed:
+	case <-g.ledger.Closed():
 	}
 }
 
 func (g *Guard) complete(ctx context.Context, id string, attempt int) error {
 	out := make(chan error, 1)
-	if err := g.ledger.submit(ctx, ledgerReq{id: id, attempt: attempt, complete: true, doneOut: out}); err != nil {
+	if err := g.ledger.Submit(ctx, ledgerReq{id: id, attempt: attempt, complete: true, doneOut: out}); err != nil {
 		return err
 	}
 	select {
@@ -518,7 +519,7 @@ func (g *Guard) complete(ctx context.Context, id string, attempt int) error {
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-g.ledger.closed:
+	case <-g.ledger.Closed():
 		return ErrGuardClosed
 	}
 }

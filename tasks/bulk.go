@@ -172,13 +172,13 @@ type insertOut struct {
 // insert writes nj through the group commit.
 func (c *Client) insert(ctx context.Context, nj idempotency.NewJob) (idempotency.Inserted, error) {
 	r := insertReq{nj: nj, out: make(chan insertOut, 1)}
-	if err := c.inserts.submit(ctx, r); err != nil {
+	if err := c.inserts.Submit(ctx, r); err != nil {
 		return idempotency.Inserted{}, err
 	}
 	select {
 	case o := <-r.out:
 		return o.Inserted, o.err
-	case <-c.inserts.closed:
+	case <-c.inserts.Closed():
 		// The batch may have run; if it did, the row is claimed and the
 		// reconciler publishes it.
 		return idempotency.Inserted{}, ErrClientClosed

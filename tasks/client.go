@@ -14,7 +14,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/batch"
 )
+
+// ErrClientClosed is returned by calls made after Close.
+var ErrClientClosed = errors.New("keel: tasks client closed")
 
 // Errors an enqueue is refused with; the returned error wraps one of them and
 // names the kind and the offending value.
@@ -50,7 +54,7 @@ type Client struct {
 	asynq   *asynq.Client
 	queues  map[string]bool
 	log     *slog.Logger
-	inserts *batcher[insertReq]
+	inserts *batch.Batcher[insertReq]
 }
 
 // NewClient returns a client. Close it when done.
@@ -76,14 +80,14 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	for _, q := range cfg.Queues {
 		c.queues[q] = true
 	}
-	c.inserts = newBatcher(insertLoops, maxInsertBatch, c.insertBatch)
+	c.inserts = batch.New(insertLoops, maxInsertBatch, ErrClientClosed, c.insertBatch)
 	return c, nil
 }
 
 // Close stops the client's group commit and releases its Redis connections.
 // Calls made after Close fail with ErrClientClosed.
 func (c *Client) Close() error {
-	c.inserts.close()
+	c.inserts.Close()
 	return c.asynq.Close()
 }
 
