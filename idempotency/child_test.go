@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"os/signal"
 	"syscall"
 	"testing"
 	"time"
@@ -97,34 +96,14 @@ func crashMux(pool *pgxpool.Pool, slow bool) *tasks.Mux {
 // runWorkerChild runs a worker when the test binary is started as the crash
 // test's child process.
 func runWorkerChild() bool {
-	if os.Getenv(childEnv) == "" {
-		return false
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	cfg, err := pgxpool.ParseConfig(os.Getenv("KEEL_CHILD_DATABASE_URL"))
-	if err != nil {
-		panic(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
-	srv, err := server.New(server.Config{
-		Redis:        redisOpt(),
-		Pool:         pool,
-		Concurrency:  5,
-		DisableRelay: true,
-		Guard:        idempotency.GuardConfig{Lease: 2 * time.Second},
-	}, crashMux(pool, true))
-	if err != nil {
-		panic(err)
-	}
-	if err := srv.Run(ctx); err != nil {
-		panic(err)
-	}
-	return true
+	return testenv.RunChildWorker(childEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+		return server.Config{
+			Redis:        redisOpt(),
+			Concurrency:  5,
+			DisableRelay: true,
+			Guard:        idempotency.GuardConfig{Lease: 2 * time.Second},
+		}, crashMux(pool, true)
+	})
 }
 
 func redisOpt() (o asynq.RedisClientOpt) {
@@ -152,7 +131,7 @@ func TestWorkerKilledMidTask(t *testing.T) {
 	require.NoError(t, err)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"=1", "KEEL_CHILD_DATABASE_URL="+testenv.URL(schema))
+	child.Env = append(os.Environ(), childEnv+"=1", testenv.ChildDatabaseURLEnv+"="+testenv.URL(schema))
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() }) // if the test fails before the kill

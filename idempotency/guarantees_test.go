@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,47 +73,27 @@ func guaranteeMux(pool *pgxpool.Pool) *tasks.Mux {
 // runGuaranteeChild runs a worker when the test binary is started as one
 // of these tests' children.
 func runGuaranteeChild() bool {
-	if os.Getenv(guaranteeChildEnv) == "" {
-		return false
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	cfg, err := pgxpool.ParseConfig(os.Getenv("KEEL_CHILD_DATABASE_URL"))
-	if err != nil {
-		panic(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
-	scfg := server.Config{
-		Redis:           redisOpt(),
-		Pool:            pool,
-		Concurrency:     5,
-		ShutdownTimeout: time.Second,
-		Guard: idempotency.GuardConfig{
-			Lease: 2 * time.Second,
-			OnDead: func(ctx context.Context, e idempotency.DeadEvent) {
-				_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO deaths (job_id, class) VALUES ($1, $2)`, e.JobID, e.Class)
+	return testenv.RunChildWorker(guaranteeChildEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+		scfg := server.Config{
+			Redis:           redisOpt(),
+			Concurrency:     5,
+			ShutdownTimeout: time.Second,
+			Guard: idempotency.GuardConfig{
+				Lease: 2 * time.Second,
+				OnDead: func(ctx context.Context, e idempotency.DeadEvent) {
+					_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO deaths (job_id, class) VALUES ($1, $2)`, e.JobID, e.Class)
+				},
 			},
-		},
-	}
-	scfg.Retry.Base, scfg.Retry.Cap = time.Second, time.Second
-	srv, err := server.New(scfg, guaranteeMux(pool))
-	if err != nil {
-		panic(err)
-	}
-	if err := srv.Run(ctx); err != nil {
-		panic(err)
-	}
-	return true
+		}
+		scfg.Retry.Base, scfg.Retry.Cap = time.Second, time.Second
+		return scfg, guaranteeMux(pool)
+	})
 }
 
 func startGuaranteeChild(t *testing.T) *exec.Cmd {
 	t.Helper()
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), guaranteeChildEnv+"=1", "KEEL_CHILD_DATABASE_URL="+testenv.URL(schema))
+	child.Env = append(os.Environ(), guaranteeChildEnv+"=1", testenv.ChildDatabaseURLEnv+"="+testenv.URL(schema))
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	exited := make(chan struct{})

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -295,29 +294,9 @@ func crashMux(pool *pgxpool.Pool, hold bool) *tasks.Mux {
 // runChildWorker runs a worker with keel's default settings when the test
 // binary is started as the kill test's child.
 func runChildWorker() bool {
-	if os.Getenv(childEnv) == "" {
-		return false
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	cfg, err := pgxpool.ParseConfig(os.Getenv("KEEL_CHILD_DATABASE_URL"))
-	if err != nil {
-		panic(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
-	srv, err := server.New(server.Config{Redis: asynq.RedisClientOpt{Addr: os.Getenv("KEEL_CHILD_REDIS_ADDR")}, Pool: pool},
-		crashMux(pool, true))
-	if err != nil {
-		panic(err)
-	}
-	if err := srv.Run(ctx); err != nil {
-		panic(err)
-	}
-	return true
+	return testenv.RunChildWorker(childEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+		return server.Config{Redis: asynq.RedisClientOpt{Addr: os.Getenv("KEEL_CHILD_REDIS_ADDR")}}, crashMux(pool, true)
+	})
 }
 
 // A worker killed with SIGKILL mid-job: another worker with keel's default
@@ -331,7 +310,7 @@ func TestKilledWorkersJobStartsAgainWithinSeconds(t *testing.T) {
 	c := b.client(t, b.opt)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"=1", "KEEL_CHILD_DATABASE_URL="+testenv.URL("keel_test_outbox"),
+	child.Env = append(os.Environ(), childEnv+"=1", testenv.ChildDatabaseURLEnv+"="+testenv.URL("keel_test_outbox"),
 		"KEEL_CHILD_REDIS_ADDR="+b.opt.Addr)
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())

@@ -2,10 +2,14 @@ package testenv
 
 import (
 	"context"
+	"os"
+	"os/signal"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/server"
@@ -44,4 +48,40 @@ func WaitStatus(t testing.TB, store *idempotency.Store, id string, want idempote
 		return j.Status == want
 	}, "job %s never reached %s (last: %+v)", id, want, &j)
 	return j
+}
+
+// ChildDatabaseURLEnv names the ledger a child worker connects to.
+const ChildDatabaseURLEnv = "KEEL_CHILD_DATABASE_URL"
+
+// RunChildWorker is for a test binary that re-runs itself as a worker
+// process (to be killed or stopped by the parent): when env is set, it
+// connects to the ledger in ChildDatabaseURLEnv, builds the worker's config
+// and handler with build (Pool is filled in), runs it until SIGTERM and
+// returns true; otherwise it returns false at once. Call it first in
+// TestMain.
+func RunChildWorker(env string, build func(pool *pgxpool.Pool) (server.Config, asynq.Handler)) bool {
+	if os.Getenv(env) == "" {
+		return false
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	cfg, err := pgxpool.ParseConfig(os.Getenv(ChildDatabaseURLEnv))
+	if err != nil {
+		panic(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	scfg, h := build(pool)
+	scfg.Pool = pool
+	srv, err := server.New(scfg, h)
+	if err != nil {
+		panic(err)
+	}
+	if err := srv.Run(ctx); err != nil {
+		panic(err)
+	}
+	return true
 }
