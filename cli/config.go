@@ -21,6 +21,7 @@ import (
 	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // Defaults for the local machine: the README's commands work without any
@@ -374,6 +375,12 @@ type Service struct {
 
 // Close closes the pool.
 func (s *Service) Close() { s.Pool.Close() }
+
+// Client returns a tasks client on the service's Redis and ledger; close it
+// before the service.
+func (s *Service) Client() (*tasks.Client, error) {
+	return tasks.NewClient(tasks.ClientConfig{Redis: s.Redis, Pool: s.Pool, Logger: s.Log})
+}
 
 // Open checks the settings, checks that Redis answers, connects to the
 // ledger and refuses a schema this program cannot use. Close it when done.

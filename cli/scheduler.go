@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/scheduler"
-	"github.com/keeljobs/keel/tasks"
 )
 
 func schedulerCmd(e *Env) *cobra.Command {
@@ -61,8 +60,8 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 				return err
 			}
 			defer svc.Close()
-			redis, pool, log := svc.Redis, svc.Pool, svc.Log
-			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: log})
+			log := svc.Log
+			client, err := svc.Client()
 			if err != nil {
 				return err
 			}

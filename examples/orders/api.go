@@ -11,7 +11,6 @@ import (
 
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/handlers"
-	"github.com/keeljobs/keel/tasks"
 )
 
 func apiCmd(env *cli.Env) *cobra.Command {
@@ -27,8 +26,8 @@ func apiCmd(env *cli.Env) *cobra.Command {
 				return err
 			}
 			defer svc.Close()
-			redis, pool, log := svc.Redis, svc.Pool, svc.Log
-			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: log})
+			pool, log := svc.Pool, svc.Log
+			client, err := svc.Client()
 			if err != nil {
 				return err
 			}
