@@ -68,9 +68,11 @@ type Options struct {
 	Jobs int
 	// Quick selects the short run of every part when its size is not set.
 	Quick bool
-	// Rounds is how many times to measure both workers, alternating (plain,
-	// keel, plain, keel…). The report's figures are those of the round with
-	// the median ratio; more rounds make a busy host matter less. Default 1.
+	// Rounds is how many times to measure the processing, enqueue and relay
+	// parts; processing alternates the workers (plain, keel, plain, keel…).
+	// The report's figures are those of the round with the median ratio (per
+	// row, for enqueue and relay); more rounds make a busy host matter
+	// less. Default 1.
 	Rounds int
 	// Concurrency of both workers. Default 50.
 	Concurrency int

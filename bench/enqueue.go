@@ -49,6 +49,9 @@ type EnqueueRow struct {
 	Call Latency `json:"per_call"`
 	// Ratio is the rate over plain Asynq's with as many producers.
 	Ratio float64 `json:"ratio_to_asynq"`
+	// RoundRatios is every round's ratio when there were several; the
+	// row's figures are those of the median round.
+	RoundRatios []float64 `json:"round_ratios,omitempty"`
 }
 
 // EnqueueReport is the enqueue part's result: each method with one
@@ -56,19 +59,24 @@ type EnqueueRow struct {
 type EnqueueReport struct {
 	Jobs      int          `json:"jobs"`
 	Producers int          `json:"producers"`
+	Rounds    int          `json:"rounds"`
 	Rows      []EnqueueRow `json:"rows"`
 }
 
 // String renders the report as a table.
 func (r EnqueueReport) String() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d jobs per row (bulk rows: %d), one producer and then %d at once; the ledger and the queue are emptied between rows\n\n",
+	fmt.Fprintf(&sb, "%d jobs per row (bulk rows: %d), one producer and then %d at once; the ledger and the queue are emptied between rows\n",
 		r.Jobs, BulkRowFactor*r.Jobs, r.Producers)
+	if r.Rounds > 1 {
+		fmt.Fprintf(&sb, "%d rounds; each row shows its median round, \"rounds\" every round's ratio\n", r.Rounds)
+	}
+	sb.WriteString("\n")
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "method\tproducers\tjobs/s\tp50 ms\tp99 ms\tvs asynq\t")
+	fmt.Fprintln(tw, "method\tproducers\tjobs/s\tp50 ms\tp99 ms\tvs asynq\t"+roundsHeader(r.Rounds))
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.2f\t\n", row.Method, row.Producers, row.JobsPerSecond,
-			fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.2f\t%s\n", row.Method, row.Producers, row.JobsPerSecond,
+			fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio, fmtRounds(row.RoundRatios))
 	}
 	tw.Flush()
 	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT written claimed (commit; concurrent calls share it: group commit), asynq enqueue.\n"+
@@ -86,6 +94,23 @@ type enqueueMethod struct {
 }
 
 func (e *env) enqueueRates(ctx context.Context) (EnqueueReport, error) {
+	rep := EnqueueReport{Jobs: e.o.EnqueueJobs, Producers: e.o.Producers, Rounds: e.o.Rounds}
+	var rounds [][]EnqueueRow
+	for i := range e.o.Rounds {
+		e.roundLabel = roundSuffix(i, e.o.Rounds)
+		rd, err := e.enqueueRound(ctx)
+		rounds = append(rounds, rd.Rows)
+		if err != nil {
+			rep.Rows = medianRows(rounds, func(r EnqueueRow) float64 { return r.Ratio }, func(r *EnqueueRow, rs []float64) { r.RoundRatios = rs })
+			return rep, err
+		}
+	}
+	e.roundLabel = ""
+	rep.Rows = medianRows(rounds, func(r EnqueueRow) float64 { return r.Ratio }, func(r *EnqueueRow, rs []float64) { r.RoundRatios = rs })
+	return rep, nil
+}
+
+func (e *env) enqueueRound(ctx context.Context) (EnqueueReport, error) {
 	o := e.o
 	rep := EnqueueReport{Jobs: o.EnqueueJobs, Producers: o.Producers}
 	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool, Logger: e.warn})

@@ -32,7 +32,7 @@ func (e *env) step(name string, total int, done func() int) (finish func()) {
 		return func() {}
 	}
 	start := time.Now()
-	p := Progress{Part: e.part, Index: e.index, Parts: e.parts, Step: name, Total: total}
+	p := Progress{Part: e.part, Index: e.index, Parts: e.parts, Step: name + e.roundLabel, Total: total}
 	report(p)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

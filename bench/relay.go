@@ -32,6 +32,9 @@ type RelayRow struct {
 	JobsPerSecond float64 `json:"jobs_per_second"`
 	// Ratio is the rate over that of asynq's client, one producer.
 	Ratio float64 `json:"ratio_to_asynq"`
+	// RoundRatios is every round's ratio when there were several; the
+	// row's figures are those of the median round.
+	RoundRatios []float64 `json:"round_ratios,omitempty"`
 }
 
 // RelayReport is the relay part's result.
@@ -44,6 +47,7 @@ type RelayReport struct {
 	EnqueueTxJobsPerSecond float64 `json:"enqueue_tx_jobs_per_second"`
 	// BatchSize is how many rows one relay pass claims.
 	BatchSize int        `json:"batch_size"`
+	Rounds    int        `json:"rounds"`
 	Rows      []RelayRow `json:"rows"`
 	// Commits are EnqueueTx's commit rate with Producers at once, a relay
 	// running or not, against the bare ledger INSERT with a relay running.
@@ -60,6 +64,8 @@ type CommitRow struct {
 	Call          Latency `json:"per_call"`
 	// Ratio is the rate over the bare ledger INSERT's.
 	Ratio float64 `json:"ratio_to_insert"`
+	// RoundRatios: as RelayRow's.
+	RoundRatios []float64 `json:"round_ratios,omitempty"`
 }
 
 // The commit rows of the relay part.
@@ -74,10 +80,14 @@ func (r RelayReport) String() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d jobs committed with EnqueueTx, %d per transaction (%.0f jobs/s), no relay running; then the relays publish them\n\n",
 		r.Jobs, r.TxJobs, r.EnqueueTxJobsPerSecond)
+	if r.Rounds > 1 {
+		fmt.Fprintf(&sb, "%d rounds; each row shows its median round, \"rounds\" every round's ratio\n\n", r.Rounds)
+	}
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "publisher\tjobs\tseconds\tjobs/s\tvs asynq\t")
+	fmt.Fprintln(tw, "publisher\tjobs\tseconds\tjobs/s\tvs asynq\t"+roundsHeader(r.Rounds))
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t\n", row.Name, row.Jobs, row.Seconds, row.JobsPerSecond, row.Ratio)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", row.Name, row.Jobs, row.Seconds, row.JobsPerSecond, row.Ratio,
+			fmtRounds(row.RoundRatios))
 	}
 	tw.Flush()
 	fmt.Fprintf(&sb, "\nA relay pass claims up to %d rows (FOR UPDATE SKIP LOCKED), marks them published and commits,\n"+
@@ -86,10 +96,10 @@ func (r RelayReport) String() string {
 	if len(r.Commits) > 0 {
 		fmt.Fprintf(&sb, "\n%d producers, 1 job per transaction:\n\n", r.Producers)
 		tw = tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "commits\tjobs\tseconds\tjobs/s\tp50 ms\tp99 ms\tvs INSERT\t")
+		fmt.Fprintln(tw, "commits\tjobs\tseconds\tjobs/s\tp50 ms\tp99 ms\tvs INSERT\t"+roundsHeader(r.Rounds))
 		for _, row := range r.Commits {
-			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%.2f\t\n", row.Name, row.Jobs, row.Seconds, row.JobsPerSecond,
-				fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio)
+			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%.2f\t%s\n", row.Name, row.Jobs, row.Seconds, row.JobsPerSecond,
+				fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio, fmtRounds(row.RoundRatios))
 		}
 		tw.Flush()
 		fmt.Fprintf(&sb, "\nWhile a relay is awake (rows keep coming) EnqueueTx's writers do not NOTIFY, whose commit-time\n"+
@@ -100,6 +110,30 @@ func (r RelayReport) String() string {
 }
 
 func (e *env) relay(ctx context.Context) (RelayReport, error) {
+	var rows [][]RelayRow
+	var commits [][]CommitRow
+	var rep RelayReport
+	merge := func() {
+		rep.Rounds = e.o.Rounds
+		rep.Rows = medianRows(rows, func(r RelayRow) float64 { return r.Ratio }, func(r *RelayRow, rs []float64) { r.RoundRatios = rs })
+		rep.Commits = medianRows(commits, func(r CommitRow) float64 { return r.Ratio }, func(r *CommitRow, rs []float64) { r.RoundRatios = rs })
+	}
+	defer func() { e.roundLabel = "" }()
+	for i := range e.o.Rounds {
+		e.roundLabel = roundSuffix(i, e.o.Rounds)
+		rd, err := e.relayRound(ctx)
+		rep = rd
+		rows, commits = append(rows, rd.Rows), append(commits, rd.Commits)
+		if err != nil {
+			merge()
+			return rep, err
+		}
+	}
+	merge()
+	return rep, nil
+}
+
+func (e *env) relayRound(ctx context.Context) (RelayReport, error) {
 	o := e.o
 	n := o.RelayJobs
 	rep := RelayReport{Jobs: n, TxJobs: RelayTxJobs, BatchSize: outbox.DefaultBatchSize}

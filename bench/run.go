@@ -248,9 +248,11 @@ type env struct {
 	// warn is the workers' logger: warnings and errors only.
 	warn *slog.Logger
 
-	// The part being measured, for progress reports.
+	// The part being measured, for progress reports, and which of its
+	// rounds when it has several.
 	part         string
 	index, parts int
+	roundLabel   string
 }
 
 func open(ctx context.Context, o Options) (*env, error) {

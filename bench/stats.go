@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -49,4 +51,65 @@ func ratio(a, b float64) float64 {
 		return 0
 	}
 	return a / b
+}
+
+// medianRows merges rounds of the same rows: each row is taken from the
+// round in which its ratio was the median one, and keeps every round's
+// ratio (through keep) so a reader sees the spread. Ratios are compared
+// within a round, against a baseline measured in that same round, so a
+// busy moment in one round does not mix into another's figures.
+func medianRows[T any](rounds [][]T, ratio func(T) float64, keep func(*T, []float64)) []T {
+	if len(rounds) == 0 {
+		return nil
+	}
+	out := make([]T, 0, len(rounds[0]))
+	for i := range rounds[0] {
+		var idx []int
+		var ratios []float64
+		for r := range rounds {
+			if i < len(rounds[r]) {
+				idx = append(idx, r)
+				ratios = append(ratios, ratio(rounds[r][i]))
+			}
+		}
+		order := make([]int, len(idx))
+		for k := range order {
+			order[k] = k
+		}
+		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(ratios[a], ratios[b]) })
+		row := rounds[idx[order[(len(order)-1)/2]]][i]
+		if len(ratios) > 1 {
+			keep(&row, ratios)
+		}
+		out = append(out, row)
+	}
+	return out
+}
+
+// roundSuffix names round i of n in progress lines; empty for one round.
+func roundSuffix(i, n int) string {
+	if n <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (round %d of %d)", i+1, n)
+}
+
+// roundsHeader is the rounds column's heading, when there were rounds.
+func roundsHeader(rounds int) string {
+	if rounds > 1 {
+		return "rounds\t"
+	}
+	return ""
+}
+
+// fmtRounds lists the ratios of every round, for the rounds column.
+func fmtRounds(ratios []float64) string {
+	if len(ratios) == 0 {
+		return ""
+	}
+	parts := make([]string, len(ratios))
+	for i, r := range ratios {
+		parts[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(parts, " ") + "\t"
 }

@@ -99,7 +99,7 @@ BENCHMARKS.md for what each figure is bounded by.`,
 	f.StringSliceVar(&opts.Parts, "only", nil, "parts to run, comma-separated: "+strings.Join(bench.AllParts(), ",")+" (default all)")
 	f.BoolVar(&opts.Quick, "quick", false, "every part at small sizes (about 20 seconds)")
 	f.IntVar(&opts.Jobs, "jobs", 0, "processing: jobs per worker (default 20,000; 5,000 with --quick)")
-	f.IntVar(&opts.Rounds, "rounds", 1, "processing: alternate plain/keel this many times and report the median round")
+	f.IntVar(&opts.Rounds, "rounds", 1, "processing, enqueue and relay: measure this many rounds and report the median round (per row; processing alternates plain/keel)")
 	f.IntVar(&opts.Concurrency, "concurrency", 50, "worker concurrency (processing, latency, recovery)")
 	f.IntVar(&opts.EnqueueJobs, "enqueue-jobs", 0, "enqueue: jobs per row (default 3,000; 1,000 with --quick)")
 	f.IntVar(&opts.Producers, "producers", 16, "enqueue: concurrent producers of the concurrent rows")
