@@ -94,6 +94,10 @@ func TestEnqueueInputs(t *testing.T) {
 	require.JSONEq(t, `{"name":"bob"}`, string(j.Payload))
 	_, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload-file", file, "--payload", "{}")
 	require.ErrorContains(t, err, "not both")
+	// The same key with another payload: the job keeps its first, and says so.
+	out, _, err = greeter(t, "", "enqueue", "cli:greet", "greet:ann", "--payload", `{"name": "zed"}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "already existed with another payload, which it keeps")
 	// A payload over the client's limit is refused by it, from a file too.
 	big := filepath.Join(t.TempDir(), "big.json")
 	require.NoError(t, os.WriteFile(big, []byte(`{"name": "`+strings.Repeat("x", tasks.MaxPayloadBytes)+`"}`), 0o600))

@@ -391,6 +391,7 @@ type statusJSON struct {
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
 	FinishedAt     *time.Time `json:"finished_at,omitempty"`
+	SupersededAt   *time.Time `json:"superseded_at,omitempty"`
 	PayloadSummary string     `json:"payload_summary,omitempty"`
 	TraceID        string     `json:"trace_id,omitempty"`
 	ResolutionNote string     `json:"resolution_note,omitempty"`
@@ -402,7 +403,7 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 	out := statusJSON{ID: j.ID, Kind: j.Kind, BusinessKey: j.BusinessKey, Queue: j.Queue, Status: string(j.Status),
 		Attempts: j.Attempts, MaxRetry: j.MaxRetry, LastError: j.LastError, ErrorClass: j.ErrorClass,
 		LeaseHolder: j.LeaseHolder, LeaseUntil: j.LeaseUntil, RunAt: j.RunAt, PublishedAt: j.PublishedAt,
-		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt, PayloadSummary: j.PayloadSummary,
+		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt, SupersededAt: j.SupersededAt, PayloadSummary: j.PayloadSummary,
 		TraceID: j.TraceID, ResolutionNote: j.ResolutionNote, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
 	for _, s := range steps {
 		out.Steps = append(out.Steps, stepJSON{Name: s.Name, Status: s.Status, Calls: s.Calls, Result: string(s.Result),
@@ -443,6 +444,9 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	row("created", j.CreatedAt.Format(time.RFC3339))
 	row("updated", j.UpdatedAt.Format(time.RFC3339))
 	row("finished", ts(j.FinishedAt))
+	if j.SupersededAt != nil {
+		row("superseded", ts(j.SupersededAt)+" (a newer job of this key took its place)")
+	}
 	row("payload summary", j.PayloadSummary)
 	row("trace id", j.TraceID)
 	row("resolution", j.ResolutionNote)

@@ -44,6 +44,8 @@ type enqueueResult struct {
 	Queue       string `json:"queue"`
 	Status      string `json:"status,omitempty"`
 	Existed     bool   `json:"existed"`
+	// PayloadDiffers: the job existed with another payload, which it keeps.
+	PayloadDiffers bool `json:"payload_differs,omitempty"`
 }
 
 func enqueueCmd(e *Env) *cobra.Command {
@@ -179,7 +181,7 @@ first job is enqueued.`,
 						created++
 					}
 					results = append(results, enqueueResult{Line: lines[start+i], ID: r.Job.ID, Kind: r.Job.Kind, BusinessKey: r.Job.BusinessKey,
-						Queue: r.Job.Queue, Status: string(r.Job.Status), Existed: r.Existed})
+						Queue: r.Job.Queue, Status: string(r.Job.Status), Existed: r.Existed, PayloadDiffers: r.PayloadDiffers})
 				}
 				bar.set(len(results))
 			}
@@ -195,6 +197,9 @@ first job is enqueued.`,
 				state := "created"
 				if r.Existed {
 					state = "already existed"
+				}
+				if r.PayloadDiffers {
+					state += " with another payload, which it keeps"
 				}
 				fmt.Fprintf(out, "job %s %s (status %s, queue %s, business key %s)\n", r.ID, state, r.Status, r.Queue, r.BusinessKey)
 				return nil

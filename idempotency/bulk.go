@@ -100,8 +100,14 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 	})
 	chunks := chunkJobs(jobs, uniq)
 	got := make(map[bulkKey]Inserted, len(uniq))
+	windowed := slices.ContainsFunc(jobs, func(nj NewJob) bool { return nj.UniqueWindow > 0 })
 	run := func(db DB) error {
 		for _, c := range chunks {
+			if windowed {
+				if err := supersedeChunk(ctx, db, jobs, c); err != nil {
+					return err
+				}
+			}
 			if err := s.insertChunk(ctx, db, jobs, c, opts, got); err != nil {
 				return err
 			}
@@ -109,7 +115,7 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 		return nil
 	}
 	var err error
-	if p, ok := db.(*pgxpool.Pool); ok && len(chunks) > 1 {
+	if p, ok := db.(*pgxpool.Pool); ok && (len(chunks) > 1 || windowed) {
 		err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { return run(tx) })
 	} else {
 		err = run(db)
@@ -126,6 +132,22 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 		}
 	}
 	return out, nil
+}
+
+// supersedeChunk moves aside the finished jobs, past their window, of the
+// keys at idx (see supersedeSQL).
+func supersedeChunk(ctx context.Context, db DB, jobs []NewJob, idx []int) error {
+	var kinds, keys []string
+	var windows []int64
+	for _, i := range idx {
+		if w := jobs[i].UniqueWindow; w > 0 {
+			kinds, keys, windows = append(kinds, jobs[i].Kind), append(keys, jobs[i].BusinessKey), append(windows, w.Milliseconds())
+		}
+	}
+	if len(kinds) == 0 {
+		return nil
+	}
+	return supersede(ctx, db, kinds, keys, windows)
 }
 
 func validateNewJob(nj NewJob) error {

@@ -60,9 +60,12 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 		if err != nil {
 			return interpretError(err)
 		}
-		switch j.Status {
-		case StatusDead:
-		case StatusDiscarded:
+		switch {
+		case j.Status == StatusDead && j.SupersededAt != nil:
+			return fmt.Errorf("%w: job %s was superseded by a newer job of key %q (its kind's tasks.Unique window had passed); enqueue anew instead",
+				ErrNotDead, id, j.BusinessKey)
+		case j.Status == StatusDead:
+		case j.Status == StatusDiscarded:
 			return fmt.Errorf("%w: job %s was discarded", ErrNotDead, id)
 		default:
 			res = ReplayResult{Job: j, AlreadyReplayed: true}

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,7 +49,16 @@ type Job struct {
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	FinishedAt     *time.Time
+	// SupersededAt is when a newer job of the same key replaced this
+	// finished one (a kind's dedupe window, tasks.Unique, had passed). The
+	// row keeps its key in BusinessKey; the ledger stores it moved aside
+	// (SupersededKey) so that the key names only the newer job.
+	SupersededAt *time.Time
 }
+
+// SupersededKey is the business key a superseded job's row is stored
+// under: its own key with its id appended, unique like every key.
+func SupersededKey(key, id string) string { return key + "#" + id }
 
 // StepRecord is one recorded external side effect of a job.
 type StepRecord struct {
@@ -65,7 +75,7 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	timeout_ms, deadline, run_at, published_at, coalesce(lease_holder, ''), lease_until,
 	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
-	created_at, updated_at, finished_at`
+	created_at, updated_at, finished_at, superseded_at`
 
 func scanJob(row pgx.Row) (Job, error) {
 	var j Job
@@ -73,7 +83,10 @@ func scanJob(row pgx.Row) (Job, error) {
 	err := row.Scan(&j.ID, &j.Kind, &j.BusinessKey, &j.Queue, &j.Payload, &j.Status, &j.Attempts,
 		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
-		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt)
+		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt)
+	if j.SupersededAt != nil {
+		j.BusinessKey = strings.TrimSuffix(j.BusinessKey, "#"+j.ID)
+	}
 	j.Timeout = time.Duration(timeoutMS) * time.Millisecond
 	return j, err
 }

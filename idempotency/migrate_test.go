@@ -125,11 +125,13 @@ func TestMigrateRacingOnAnEmptySchemaIsSerialisedAndIdempotent(t *testing.T) {
 	require.Equal(t, want, recorded(t, base))
 }
 
-// unapplyNewest takes the database back to before migration 0006.
-func unapplyNewest(t *testing.T, pool *pgxpool.Pool) {
+// unapplyRunningLease takes the database back to before migration 0006,
+// whose concurrent index build the tests below interrupt. The later
+// migrations are additive and re-apply as no-ops.
+func unapplyRunningLease(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `DROP INDEX keel_jobs_running_lease;
-		DELETE FROM keel_schema_migrations WHERE version = 6`)
+		DELETE FROM keel_schema_migrations WHERE version >= 6`)
 	require.NoError(t, err)
 }
 
@@ -152,7 +154,7 @@ func holdWriter(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 func TestMigrateDoesNotBlockWritersWhileItBuildsAnIndex(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	unapplyNewest(t, b.pool)
+	unapplyRunningLease(t, b.pool)
 	mp, app := migratePool(t, b.pool, "build")
 	held := holdWriter(t, b.pool) // after the pool: cleanups end the writer before closing it
 	done := make(chan error, 1)
@@ -185,7 +187,7 @@ func TestMigrateDoesNotBlockWritersWhileItBuildsAnIndex(t *testing.T) {
 func TestMigrateRebuildsAnIndexAnInterruptedBuildLeftInvalid(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	unapplyNewest(t, b.pool)
+	unapplyRunningLease(t, b.pool)
 	mp, app := migratePool(t, b.pool, "interrupt")
 	held := holdWriter(t, b.pool)
 	mctx, cancel := context.WithCancel(ctx)
@@ -209,7 +211,8 @@ func TestMigrateRebuildsAnIndexAnInterruptedBuildLeftInvalid(t *testing.T) {
 	require.NoError(t, held.Commit(ctx))
 	res, err := idempotency.Migrate(ctx, b.pool)
 	require.NoError(t, err)
-	require.Equal(t, []string{"0006_running_lease"}, res.Applied)
+	require.NotEmpty(t, res.Applied)
+	require.Equal(t, "0006_running_lease", res.Applied[0])
 	exists, valid = indexState(t, b.pool, "keel_jobs_running_lease")
 	require.True(t, exists && valid, "the next migrate rebuilt the index")
 	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
@@ -220,28 +223,39 @@ func oldBinary(t *testing.T, newest int) []idempotency.Migration {
 	t.Helper()
 	ms, err := idempotency.Migrations()
 	require.NoError(t, err)
-	require.Equal(t, 6, ms[len(ms)-1].Version, "the tests below assume 0006 is the newest")
 	return ms[:len(ms)-newest]
+}
+
+// newestVersion is this binary's newest migration. The tests below assume
+// it and the one before it are additive.
+func newestVersion(t *testing.T) int {
+	t.Helper()
+	ms, err := idempotency.Migrations()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(ms), 2)
+	require.True(t, ms[len(ms)-1].Additive && ms[len(ms)-2].Additive, "the two newest migrations are additive")
+	return ms[len(ms)-1].Version
 }
 
 func TestSchemaOlderBinaryStartsWhenNewerMigrationsAreAdditive(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	all := oldBinary(t, 0)
+	newest := newestVersion(t)
 	before := recorded(t, b.pool)
-	for _, older := range []int{1, 2} { // one and two versions behind: 0006, 0005 are additive
+	for _, older := range []int{1, 2} { // one and two versions behind: both additive
 		old := oldBinary(t, older)
 		require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, old), "%d behind", older)
 		res, err := idempotency.MigrateWith(ctx, b.pool, old)
 		require.NoError(t, err, "migrate from an old binary is a no-op")
 		require.Empty(t, res.Applied)
-		require.Equal(t, 6, res.To)
+		require.Equal(t, newest, res.To)
 	}
 	require.Equal(t, before, recorded(t, b.pool))
 	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, all))
 
-	// A newer keel's additive 0007 does not stop this binary either.
-	_, err := b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name, additive) VALUES (7, '0007_future', true)`)
+	// A newer keel's additive migration does not stop this binary either.
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name, additive) VALUES ($1, 'future', true)`, newest+1)
 	require.NoError(t, err)
 	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
 	_, err = idempotency.Migrate(ctx, b.pool)
@@ -252,29 +266,31 @@ func TestSchemaOlderBinaryRefusesANewerMigrationThatIsNotAdditive(t *testing.T) 
 	b := setup(t)
 	ctx := context.Background()
 	old := oldBinary(t, 1)
-	_, err := b.pool.Exec(ctx, `UPDATE keel_schema_migrations SET additive = false WHERE version = 6`)
+	newest := newestVersion(t)
+	_, err := b.pool.Exec(ctx, `UPDATE keel_schema_migrations SET additive = false WHERE version = $1`, newest)
 	require.NoError(t, err)
 	require.ErrorIs(t, idempotency.CheckSchemaWith(ctx, b.pool, old), idempotency.ErrSchemaTooNew)
 	_, err = idempotency.MigrateWith(ctx, b.pool, old)
 	require.ErrorIs(t, err, idempotency.ErrSchemaTooNew)
-	// The binary that knows 0006 may use it.
+	// The binary that knows the newest migration may use it.
 	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
 
-	_, err = b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name) VALUES (7, '0007_future')`)
+	_, err = b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name) VALUES ($1, 'future')`, newest+1)
 	require.NoError(t, err)
 	err = idempotency.CheckSchema(ctx, b.pool)
 	require.ErrorIs(t, err, idempotency.ErrSchemaTooNew)
-	require.ErrorContains(t, err, "[7]")
+	require.ErrorContains(t, err, fmt.Sprintf("[%d]", newest+1))
 }
 
 func TestSchemaBehindTheBinaryMustBeMigrated(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	unapplyNewest(t, b.pool)
-	err := idempotency.CheckSchema(ctx, b.pool)
+	_, err := b.pool.Exec(ctx, `DELETE FROM keel_schema_migrations WHERE version = $1`, newestVersion(t))
+	require.NoError(t, err)
+	err = idempotency.CheckSchema(ctx, b.pool)
 	require.ErrorContains(t, err, "run `keel migrate`")
 	require.NotErrorIs(t, err, idempotency.ErrSchemaTooNew)
-	// The old binary that stops at 0005 is content.
+	// The old binary that stops one migration earlier is content.
 	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, oldBinary(t, 1)))
 }
 
@@ -293,7 +309,8 @@ func TestMigrateRecordsAdditiveFlagsInADatabaseAnOlderKeelMigrated(t *testing.T)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied)
 	got := recorded(t, b.pool)
-	require.True(t, got[5] && got[6])
+	newest := newestVersion(t)
+	require.True(t, got[newest-1] && got[newest])
 	require.False(t, got[1])
 	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, old))
 }

@@ -49,6 +49,13 @@ type NewJob struct {
 	RunAt          time.Time     // zero: now
 	PayloadSummary string
 	TraceID        string
+	// UniqueWindow, when positive, bounds how long the job of a key dedupes
+	// once it has finished: a job of the same key enqueued when the
+	// finished one (succeeded, discarded, dead or cancelled) was created
+	// longer ago than this supersedes it and becomes a new job. An open job
+	// (pending, running, failed) always dedupes. Zero: for as long as the
+	// ledger keeps the row.
+	UniqueWindow time.Duration
 	// WakeRelay makes sure a relay publishes the row soon after the
 	// transaction commits (EnqueueTx sets it): it notifies the relays,
 	// delivered at commit, unless one is awake and polling.
@@ -155,6 +162,20 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	if !nj.RunAt.IsZero() {
 		runAt = &nj.RunAt
 	}
+	if nj.UniqueWindow > 0 {
+		if p, ok := db.(*pgxpool.Pool); ok {
+			// Superseding and inserting commit together: a failed insert
+			// must not leave the key with no job at all.
+			err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+				job, existed, err = s.Insert(ctx, tx, nj)
+				return err
+			})
+			return job, existed, err
+		}
+		if err := supersede(ctx, db, []string{nj.Kind}, []string{nj.BusinessKey}, []int64{nj.UniqueWindow.Milliseconds()}); err != nil {
+			return Job{}, false, err
+		}
+	}
 	// Two tries: the conflicting row can vanish between the insert and the
 	// read (pruned, or the other transaction rolled back).
 	for range 2 {
@@ -179,6 +200,26 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 		}
 	}
 	return Job{}, false, fmt.Errorf("keel: could not insert or find job %s/%s", nj.Kind, nj.BusinessKey)
+}
+
+// supersedeSQL moves aside the finished jobs of the given keys that are
+// older than their key's window, so the insert that follows makes a new
+// job. The rows are locked in key order (as InsertMany writes), so calls
+// with overlapping keys cannot deadlock; a row another caller moved aside
+// meanwhile no longer matches once its lock is granted.
+const supersedeSQL = `UPDATE keel_jobs SET business_key = business_key || '#' || id,
+		superseded_at = now(), updated_at = now()
+	WHERE id IN (SELECT k.id FROM keel_jobs k
+		JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS u(kind, key, window_ms)
+			ON k.kind = u.kind AND k.business_key = u.key
+		WHERE u.window_ms > 0 AND k.status IN ('succeeded', 'discarded', 'dead', 'cancelled')
+			AND k.created_at < now() - u.window_ms * interval '1 millisecond'
+		ORDER BY k.kind, k.business_key
+		FOR UPDATE OF k)`
+
+func supersede(ctx context.Context, db DB, kinds, keys []string, windowsMS []int64) error {
+	_, err := db.Exec(ctx, supersedeSQL, kinds, keys, windowsMS)
+	return interpretError(err)
 }
 
 // Get returns the job with id.

@@ -1,6 +1,7 @@
 package tasks
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -47,7 +48,7 @@ func (c *Client) EnqueueMany(ctx context.Context, ts ...*Task) ([]*Result, error
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue many: %w", err)
 	}
-	res := results(ins)
+	res := results(njs, ins)
 	var pub []*Result
 	for _, r := range res {
 		if !r.Existed {
@@ -72,7 +73,7 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ts ...*Task) ([]*
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue many: %w", err)
 	}
-	return results(ins), nil
+	return results(njs, ins), nil
 }
 
 func (c *Client) validateAll(ts []*Task) ([]idempotency.NewJob, error) {
@@ -91,10 +92,11 @@ func (c *Client) validateAll(ts []*Task) ([]idempotency.NewJob, error) {
 	return njs, nil
 }
 
-func results(ins []idempotency.Inserted) []*Result {
+func results(njs []idempotency.NewJob, ins []idempotency.Inserted) []*Result {
 	res := make([]*Result, len(ins))
 	for i, in := range ins {
-		res[i] = &Result{Job: in.Job, Existed: in.Existed}
+		res[i] = &Result{Job: in.Job, Existed: in.Existed,
+			PayloadDiffers: in.Existed && !bytes.Equal(in.Job.Payload, njs[i].Payload)}
 	}
 	return res
 }

@@ -1,6 +1,7 @@
 package tasks
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -104,6 +105,11 @@ type Result struct {
 	// Published is true when the job reached Redis during this call. When it
 	// is false the job is still safe: the relay publishes it.
 	Published bool
+	// PayloadDiffers is true when Existed and the existing job's payload is
+	// not the one given: the job keeps its first payload (a key names one
+	// business action), and the caller learns that its task was not the
+	// one recorded.
+	PayloadDiffers bool
 }
 
 // Enqueue records t in the ledger and publishes it to Redis. When it returns
@@ -126,7 +132,7 @@ func (c *Client) Enqueue(ctx context.Context, t *Task) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
 	}
-	res := &Result{Job: ins.Job, Existed: ins.Existed}
+	res := &Result{Job: ins.Job, Existed: ins.Existed, PayloadDiffers: ins.Existed && !bytes.Equal(ins.Job.Payload, nj.Payload)}
 	job := ins.Job
 	if ins.Existed && (job.Status != idempotency.StatusPending || job.PublishedAt != nil) {
 		return res, nil
@@ -148,7 +154,7 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, t *Task) (*Result, er
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
 	}
-	return &Result{Job: job, Existed: existed}, nil
+	return &Result{Job: job, Existed: existed, PayloadDiffers: existed && !bytes.Equal(job.Payload, nj.Payload)}, nil
 }
 
 // validate checks t as every enqueue does and returns the row to write. Its
@@ -185,6 +191,9 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if t.s.maxWait < 0 {
 		return idempotency.NewJob{}, fmt.Errorf("%w: negative max wait %s", ErrInvalidTask, t.s.maxWait)
 	}
+	if t.s.unique < 0 {
+		return idempotency.NewJob{}, fmt.Errorf("%w: negative unique window %s", ErrInvalidTask, t.s.unique)
+	}
 	return idempotency.NewJob{
 		Kind:           t.kind,
 		BusinessKey:    t.s.key,
@@ -197,6 +206,7 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 		RunAt:          ceilSecond(t.RunAt(time.Now())),
 		PayloadSummary: t.summary,
 		TraceID:        t.s.traceID,
+		UniqueWindow:   t.s.unique,
 	}, nil
 }
 

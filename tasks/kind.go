@@ -34,6 +34,7 @@ type settings struct {
 	processAt time.Time
 	key       string
 	traceID   string
+	unique    time.Duration
 }
 
 // Option sets a default of a kind (in Define) or of one task (in New).
@@ -70,6 +71,22 @@ func ProcessAt(t time.Time) Option { return optionFunc(func(s *settings) { s.pro
 
 // BusinessKey overrides the kind's key function for one task.
 func BusinessKey(key string) Option { return optionFunc(func(s *settings) { s.key = key }) }
+
+// Unique bounds how long a finished job dedupes its key: "one welcome mail
+// per user per 10 minutes" is tasks.Unique(10*time.Minute) on the kind.
+// Without it a key dedupes for as long as the ledger keeps the job (its
+// retention, 30 days by default).
+//
+// The window counts from the finished job's creation. Once it has passed, an
+// enqueue of the same key makes a new job; the old one keeps its record
+// (idempotency.Job.SupersededAt) and no longer answers to the key. A job
+// that is still open — pending, running, or failed and waiting to retry —
+// always dedupes, however old: keel never runs two jobs of one key at once.
+// Dead and cancelled jobs count as finished; a dead job that was superseded
+// cannot be replayed (enqueue anew instead).
+func Unique(window time.Duration) Option {
+	return optionFunc(func(s *settings) { s.unique = window })
+}
 
 // TraceID attaches a log/trace id to the job (kept with it if it dies).
 func TraceID(id string) Option { return optionFunc(func(s *settings) { s.traceID = id }) }

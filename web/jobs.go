@@ -101,6 +101,8 @@ type listRow struct {
 	LastError, ErrorClass        string
 	CreatedAt, UpdatedAt         time.Time
 	FinishedAt                   *time.Time
+	// Superseded: a newer job of the key took this finished one's place.
+	Superseded bool
 }
 
 // ErrorIsCurrent reports whether the job's last error is why it stands
@@ -166,7 +168,8 @@ func listJobs(ctx context.Context, db interface {
 		where = "WHERE " + strings.Join(conds, " AND ")
 	}
 	rows, err := db.Query(ctx, `SELECT j.id, j.kind, j.business_key, j.queue, j.status, j.attempts, j.max_retry,
-		coalesce(j.last_error, ''), coalesce(j.error_class, ''), j.created_at, j.updated_at, j.finished_at
+		coalesce(j.last_error, ''), coalesce(j.error_class, ''), j.created_at, j.updated_at, j.finished_at,
+		j.superseded_at IS NOT NULL
 		FROM keel_jobs j `+where+` ORDER BY j.id `+order+` LIMIT `+arg(limit+1), args...)
 	if err != nil {
 		return nil, false, err
@@ -174,7 +177,10 @@ func listJobs(ctx context.Context, db interface {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (listRow, error) {
 		var l listRow
 		err := r.Scan(&l.ID, &l.Kind, &l.BusinessKey, &l.Queue, &l.Status, &l.Attempts, &l.MaxRetry,
-			&l.LastError, &l.ErrorClass, &l.CreatedAt, &l.UpdatedAt, &l.FinishedAt)
+			&l.LastError, &l.ErrorClass, &l.CreatedAt, &l.UpdatedAt, &l.FinishedAt, &l.Superseded)
+		if l.Superseded {
+			l.BusinessKey = strings.TrimSuffix(l.BusinessKey, "#"+l.ID)
+		}
 		return l, err
 	})
 	if err != nil {
