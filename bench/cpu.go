@@ -162,3 +162,15 @@ func (n *noise) stop() float64 {
 	other := (host - n.host) - self - (redis - n.redis) - (pg - n.pg)
 	return max(0, float64(other)/float64(wall))
 }
+
+// Noise measures how many cores the host's other processes keep busy: not
+// this process, Redis or Postgres. bench/river reports it as keel bench
+// does, since figures from a busy host measure the host.
+type Noise struct{ n *noise }
+
+// StartNoise starts measuring.
+func StartNoise() Noise { return Noise{startNoise()} }
+
+// Stop returns how many cores the others kept busy on average since
+// StartNoise, or -1 when that cannot be known here.
+func (n Noise) Stop() float64 { return n.n.stop() }

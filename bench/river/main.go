@@ -10,11 +10,19 @@
 //
 // Both run the same number of jobs against the same Postgres, with the same
 // worker count and the same pool size, alternating, and each round is
-// checked: exactly one effect row per job, every job completed. It lives in
-// a module of its own so that River's dependencies stay out of keel's.
+// checked: exactly one effect row per job, every job completed.
+//
+// A second comparison, enqueue, times bulk inserts of 1,000 jobs per
+// transaction: keel's EnqueueManyTx until a relay has put every job in
+// Redis, against River's InsertManyTx (plain and unique by args) and
+// InsertManyFastTx until the last commit.
+//
+// It lives in a module of its own so that River's dependencies stay out of
+// keel's.
 //
 //	cd bench/river && go run .            # or: go -C bench/river run .
 //	go -C bench/river run . -jobs 20000 -rounds 3 -json
+//	go -C bench/river run . -only enqueue -enqueue-jobs 50000
 package main
 
 import (
@@ -63,6 +71,9 @@ type settings struct {
 	fetchPoll     time.Duration
 	producers     int
 	asJSON        bool
+	enqueueJobs   int
+	effects       bool
+	enqueue       bool
 }
 
 func main() {
@@ -72,19 +83,36 @@ func main() {
 	flag.StringVar(&s.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis for keel's queues")
 	flag.IntVar(&s.redisDB, "redis-db", 14, "Redis database for keel's queues (its default queue must be empty)")
 	flag.IntVar(&s.jobs, "jobs", 10000, "jobs per system per round")
-	flag.IntVar(&s.rounds, "rounds", 2, "rounds (keel then River); the table shows every round, the ratio is the median's")
+	flag.IntVar(&s.rounds, "rounds", 2, "rounds of each comparison (keel then River); the tables show every round, the ratios are the median round's")
 	flag.IntVar(&s.workers, "workers", 50, "keel worker concurrency and River MaxWorkers")
 	flag.IntVar(&s.poolSize, "pool", 40, "Postgres pool size of each system")
 	flag.DurationVar(&s.fetchCooldown, "fetch-cooldown", river.FetchCooldownMin, "River FetchCooldown (its minimum is 1ms)")
 	flag.DurationVar(&s.fetchPoll, "fetch-poll-interval", 20*time.Millisecond, "River FetchPollInterval")
 	flag.IntVar(&s.producers, "producers", 16, "goroutines enqueueing keel's jobs before a round (not timed)")
 	flag.BoolVar(&s.asJSON, "json", false, "print the report as JSON")
+	flag.IntVar(&s.enqueueJobs, "enqueue-jobs", 30000, "jobs per system per round of the enqueue comparison")
+	only := flag.String("only", "effects,enqueue", "comparisons to run: effects, enqueue or both")
 	flag.Parse()
+	for part := range strings.SplitSeq(*only, ",") {
+		switch strings.TrimSpace(part) {
+		case "effects":
+			s.effects = true
+		case "enqueue":
+			s.enqueue = true
+		default:
+			fmt.Fprintf(os.Stderr, "bench/river: -only: unknown comparison %q (want effects, enqueue)\n", part)
+			os.Exit(2)
+		}
+	}
+	if s.rounds < 1 || s.jobs < 1 || s.enqueueJobs < 1 {
+		fmt.Fprintln(os.Stderr, "bench/river: -rounds, -jobs and -enqueue-jobs must be at least 1")
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	rep, err := run(ctx, s)
-	if err == nil || len(rep.Rounds) > 0 {
+	if err == nil || len(rep.Rounds) > 0 || rep.Enqueue != nil && len(rep.Enqueue.Rounds) > 0 {
 		if s.asJSON {
 			enc := json.NewEncoder(os.Stdout)
 			enc.SetIndent("", "  ")
@@ -138,11 +166,18 @@ func startMeter() meter {
 }
 
 func (m meter) stop(p *Phase) {
-	per := func(d time.Duration) float64 { return max(0, float64(d)/float64(time.Millisecond)/float64(p.Jobs)) }
-	p.WorkerCPUms = per(bench.ProcessCPU() - m.self)
-	if redis, pg, ok := bench.ServerCPU(); ok && m.ok {
-		p.RedisCPUms, p.PostgresCPUms = per(redis-m.redis), per(pg-m.pg)
+	p.WorkerCPUms, p.PostgresCPUms, p.RedisCPUms = m.perJob(p.Jobs)
+}
+
+// perJob is the CPU time used since startMeter, in milliseconds per job
+// (Postgres and Redis 0 where unknown).
+func (m meter) perJob(jobs int) (worker, pg, redis float64) {
+	per := func(d time.Duration) float64 { return max(0, float64(d)/float64(time.Millisecond)/float64(jobs)) }
+	worker = per(bench.ProcessCPU() - m.self)
+	if r, p, ok := bench.ServerCPU(); ok && m.ok {
+		redis, pg = per(r-m.redis), per(p-m.pg)
 	}
+	return worker, pg, redis
 }
 
 // Round is keel and River measured one after the other.
@@ -164,16 +199,38 @@ type Report struct {
 	PoolSize        int     `json:"pool_size"`
 	FetchCooldownMs float64 `json:"river_fetch_cooldown_ms"`
 	FetchPollMs     float64 `json:"river_fetch_poll_interval_ms"`
-	Rounds          []Round `json:"rounds"`
+	// OtherCores is how many cores, on average over the run, processes
+	// other than this one, Redis and Postgres kept busy (-1: unknown here).
+	OtherCores float64 `json:"other_cores_busy"`
+	// Rounds and Ratio are the effects comparison's (none without it).
+	Rounds []Round `json:"rounds"`
 	// Ratio is keel's rate over River's in the round with the median ratio.
-	Ratio float64 `json:"ratio"`
+	Ratio   float64        `json:"ratio"`
+	Enqueue *EnqueueReport `json:"enqueue,omitempty"`
 }
 
 func (r Report) String() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "exactly-once local effect: %d cores, %s, Postgres %s, Redis %s, River %s\n",
-		r.Cores, r.GoVersion, r.Postgres, r.Redis, r.RiverVersion)
-	fmt.Fprintf(&sb, "%d jobs per system per round; %d workers each, Postgres pool of %d each; River FetchCooldown %gms, FetchPollInterval %gms\n\n",
+	fmt.Fprintf(&sb, "keel vs River: %d cores, %s, Postgres %s, Redis %s, River %s", r.Cores, r.GoVersion, r.Postgres, r.Redis, r.RiverVersion)
+	if r.OtherCores >= 0 {
+		fmt.Fprintf(&sb, "; other processes kept %.2f of %d cores busy meanwhile", r.OtherCores, r.Cores)
+	}
+	sb.WriteString("\n\n")
+	if len(r.Rounds) > 0 {
+		sb.WriteString(r.effectsString())
+	}
+	if r.Enqueue != nil {
+		if len(r.Rounds) > 0 {
+			sb.WriteString("\n")
+		}
+		sb.WriteString(r.Enqueue.String())
+	}
+	return sb.String()
+}
+
+func (r Report) effectsString() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "exactly-once local effect: %d jobs per system per round; %d workers each, Postgres pool of %d each; River FetchCooldown %gms, FetchPollInterval %gms\n\n",
 		r.Jobs, r.Workers, r.PoolSize, r.FetchCooldownMs, r.FetchPollMs)
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "round\tsystem\tjobs\tseconds\tjobs/s\tworker cpu ms/job\tpostgres cpu ms/job\tredis cpu ms/job\teffect rows\tdistinct\tcompleted\t")
@@ -201,28 +258,48 @@ const (
 
 const effectsTable = `CREATE TABLE bench_effects (job_key text NOT NULL, at timestamptz NOT NULL DEFAULT now())`
 
-func run(ctx context.Context, s settings) (Report, error) {
-	rep := Report{Cores: runtime.NumCPU(), GoVersion: runtime.Version(), RiverVersion: moduleVersion("github.com/riverqueue/river"),
+func run(ctx context.Context, s settings) (rep Report, err error) {
+	rep = Report{Cores: runtime.NumCPU(), GoVersion: runtime.Version(), RiverVersion: moduleVersion("github.com/riverqueue/river"),
 		Jobs: s.jobs, Workers: s.workers, PoolSize: s.poolSize,
-		FetchCooldownMs: float64(s.fetchCooldown) / 1e6, FetchPollMs: float64(s.fetchPoll) / 1e6}
+		FetchCooldownMs: float64(s.fetchCooldown) / 1e6, FetchPollMs: float64(s.fetchPoll) / 1e6, OtherCores: -1}
 	redisOpt := asynq.RedisClientOpt{Addr: s.redisAddr, DB: s.redisDB}
 	if err := emptyQueue(redisOpt, false); err != nil {
 		return rep, err
 	}
 	defer emptyQueue(redisOpt, true) //nolint:errcheck // best effort: leave the database as found
+	noise := bench.StartNoise()
+	defer func() { rep.OtherCores = noise.Stop() }()
+	rep.Postgres, rep.Redis = versions(ctx, s)
 
+	if s.effects {
+		if err := effectRates(ctx, s, redisOpt, &rep); err != nil {
+			return rep, err
+		}
+	}
+	if s.enqueue {
+		enq, err := enqueueRates(ctx, s, redisOpt)
+		rep.Enqueue = &enq
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// effectRates runs the effects comparison's rounds into rep.
+func effectRates(ctx context.Context, s settings, redisOpt asynq.RedisClientOpt, rep *Report) error {
 	for i := range s.rounds {
 		fmt.Fprintf(os.Stderr, "round %d of %d: keel…", i+1, s.rounds)
 		var rd Round
 		var err error
 		rd.Keel, err = runKeel(ctx, s, redisOpt)
 		if err != nil {
-			return rep, fmt.Errorf("keel: %w", err)
+			return fmt.Errorf("keel: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, " %.0f jobs/s; River…", rd.Keel.JobsPerSecond)
 		rd.River, err = runRiver(ctx, s)
 		if err != nil {
-			return rep, fmt.Errorf("River: %w", err)
+			return fmt.Errorf("River: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, " %.0f jobs/s\n", rd.River.JobsPerSecond)
 		rd.Ratio = rd.Keel.JobsPerSecond / rd.River.JobsPerSecond
@@ -231,8 +308,7 @@ func run(ctx context.Context, s settings) (Report, error) {
 	sorted := slices.Clone(rep.Rounds)
 	slices.SortFunc(sorted, func(a, b Round) int { return cmp.Compare(a.Ratio, b.Ratio) })
 	rep.Ratio = sorted[(len(sorted)-1)/2].Ratio
-	rep.Postgres, rep.Redis = versions(ctx, s)
-	return rep, nil
+	return nil
 }
 
 // freshPool drops and recreates schema with the effects table in it, and
