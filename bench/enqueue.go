@@ -79,8 +79,8 @@ func (r EnqueueReport) String() string {
 			fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio, fmtRounds(row.RoundRatios))
 	}
 	tw.Flush()
-	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT written claimed (commit; concurrent calls share it: group commit), asynq enqueue.\n"+
-		"keel EnqueueMany: one INSERT … SELECT FROM unnest per 1,000 jobs (commit), then 16 asynq enqueues in flight; p50/p99 per call.\n"+
+	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT written claimed, commit and publish (concurrent calls share both: group commit).\n"+
+		"keel EnqueueMany: one INSERT … SELECT FROM unnest per 1,000 jobs (commit), then one Redis script per 200 jobs (the same writes as asynq's client); p50/p99 per call.\n"+
 		"keel EnqueueManyTx: BEGIN, the same INSERT with pg_notify, COMMIT; timed until one relay has put every job in Redis.\n"+
 		"keel EnqueueTx: BEGIN, INSERT with pg_notify in the same statement, COMMIT; the relay publishes later.\n"+
 		"ledger INSERT: the same INSERT in its own transaction without pg_notify (Postgres' floor for EnqueueTx).\n")

@@ -91,8 +91,8 @@ func (r RelayReport) String() string {
 	}
 	tw.Flush()
 	fmt.Fprintf(&sb, "\nA relay pass claims up to %d rows (FOR UPDATE SKIP LOCKED), marks them published and commits,\n"+
-		"then enqueues them with asynq's client, %d in flight; asynq Client.Enqueue, one producer, is the same Redis work\n"+
-		"one at a time.\n", r.BatchSize, idempotency.PublishInFlight)
+		"then puts them into Redis with one script call per queue (the writes asynq's client makes, %d calls in flight);\n"+
+		"asynq Client.Enqueue, one producer, is the same Redis work one task at a time.\n", r.BatchSize, idempotency.PublishInFlight)
 	if len(r.Commits) > 0 {
 		fmt.Fprintf(&sb, "\n%d producers, 1 job per transaction:\n\n", r.Producers)
 		tw = tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)

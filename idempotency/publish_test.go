@@ -4,15 +4,17 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
 )
 
 // PublishMany puts every job in Redis once under its ledger id, says which
-// were new, marks the unmarked ones in the ledger, and lets one job asynq
+// were new, marks the unmarked ones in the ledger, and lets a queue Redis
 // refuses fail alone.
 func TestPublishManyPublishesEachJobOnceAndMarksIt(t *testing.T) {
 	b := setup(t)
@@ -21,20 +23,30 @@ func TestPublishManyPublishesEachJobOnceAndMarksIt(t *testing.T) {
 	defer insp.Close()
 	ac := asynq.NewClient(b.redis)
 	defer ac.Close()
+	pub := idempotency.NewPublisher(b.redis)
+	defer pub.Close()
+	rdb := b.redis.MakeRedisClient().(redis.UniversalClient)
+	defer rdb.Close()
+	// A queue whose pending list is a string: Redis refuses every push to it.
+	require.NoError(t, rdb.Set(ctx, "asynq:{broken}:pending", "not a list", 0).Err())
+	t.Cleanup(func() { rdb.Del(context.Background(), "asynq:{broken}:pending") })
 
 	var jobs []idempotency.Job
-	for i := range 3 * idempotency.PublishInFlight {
+	for i := range 450 { // three groups of the default queue, and the broken one
+		q := "default"
+		if i == 9 {
+			q = "broken"
+		}
 		j, _, err := b.store.Insert(ctx, b.pool, idempotency.NewJob{Kind: "publish:many", BusinessKey: fmt.Sprint("k-", i),
-			Queue: "default", Payload: []byte("{}"), MaxRetry: 3})
+			Queue: q, Payload: []byte("{}"), MaxRetry: 3})
 		require.NoError(t, err)
 		jobs = append(jobs, j)
 	}
-	// One job Redis holds already (a repeated publish), one asynq refuses.
+	// One job Redis holds already (a repeated publish).
 	_, err := ac.EnqueueContext(ctx, idempotency.Task(jobs[5]), idempotency.TaskOptions(jobs[5])...)
 	require.NoError(t, err)
-	jobs[9].Kind = " "
 
-	res, markErr := b.store.PublishMany(ctx, ac, jobs)
+	res, markErr := b.store.PublishMany(ctx, pub, jobs)
 	require.NoError(t, markErr)
 	require.Len(t, res, len(jobs))
 	for i, p := range res {
@@ -50,11 +62,11 @@ func TestPublishManyPublishesEachJobOnceAndMarksIt(t *testing.T) {
 		}
 	}
 	for i, j := range jobs {
-		info, err := insp.GetTaskInfo("default", j.ID)
+		info, err := insp.GetTaskInfo(j.Queue, j.ID)
 		got, gerr := b.store.Get(ctx, j.ID)
 		require.NoError(t, gerr)
 		if i == 9 {
-			require.ErrorIs(t, err, asynq.ErrTaskNotFound)
+			require.Error(t, err)
 			require.Nil(t, got.PublishedAt, "a job that was not published stays unmarked")
 			continue
 		}
@@ -68,7 +80,7 @@ func TestPublishManyPublishesEachJobOnceAndMarksIt(t *testing.T) {
 	require.Equal(t, len(jobs)-1, qi.Pending, "every job once")
 
 	// Again: nothing new, nothing twice.
-	res, markErr = b.store.PublishMany(ctx, ac, append(jobs[:9:9], jobs[10:]...))
+	res, markErr = b.store.PublishMany(ctx, pub, append(jobs[:9:9], jobs[10:]...))
 	require.NoError(t, markErr)
 	for _, p := range res {
 		require.NoError(t, p.Err)
@@ -77,4 +89,73 @@ func TestPublishManyPublishesEachJobOnceAndMarksIt(t *testing.T) {
 	qi, err = insp.GetQueueInfo("default")
 	require.NoError(t, err)
 	require.Equal(t, len(jobs)-1, qi.Pending)
+}
+
+// The publisher writes what asynq's own client writes: the same task as
+// asynq reads it back, the same fields in its hash, the same lists and sets.
+func TestPublisherWritesWhatAsynqsClientWrites(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	ac := asynq.NewClient(b.redis)
+	defer ac.Close()
+	pub := idempotency.NewPublisher(b.redis)
+	defer pub.Close()
+	rdb := b.redis.MakeRedisClient().(redis.UniversalClient)
+	defer rdb.Close()
+
+	deadline := time.Now().Add(time.Hour).Truncate(time.Second)
+	later := time.Now().Add(time.Hour).Truncate(time.Second)
+	cases := map[string]idempotency.NewJob{
+		"plain":    {Payload: []byte(`{"a":1}`), MaxRetry: 3},
+		"empty":    {Payload: []byte{}, MaxRetry: 0},
+		"timeout":  {Payload: []byte(`{}`), MaxRetry: 7, Timeout: 90 * time.Second},
+		"deadline": {Payload: []byte(`{}`), MaxRetry: 1, Deadline: deadline},
+		"both":     {Payload: []byte(`{}`), MaxRetry: 1, Timeout: time.Minute, Deadline: deadline},
+		"later":    {Payload: []byte(`"x"`), MaxRetry: 2, RunAt: later},
+	}
+	for name, nj := range cases {
+		t.Run(name, func(t *testing.T) {
+			twin := func(suffix string) idempotency.Job {
+				nj := nj
+				nj.Kind, nj.BusinessKey, nj.Queue = "publish:wire", name+suffix, "default"
+				j, _, err := b.store.Insert(ctx, b.pool, nj)
+				require.NoError(t, err)
+				return j
+			}
+			mine, theirs := twin("-keel"), twin("-asynq")
+			_, err := ac.EnqueueContext(ctx, idempotency.Task(theirs), idempotency.TaskOptions(theirs)...)
+			require.NoError(t, err)
+			res, _ := b.store.PublishMany(ctx, pub, []idempotency.Job{mine})
+			require.NoError(t, res[0].Err)
+			require.True(t, res[0].New)
+
+			a, err := insp.GetTaskInfo("default", theirs.ID)
+			require.NoError(t, err)
+			k, err := insp.GetTaskInfo("default", mine.ID)
+			require.NoError(t, err)
+			require.Equal(t, a.Type, k.Type)
+			require.Equal(t, a.Payload, k.Payload)
+			require.Equal(t, theirs.BusinessKey, a.Headers[idempotency.HeaderBusinessKey])
+			require.Equal(t, mine.BusinessKey, k.Headers[idempotency.HeaderBusinessKey])
+			require.Equal(t, len(a.Headers), len(k.Headers))
+			require.Equal(t, a.Queue, k.Queue)
+			require.Equal(t, a.MaxRetry, k.MaxRetry)
+			require.Equal(t, a.Timeout, k.Timeout)
+			require.Equal(t, a.Deadline, k.Deadline)
+			require.Equal(t, a.State, k.State)
+			require.Equal(t, a.NextProcessAt.Unix(), k.NextProcessAt.Unix())
+			require.Equal(t, a.Retention, k.Retention)
+
+			af, err := rdb.HKeys(ctx, "asynq:{default}:t:"+theirs.ID).Result()
+			require.NoError(t, err)
+			kf, err := rdb.HKeys(ctx, "asynq:{default}:t:"+mine.ID).Result()
+			require.NoError(t, err)
+			require.ElementsMatch(t, af, kf, "the task hash's fields")
+		})
+	}
+	member, err := rdb.SIsMember(ctx, "asynq:queues", "default").Result()
+	require.NoError(t, err)
+	require.True(t, member, "the queue is in asynq's set of queues")
 }

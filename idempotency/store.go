@@ -278,10 +278,9 @@ func TaskOptions(j Job) []asynq.Option {
 	return opts
 }
 
-// PublishInFlight is how many publishes PublishMany keeps in flight at
-// once: enough to hide Redis round trips, few enough to stay inside the
-// asynq client's connection pool (go-redis: ten per CPU).
-const PublishInFlight = 16
+// PublishInFlight is how many script calls PublishMany keeps in flight at
+// once, each with up to 200 jobs of one queue.
+const PublishInFlight = 4
 
 // Published is what publishing one job did.
 type Published struct {
@@ -292,31 +291,48 @@ type Published struct {
 	New bool
 }
 
-// PublishMany hands jobs to Redis, up to PublishInFlight at once, and returns
-// what happened to each, in the order of jobs. It is the one way keel
-// publishes: the ledger id is the asynq task id, so a task id conflict means
-// Redis already holds the job and counts as published. One job Redis refuses
-// does not stop the others.
+// PublishMany hands jobs to Redis and returns what happened to each, in the
+// order of jobs. It is the one way keel publishes: jobs go in groups of one
+// queue, up to 200 per script call, several calls in flight. The ledger id
+// is the asynq task id, so an id Redis holds already counts as published. A
+// call Redis refuses fails only its own group's jobs.
 //
 // The published jobs whose PublishedAt is nil are then marked published in
 // one statement (the relay's jobs were marked when it claimed them). markErr
 // is that statement's failure; it loses nothing: the jobs are in Redis, and
 // the relay publishing them again is a harmless conflict.
-func (s *Store) PublishMany(ctx context.Context, c *asynq.Client, jobs []Job) (res []Published, markErr error) {
+func (s *Store) PublishMany(ctx context.Context, p *Publisher, jobs []Job) (res []Published, markErr error) {
 	res = make([]Published, len(jobs))
-	// The first job goes alone: when it finds Redis unreachable the rest
+	groups := publishGroups(jobs)
+	// The first group goes alone: when it finds Redis unreachable the rest
 	// are not tried, since each would wait for its own dial and add to
 	// go-redis's count of failed dials, which past the pool size makes it
-	// refuse connections for a while after Redis is back. A task asynq
-	// refuses on its own says nothing about the others.
-	if len(jobs) > 0 {
-		res[0].New, res[0].Err = publish(ctx, c, jobs[0])
-		if unreachable(res[0].Err) {
-			for i := range res[1:] {
-				res[1+i].Err = res[0].Err
+	// refuse connections for a while after Redis is back.
+	if len(groups) > 0 {
+		p.publishGroup(ctx, jobs, groups[0], res)
+		var err error
+		for _, i := range groups[0] {
+			if unreachable(res[i].Err) {
+				err = res[i].Err
+			}
+		}
+		if err != nil {
+			for _, g := range groups[1:] {
+				for _, i := range g {
+					res[i].Err = err
+				}
 			}
 		} else {
-			publishRest(ctx, c, jobs[1:], res[1:])
+			var wg sync.WaitGroup
+			slots := make(chan struct{}, PublishInFlight)
+			for _, g := range groups[1:] {
+				slots <- struct{}{}
+				wg.Go(func() {
+					defer func() { <-slots }()
+					p.publishGroup(ctx, jobs, g, res)
+				})
+			}
+			wg.Wait()
 		}
 	}
 	var mark []string
@@ -333,36 +349,56 @@ func (s *Store) PublishMany(ctx context.Context, c *asynq.Client, jobs []Job) (r
 	return res, markErr
 }
 
-// publishRest publishes jobs, PublishInFlight at a time, into res.
-func publishRest(ctx context.Context, c *asynq.Client, jobs []Job, res []Published) {
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, PublishInFlight)
-	for i := range jobs {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			res[i].New, res[i].Err = publish(ctx, c, jobs[i])
-		})
+// publishGroups splits the indexes of jobs into groups of one queue and at
+// most publishChunk jobs, in order.
+func publishGroups(jobs []Job) [][]int {
+	byQueue := map[string][]int{}
+	var order []string
+	for i, j := range jobs {
+		if _, ok := byQueue[j.Queue]; !ok {
+			order = append(order, j.Queue)
+		}
+		byQueue[j.Queue] = append(byQueue[j.Queue], i)
 	}
-	wg.Wait()
+	var groups [][]int
+	for _, q := range order {
+		idx := byQueue[q]
+		for len(idx) > 0 {
+			n := min(len(idx), publishChunk)
+			groups = append(groups, idx[:n])
+			idx = idx[n:]
+		}
+	}
+	return groups
+}
+
+// publishGroup publishes the jobs at idx, all of one queue, into res. A job
+// asynq would refuse (a blank task type, which only a hand-written row can
+// have) fails alone, as it would through asynq's client.
+func (p *Publisher) publishGroup(ctx context.Context, jobs []Job, idx []int, res []Published) {
+	group := make([]Job, 0, len(idx))
+	at := make([]int, 0, len(idx))
+	for _, i := range idx {
+		if strings.TrimSpace(jobs[i].Kind) == "" {
+			res[i].Err = fmt.Errorf("keel: publish job %s: task type cannot be empty", jobs[i].ID)
+			continue
+		}
+		group, at = append(group, jobs[i]), append(at, i)
+	}
+	if len(group) == 0 {
+		return
+	}
+	out := make([]Published, len(group))
+	p.publish(ctx, group[0].Queue, group, out)
+	for k, i := range at {
+		res[i] = out[k]
+	}
 }
 
 // unreachable tells whether err says Redis could not be reached.
 func unreachable(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &netErr)
-}
-
-// publish enqueues j with asynq; false with a nil error: Redis already held it.
-func publish(ctx context.Context, c *asynq.Client, j Job) (bool, error) {
-	_, err := c.EnqueueContext(ctx, Task(j), TaskOptions(j)...)
-	switch {
-	case errors.Is(err, asynq.ErrTaskIDConflict):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("keel: publish job %s: %w", j.ID, err)
-	}
-	return true, nil
 }
 
 // Task is the asynq task that carries j; publish it with TaskOptions(j).

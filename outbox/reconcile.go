@@ -106,7 +106,7 @@ func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
 type Reconciler struct {
 	pool  *pgxpool.Pool
 	store *idempotency.Store
-	pub   *asynq.Client
+	pub   *idempotency.Publisher
 	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
@@ -115,8 +115,9 @@ type Reconciler struct {
 
 // NewReconciler returns a reconciler; Run it, then Close it.
 func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
-	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), pub: asynq.NewClient(redisOpt),
-		rdb: redisOpt.MakeRedisClient().(redis.UniversalClient), cfg: cfg.withDefaults()}
+	rdb := redisOpt.MakeRedisClient().(redis.UniversalClient)
+	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), pub: idempotency.NewPublisherOn(rdb),
+		rdb: rdb, cfg: cfg.withDefaults()}
 }
 
 // asynqQueuesKey is asynq's registry of queue names (asynq v0.26's
@@ -124,7 +125,7 @@ func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg Reconcil
 const asynqQueuesKey = "asynq:queues"
 
 // Close releases Redis connections.
-func (r *Reconciler) Close() error { return errors.Join(r.pub.Close(), r.rdb.Close()) }
+func (r *Reconciler) Close() error { return r.rdb.Close() }
 
 // ReconcileStats counts what reconcilers did.
 type ReconcileStats struct {

@@ -75,7 +75,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 type Relay struct {
 	pool  *pgxpool.Pool
 	store *idempotency.Store
-	asynq *asynq.Client
+	pub   *idempotency.Publisher
 	cfg   RelayConfig
 
 	published atomic.Uint64
@@ -85,11 +85,11 @@ type Relay struct {
 
 // NewRelay returns a relay; Run it, then Close it.
 func NewRelay(pool *pgxpool.Pool, redis asynq.RedisConnOpt, cfg RelayConfig) *Relay {
-	return &Relay{pool: pool, store: idempotency.NewStore(pool), asynq: asynq.NewClient(redis), cfg: cfg.withDefaults()}
+	return &Relay{pool: pool, store: idempotency.NewStore(pool), pub: idempotency.NewPublisher(redis), cfg: cfg.withDefaults()}
 }
 
 // Close releases the relay's Redis connections.
-func (r *Relay) Close() error { return r.asynq.Close() }
+func (r *Relay) Close() error { return r.pub.Close() }
 
 // Published is how many jobs this relay has published.
 func (r *Relay) Published() uint64 { return r.published.Load() }
@@ -414,7 +414,7 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 // publish publishes claimed jobs, hands back those it could not, and returns
 // how many it published; an error when it published none of them.
 func (r *Relay) publish(ctx context.Context, jobs []idempotency.Job) (int, error) {
-	res, _ := r.store.PublishMany(ctx, r.asynq, jobs) // claimed rows are marked already
+	res, _ := r.store.PublishMany(ctx, r.pub, jobs) // claimed rows are marked already
 	n := 0
 	var pubErr error
 	var failed []idempotency.Job

@@ -105,8 +105,8 @@ func results(njs []idempotency.NewJob, ins []idempotency.Inserted) []*Result {
 // caller's context has ended.
 const publishGiveUp = 10 * time.Second
 
-// publish hands the jobs of rs to Redis with Store.PublishMany (several in
-// flight) and sets their Published. New rows were written claimed (marked
+// publish hands the jobs of rs to Redis with Store.PublishMany and sets
+// their Published. New rows were written claimed (marked
 // published); those Redis did not take are handed back to the relay in one
 // statement. An existing row that was not yet published is marked by
 // PublishMany once Redis holds it.
@@ -118,7 +118,7 @@ func (c *Client) publish(ctx context.Context, rs []*Result) {
 	for i, r := range rs {
 		jobs[i] = r.Job
 	}
-	out, markErr := c.store.PublishMany(ctx, c.asynq, jobs)
+	out, markErr := c.store.PublishMany(ctx, c.pub, jobs)
 	if markErr != nil {
 		c.log.Warn("keel: published jobs not marked; the relay's second publish is harmless", "err", markErr)
 	}
@@ -167,39 +167,59 @@ type insertReq struct {
 }
 
 type insertOut struct {
-	idempotency.Inserted
+	res *Result
 	err error
 }
 
-// insert writes nj through the group commit.
-func (c *Client) insert(ctx context.Context, nj idempotency.NewJob) (idempotency.Inserted, error) {
+// insert writes nj through the group commit and publishes its job.
+func (c *Client) insert(ctx context.Context, nj idempotency.NewJob) (*Result, error) {
 	r := insertReq{nj: nj, out: make(chan insertOut, 1)}
 	if err := c.inserts.Submit(ctx, r); err != nil {
-		return idempotency.Inserted{}, err
+		return nil, err
 	}
 	select {
 	case o := <-r.out:
-		return o.Inserted, o.err
+		return o.res, o.err
 	case <-c.inserts.Closed():
 		// The batch may have run; if it did, the row is claimed and the
 		// reconciler publishes it.
-		return idempotency.Inserted{}, ErrClientClosed
+		return nil, ErrClientClosed
 	}
 }
 
 // insertBatch writes the jobs of waiting Enqueue calls in one statement and
-// one commit.
+// one commit, then publishes them in the background while the loop takes
+// the next calls: a round's publish overlaps the next round's commit.
 func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) {
 	njs := make([]idempotency.NewJob, len(reqs))
 	for i, r := range reqs {
 		njs[i] = r.nj
 	}
 	ins, err := c.store.InsertMany(ctx, c.store.Pool(), njs, idempotency.InsertOptions{Claim: true})
-	for i, r := range reqs {
-		if err != nil {
+	if err != nil {
+		for _, r := range reqs {
 			r.out <- insertOut{err: err}
-		} else {
-			r.out <- insertOut{Inserted: ins[i]}
+		}
+		return
+	}
+	res := results(njs, ins)
+	var pub []*Result
+	for _, r := range res {
+		// New rows, and an existing one that no publisher has claimed.
+		if !r.Existed || (r.Job.Status == idempotency.StatusPending && r.Job.PublishedAt == nil) {
+			pub = append(pub, r)
 		}
 	}
+	outs := make([]chan insertOut, len(reqs))
+	for i, r := range reqs {
+		outs[i] = r.out
+	}
+	c.publishing.Go(func() {
+		// Not the round's context: Close cancels that, and a publish cut
+		// short only hands the jobs to the relay.
+		c.publish(context.WithoutCancel(ctx), pub)
+		for i, out := range outs {
+			out <- insertOut{res: res[i]}
+		}
+	})
 }

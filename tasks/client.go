@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -52,10 +53,12 @@ type ClientConfig struct {
 // Client enqueues tasks: durably into the ledger first, then into Redis.
 type Client struct {
 	store   *idempotency.Store
-	asynq   *asynq.Client
+	pub     *idempotency.Publisher
 	queues  map[string]bool
 	log     *slog.Logger
 	inserts *batch.Batcher[insertReq]
+	// publishing counts the group-commit rounds still publishing.
+	publishing sync.WaitGroup
 }
 
 // NewClient returns a client. Close it when done.
@@ -74,7 +77,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	c := &Client{
 		store:  idempotency.NewStore(cfg.Pool),
-		asynq:  asynq.NewClient(cfg.Redis),
+		pub:    idempotency.NewPublisher(cfg.Redis),
 		queues: map[string]bool{},
 		log:    cfg.Logger,
 	}
@@ -89,7 +92,8 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 // Calls made after Close fail with ErrClientClosed.
 func (c *Client) Close() error {
 	c.inserts.Close()
-	return c.asynq.Close()
+	c.publishing.Wait()
+	return c.pub.Close()
 }
 
 // Store is the ledger the client writes to.
@@ -119,25 +123,19 @@ type Result struct {
 //
 // Concurrent calls share statements (group commit): calls that arrive while
 // another is writing go into the ledger together, in one INSERT and one
-// commit, and each then publishes its own job. A new row is written already
-// marked published, so no second commit follows the publish; a publish that
-// fails hands the row back to the relay, and should the process die in
-// between, the reconciler publishes it after its grace.
+// commit, and their jobs go to Redis together, in one script call. A new row
+// is written already marked published, so no second commit follows the
+// publish; a publish that fails hands the row back to the relay, and should
+// the process die in between, the reconciler publishes it after its grace.
 func (c *Client) Enqueue(ctx context.Context, t *Task) (*Result, error) {
 	nj, err := c.validate(t)
 	if err != nil {
 		return nil, enqueueError(t, err)
 	}
-	ins, err := c.insert(ctx, nj)
+	res, err := c.insert(ctx, nj)
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
 	}
-	res := &Result{Job: ins.Job, Existed: ins.Existed, PayloadDiffers: ins.Existed && !bytes.Equal(ins.Job.Payload, nj.Payload)}
-	job := ins.Job
-	if ins.Existed && (job.Status != idempotency.StatusPending || job.PublishedAt != nil) {
-		return res, nil
-	}
-	c.publish(ctx, []*Result{res})
 	return res, nil
 }
 
