@@ -56,6 +56,7 @@ type Client struct {
 	queues  map[string]bool
 	log     *slog.Logger
 	inserts *batch.Batcher[insertReq]
+	redis   asynq.RedisConnOpt // for Cancel's inspector
 }
 
 // NewClient returns a client. Close it when done.
@@ -77,6 +78,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		asynq:  asynq.NewClient(cfg.Redis),
 		queues: map[string]bool{},
 		log:    cfg.Logger,
+		redis:  cfg.Redis,
 	}
 	for _, q := range cfg.Queues {
 		c.queues[q] = true
