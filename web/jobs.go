@@ -201,7 +201,8 @@ type jobsData struct {
 	Rows           []listRow
 	FirstURL       string
 	NextURL        string
-	Selectable     bool // some row is dead: the bulk buttons apply
+	Selectable     bool // some row is dead: replay and discard apply
+	Cancellable    bool // some row is not finished: cancel applies
 }
 
 // jobsList is the jobs list: every job in the ledger, filtered.
@@ -224,6 +225,9 @@ func (s *Server) jobsList(w http.ResponseWriter, r *http.Request) {
 	for _, row := range rows {
 		if row.Status == idempotency.StatusDead {
 			d.Selectable = true
+		}
+		if cancellable(row.Status) {
+			d.Cancellable = true
 		}
 	}
 	if f.From != "" {
