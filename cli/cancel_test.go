@@ -53,6 +53,10 @@ func TestCancelCommand(t *testing.T) {
 	r = welcome(t, env, "cancel", id)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, id+": already cancelled\n", r.stdout)
+	r = welcome(t, env, "status", "--id", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `status\s+cancelled\n`, r.stdout)
+	require.Regexp(t, `resolved by\s+ops:alice\n`, r.stdout)
 
 	// By kind and business key, with JSON.
 	byKey := enqueue("2")
