@@ -186,7 +186,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 
 	for _, args := range [][]string{
 		{"worker"}, {"web"}, {"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`},
-		{"dead", "replay", id}, {"dead", "discard", id, "--note", "n"}, {"scheduler", "--config", "../examples/schedule.yaml", "--allow-unknown-kinds"},
+		{"dead", "replay", id}, {"dead", "discard", id, "--note", "n"}, {"cancel", id}, {"scheduler", "--config", "../examples/schedule.yaml", "--allow-unknown-kinds"},
 		{"relay"}, {"healthcheck"},
 	} {
 		t.Run("redis down/"+args[0], func(t *testing.T) {
@@ -202,7 +202,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 	})
 	for _, args := range [][]string{
 		{"status", "user:send_welcome", "user:1"}, {"status", "--id", id}, {"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`},
-		{"dead", "ls"}, {"dead", "show", id}, {"ledger"}, {"worker"}, {"web"}, {"relay"}, {"healthcheck"},
+		{"dead", "ls"}, {"dead", "show", id}, {"cancel", id}, {"ledger"}, {"worker"}, {"web"}, {"relay"}, {"healthcheck"},
 	} {
 		t.Run("no schema/"+strings.Join(args[:min(2, len(args))], " "), func(t *testing.T) {
 			oneLine(t, welcome(t, []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL(empty)}, args...),

@@ -395,6 +395,7 @@ type statusJSON struct {
 	PayloadSummary string     `json:"payload_summary,omitempty"`
 	TraceID        string     `json:"trace_id,omitempty"`
 	ResolutionNote string     `json:"resolution_note,omitempty"`
+	ResolvedBy     string     `json:"resolved_by,omitempty"`
 	NextRetryAt    *time.Time `json:"next_retry_at,omitempty"`
 	Steps          []stepJSON `json:"steps"`
 }
@@ -404,7 +405,7 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 		Attempts: j.Attempts, MaxRetry: j.MaxRetry, LastError: j.LastError, ErrorClass: j.ErrorClass,
 		LeaseHolder: j.LeaseHolder, LeaseUntil: j.LeaseUntil, RunAt: j.RunAt, PublishedAt: j.PublishedAt,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt, SupersededAt: j.SupersededAt, PayloadSummary: j.PayloadSummary,
-		TraceID: j.TraceID, ResolutionNote: j.ResolutionNote, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
+		TraceID: j.TraceID, ResolutionNote: j.ResolutionNote, ResolvedBy: j.ResolvedBy, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
 	for _, s := range steps {
 		out.Steps = append(out.Steps, stepJSON{Name: s.Name, Status: s.Status, Calls: s.Calls, Result: string(s.Result),
 			StartedAt: s.StartedAt, FinishedAt: s.FinishedAt})
@@ -450,6 +451,7 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	row("payload summary", j.PayloadSummary)
 	row("trace id", j.TraceID)
 	row("resolution", j.ResolutionNote)
+	row("resolved by", j.ResolvedBy)
 	for _, s := range steps {
 		row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s, finished %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339), ts(s.FinishedAt)))
 	}

@@ -51,7 +51,7 @@ func ledgerCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			err = pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded')
+			err = pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded', 'cancelled')
 				AND finished_at < now() - $1 * interval '1 millisecond'`, retention.Milliseconds()).Scan(&st.Prunable)
 			if err != nil {
 				return err
@@ -66,7 +66,7 @@ func ledgerCmd(e *Env) *cobra.Command {
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "size\t%.1f MiB (jobs + steps, with indexes)\n", float64(st.TotalBytes)/(1<<20))
-			for _, s := range []string{"pending", "running", "failed", "succeeded", "dead", "discarded"} {
+			for _, s := range []string{"pending", "running", "failed", "succeeded", "dead", "discarded", "cancelled"} {
 				fmt.Fprintf(tw, "%s\t%d\n", s, st.Rows[s])
 			}
 			fmt.Fprintf(tw, "unpublished\t%d (oldest %s)\n", st.Unpublished, time.Duration(st.OldestUnpubSecs*float64(time.Second)).Round(time.Second))

@@ -117,6 +117,13 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 		return nil, usageError{fmt.Errorf("--alert-webhook: %w", err)}
 	}
 	cfg.Middleware = append(cfg.Middleware, wm.Middleware)
+	prevCancelled := cfg.Guard.OnCancelled
+	cfg.Guard.OnCancelled = func(ctx context.Context, e idempotency.CancelEvent) {
+		wm.OnCancelled(ctx, e)
+		if prevCancelled != nil {
+			prevCancelled(ctx, e)
+		}
+	}
 	prev := cfg.Guard.OnDead
 	cfg.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) {
 		wm.OnDead(ctx, e)

@@ -65,8 +65,8 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 			return fmt.Errorf("%w: job %s was superseded by a newer job of key %q (its kind's tasks.Unique window had passed); enqueue anew instead",
 				ErrNotDead, id, j.BusinessKey)
 		case j.Status == StatusDead:
-		case j.Status == StatusDiscarded:
-			return fmt.Errorf("%w: job %s was discarded", ErrNotDead, id)
+		case j.Status == StatusDiscarded || j.Status == StatusCancelled:
+			return fmt.Errorf("%w: job %s was %s", ErrNotDead, id, j.Status)
 		default:
 			res = ReplayResult{Job: j, AlreadyReplayed: true}
 			return nil

@@ -36,6 +36,9 @@ var (
 	// completed the job: it did not run, and the job is not reported
 	// succeeded without the work that came after its completion.
 	ErrAlreadyCompleted = errors.New("already completed by an earlier InTx: this one did not run (one completing InTx per job, last)")
+	// ErrCancelled means the job was cancelled while this run went on: its
+	// InTx and Step are refused, so nothing it does from then on commits.
+	ErrCancelled = errors.New("keel: job cancelled; this run's work cannot commit")
 	// ErrUnknownJob means a task arrived whose id has no ledger row.
 	ErrUnknownJob = errors.New("keel: task has no ledger row (enqueue through keel, not plain asynq)")
 )

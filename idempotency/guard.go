@@ -64,6 +64,9 @@ type GuardConfig struct {
 	Summarize func(kind string, payload []byte) string
 	// OnDead is called after a job is marked dead (alerts hook in here).
 	OnDead func(ctx context.Context, j DeadEvent)
+	// OnCancelled is called when the guard stops a run because its job was
+	// cancelled (metrics hook in here).
+	OnCancelled func(ctx context.Context, j CancelEvent)
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// BatchSize bounds how many claims or completions share one statement.
@@ -80,6 +83,13 @@ type GuardConfig struct {
 	// (tasks.MaxWait). Past it the job dies with class waited_too_long.
 	// Default 24h.
 	MaxWait time.Duration
+}
+
+// CancelEvent describes a run the guard stopped because its job was
+// cancelled.
+type CancelEvent struct {
+	JobID, Kind, Queue string
+	Attempt            int
 }
 
 // DeadEvent describes a job that has just died.
@@ -139,6 +149,8 @@ type GuardStats struct {
 	// Crashed counts jobs retired because their runs kept ending without
 	// an outcome (poison jobs).
 	Crashed uint64
+	// Cancelled counts runs stopped because their job was cancelled.
+	Cancelled uint64
 }
 
 // Guard is the ledger middleware: it claims each delivery's job with a lease
@@ -158,7 +170,7 @@ type Guard struct {
 
 	stats struct {
 		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs atomic.Uint64
-		overran, interrupted, crashed                               atomic.Uint64
+		overran, interrupted, crashed, cancelled                    atomic.Uint64
 	}
 
 	stopRenew context.CancelFunc
@@ -239,7 +251,7 @@ func (g *Guard) Stats() GuardStats {
 		Claimed: g.stats.claimed.Load(), Succeeded: g.stats.succeeded.Load(), Failed: g.stats.failed.Load(),
 		Dead: g.stats.dead.Load(), DuplicatesSkipped: g.stats.skipped.Load(), LeaseBusy: g.stats.busy.Load(),
 		LedgerErrors: g.stats.ledgerErrs.Load(), Overran: g.stats.overran.Load(),
-		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(),
+		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(), Cancelled: g.stats.cancelled.Load(),
 	}
 }
 
@@ -585,13 +597,24 @@ func (g *Guard) renewLoop(ctx context.Context) {
 		for _, id := range renewed {
 			kept[id] = true
 		}
+		var lost []*jobContext
 		for _, jc := range jcs {
+			if !kept[jc.id] && !jc.completed.Load() && jc.state.Load() == runLive {
+				lost = append(lost, jc)
+			}
+		}
+		// A job cancelled in the ledger is stopped here even if asynq's
+		// cancel message never reached this worker.
+		cancelled := g.cancelledAmong(ctx, lost)
+		for _, jc := range lost {
+			if cancelled[jc.id] {
+				g.stopCancelled(jc)
+				continue
+			}
 			// Another worker took the job over (this one missed its renewals):
 			// stop the handler, nothing it does can commit any more.
-			if !kept[jc.id] && !jc.completed.Load() && jc.state.Load() == runLive {
-				g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
-				jc.cancel(ErrLeaseLost)
-			}
+			g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
+			jc.cancel(ErrLeaseLost)
 		}
 	}
 }
@@ -633,7 +656,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		g.stats.claimed.Add(1)
 
-		jc := &jobContext{guard: g, id: id, attempt: res.attempts}
+		jc := &jobContext{guard: g, id: id, attempt: res.attempts, kind: t.Type(), queue: queueName(ctx)}
 		hctx, cancel := context.WithCancelCause(withJob(ctx, jc))
 		defer cancel(nil)
 		jc.cancel = cancel
@@ -652,6 +675,12 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		g.recording.enter(true)
 		defer g.recording.leave()
 		if !jc.state.CompareAndSwap(runLive, runReturned) {
+			if jc.state.Load() == runCancelled {
+				// Recorded by the person who cancelled it: acknowledged, no
+				// retry, no dead letter.
+				g.cfg.Logger.Info("keel: cancelled job's handler returned", "job_id", id, "attempt", res.attempts, "err", herr)
+				return nil
+			}
 			// The watchdog or the shutdown gave this run up and recorded its
 			// outcome; asynq moved on long ago.
 			g.cfg.Logger.Warn("keel: handler returned after keel gave its run up; its result is ignored",
@@ -831,6 +860,9 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		g.stats.succeeded.Add(1)
 		return nil
 	case errors.Is(err, ErrLeaseLost):
+		if g.cancelledLate(ctx, jc) {
+			return nil
+		}
 		// Another worker took the job over while this one ran; its run decides.
 		g.cfg.Logger.Warn("keel: lease lost before completion was recorded", "job_id", id)
 		return nil
@@ -936,6 +968,9 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 				return nil
 			}
 		}
+		if g.cancelledLate(ctx, jc) {
+			return nil
+		}
 		g.cfg.Logger.Warn("keel: lease lost before failure was recorded", "job_id", id)
 		return herr
 	}
@@ -983,6 +1018,7 @@ const (
 	runReturned
 	runAbandoned   // outlived its deadline: recorded as a timeout
 	runInterrupted // cut short by shutdown: released, not counted
+	runCancelled   // its job was cancelled: recorded by the canceller
 )
 
 // jobContext travels with a handler's context so Step and InTx know the job.
@@ -990,6 +1026,7 @@ type jobContext struct {
 	guard         *Guard
 	id            string
 	attempt       int
+	kind, queue   string
 	completed     atomic.Bool
 	commitInDoubt atomic.Bool
 	state         atomic.Int32
@@ -997,13 +1034,29 @@ type jobContext struct {
 }
 
 // usable refuses ledger work from a run keel has given up (timed out,
-// interrupted) or whose job its InTx already completed.
+// interrupted) or whose job was cancelled.
 func (jc *jobContext) usable() error {
 	switch jc.state.Load() {
 	case runAbandoned, runInterrupted:
 		return fmt.Errorf("keel: job %s attempt %d: %w", jc.id, jc.attempt, ErrRunGivenUp)
+	case runCancelled:
+		return fmt.Errorf("keel: job %s attempt %d: %w", jc.id, jc.attempt, ErrCancelled)
 	}
 	return nil
+}
+
+// refused is the error for InTx or Step when this run no longer holds its
+// job, or when err stopped it: ErrCancelled if the job was cancelled (asynq
+// cancels the run's context then), else err.
+func (jc *jobContext) refused(ctx context.Context, err error) error {
+	if uerr := jc.usable(); uerr != nil {
+		return uerr
+	}
+	if (errors.Is(err, ErrLeaseLost) || ctx.Err() != nil) && jc.guard.isCancelled(ctx, jc.id) {
+		jc.guard.stopCancelled(jc)
+		return jc.usable()
+	}
+	return err
 }
 
 type jobKey struct{}
@@ -1071,7 +1124,7 @@ func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	g := jc.guard
 	tx, err := g.store.pool.Begin(ctx)
 	if err != nil {
-		return interpretError(err)
+		return jc.refused(ctx, interpretError(err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	if err := fn(tx); err != nil {
@@ -1081,13 +1134,10 @@ func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		last_error = NULL, error_class = NULL, finished_at = now(), updated_at = now()
 		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $3`, jc.id, g.cfg.Holder, jc.attempt)
 	if err != nil {
-		return interpretError(err)
+		return jc.refused(ctx, interpretError(err))
 	}
 	if tag.RowsAffected() == 0 {
-		if err := jc.usable(); err != nil {
-			return err
-		}
-		return ErrLeaseLost
+		return jc.refused(ctx, ErrLeaseLost)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {

@@ -11,7 +11,8 @@ import (
 type Status string
 
 // The ledger's state machine: pending → running → succeeded | failed (will
-// retry) | dead (waits for a person) → replayed (pending) or discarded.
+// retry) | dead (waits for a person) → replayed (pending) or discarded. A
+// job not yet finished (pending, running, failed) may be cancelled.
 const (
 	StatusPending   Status = "pending"
 	StatusRunning   Status = "running"
@@ -19,10 +20,13 @@ const (
 	StatusFailed    Status = "failed"
 	StatusDead      Status = "dead"
 	StatusDiscarded Status = "discarded"
+	StatusCancelled Status = "cancelled"
 )
 
-// Terminal reports whether no further run will happen without a person.
-func (s Status) Terminal() bool { return s == StatusSucceeded || s == StatusDiscarded }
+// Terminal reports whether the job is closed for good: nothing runs it again.
+func (s Status) Terminal() bool {
+	return s == StatusSucceeded || s == StatusDiscarded || s == StatusCancelled
+}
 
 // Job is one ledger row.
 type Job struct {

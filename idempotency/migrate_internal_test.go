@@ -24,6 +24,8 @@ func TestMigrationFilesDeclareTheirMarkers(t *testing.T) {
 	require.Equal(t, [2]bool{true, true}, flags[4], "0004 builds its indexes concurrently")
 	require.Equal(t, [2]bool{false, true}, flags[5])
 	require.Equal(t, [2]bool{true, true}, flags[6])
+	require.Equal(t, [2]bool{false, true}, flags[7])
+	require.Equal(t, [2]bool{true, true}, flags[8], "0008 swaps the status check and builds an index concurrently")
 }
 
 func TestMigrationMarkersAreChecked(t *testing.T) {

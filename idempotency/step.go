@@ -93,13 +93,10 @@ func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 			ON CONFLICT (job_id, name) DO NOTHING RETURNING 1)
 		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.attempt).Scan(&leased, &fresh)
 	if err != nil {
-		return zero, interpretError(err)
+		return zero, jc.refused(ctx, interpretError(err))
 	}
 	if !leased {
-		if err := jc.usable(); err != nil {
-			return zero, err
-		}
-		return zero, ErrLeaseLost
+		return zero, jc.refused(ctx, ErrLeaseLost)
 	}
 	if !fresh {
 		var status string

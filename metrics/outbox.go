@@ -25,7 +25,7 @@ func RegisterOutbox(reg prometheus.Registerer, o OutboxOptions) error {
 		{"keel_outbox_published_total", "Jobs the relay published from the ledger to Redis.", o.Published},
 		{"keel_reconciler_republished_total", "Jobs found missing from Redis and published again from the ledger.", o.Republished},
 		{"keel_reconciler_leases_released_total", "Leases of gone workers released by the reconciler.", o.LeasesReleased},
-		{"keel_ledger_pruned_total", "Succeeded and discarded jobs pruned after their retention.", o.Pruned},
+		{"keel_ledger_pruned_total", "Succeeded, discarded and cancelled jobs pruned after their retention.", o.Pruned},
 	} {
 		if c.fn == nil {
 			continue

@@ -55,6 +55,7 @@ type Worker struct {
 	failed     *prometheus.CounterVec
 	postponed  *prometheus.CounterVec
 	dead       *prometheus.CounterVec
+	cancelled  *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 }
 
@@ -88,6 +89,10 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 			Name: "keel_jobs_dead_total",
 			Help: "Jobs moved to the dead letters, by error class.",
 		}, []string{"kind", "queue", "class"}),
+		cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_jobs_cancelled_total",
+			Help: "Running jobs this worker stopped because they were cancelled (a job cancelled while it waited never reaches a worker: see the ledger).",
+		}, []string{"kind"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "keel_job_duration_seconds",
 			Help:    "How long job attempts took in the handler.",
@@ -105,12 +110,13 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 		for _, v := range []*prometheus.CounterVec{w.processed, w.succeeded, w.postponed} {
 			v.WithLabelValues(k.Name, queue)
 		}
+		w.cancelled.WithLabelValues(k.Name)
 		for _, c := range retry.StoredClasses() {
 			w.failed.WithLabelValues(k.Name, queue, string(c))
 			w.dead.WithLabelValues(k.Name, queue, string(c))
 		}
 	}
-	cs := []prometheus.Collector{w.processed, w.succeeded, w.failed, w.postponed, w.dead, w.duration}
+	cs := []prometheus.Collector{w.processed, w.succeeded, w.failed, w.postponed, w.dead, w.cancelled, w.duration}
 	if opts.DuplicatesSkipped != nil {
 		fn := opts.DuplicatesSkipped
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -160,6 +166,9 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 			w.succeeded.WithLabelValues(kind, queue).Inc()
 			return nil
 		}
+		if errors.Is(err, idempotency.ErrCancelled) || errors.Is(context.Cause(ctx), idempotency.ErrCancelled) {
+			return err // stopped by a cancel, not a failure: counted by OnCancelled
+		}
 		class := w.classifier.Classify(err)
 		if class == retry.ClassWait {
 			w.postponed.WithLabelValues(kind, queue).Inc()
@@ -176,4 +185,10 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 // other hook).
 func (w *Worker) OnDead(_ context.Context, e idempotency.DeadEvent) {
 	w.dead.WithLabelValues(e.Kind, e.Queue, e.Class).Inc()
+}
+
+// OnCancelled counts a running job the guard stopped because it was
+// cancelled. It has the shape of idempotency.GuardConfig.OnCancelled.
+func (w *Worker) OnCancelled(_ context.Context, e idempotency.CancelEvent) {
+	w.cancelled.WithLabelValues(e.Kind).Inc()
 }

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -41,6 +42,12 @@ func TestWorkerCountsAttemptsByOutcome(t *testing.T) {
 		require.ErrorIs(t, err, out, "the middleware passes the handler's error on unchanged")
 	}
 	w.OnDead(context.Background(), idempotency.DeadEvent{Kind: "order:send_receipt", Queue: "critical", Class: "permanent"})
+	// A run stopped by a cancel is not a failure.
+	h := w.Middleware(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return fmt.Errorf("InTx: %w", idempotency.ErrCancelled)
+	}))
+	require.ErrorIs(t, h.ProcessTask(context.Background(), asynq.NewTask("order:send_receipt", nil)), idempotency.ErrCancelled)
+	w.OnCancelled(context.Background(), idempotency.CancelEvent{Kind: "order:send_receipt", Queue: "critical"})
 
 	// Outside a worker there is no queue name in the context: the label is empty.
 	require.Equal(t, 5.0, gatherValue(t, reg, "keel_jobs_processed_total", map[string]string{"kind": "order:send_receipt", "queue": ""}),
@@ -52,7 +59,8 @@ func TestWorkerCountsAttemptsByOutcome(t *testing.T) {
 	require.Equal(t, 1.0, gatherValue(t, reg, "keel_jobs_postponed_total", nil))
 	require.Equal(t, 1.0, gatherValue(t, reg, "keel_jobs_dead_total", map[string]string{"queue": "critical", "class": "permanent"}))
 	require.Equal(t, 7.0, gatherValue(t, reg, "keel_duplicate_deliveries_skipped_total", nil))
-	require.Equal(t, 6, histogramCount(t, reg, "keel_job_duration_seconds"))
+	require.Equal(t, 1.0, gatherValue(t, reg, "keel_jobs_cancelled_total", map[string]string{"kind": "order:send_receipt"}))
+	require.Equal(t, 7, histogramCount(t, reg, "keel_job_duration_seconds"))
 }
 
 func TestWorkerRefusesDoubleRegistration(t *testing.T) {
@@ -186,6 +194,11 @@ func TestWorkerExportsDeclaredKindsBeforeAnyJobRan(t *testing.T) {
 	for _, name := range []string{"keel_jobs_processed_total", "keel_jobs_succeeded_total", "keel_jobs_postponed_total"} {
 		require.Equal(t, perKind, series(t, reg, name), name)
 	}
+	cancelled := map[string]float64{}
+	for _, k := range declared {
+		cancelled[k.Name+"/"] = 0 // series joins the labels, kind alone here
+	}
+	require.Equal(t, cancelled, series(t, reg, "keel_jobs_cancelled_total"))
 
 	// The first death moves its series from 0 to 1: increase() sees it.
 	w.OnDead(context.Background(), idempotency.DeadEvent{Kind: "report:daily", Queue: "reports", Class: string(retry.ClassCrashed)})

@@ -355,6 +355,8 @@ func TestPruneRemovesOnlyExpiredTerminalRows(t *testing.T) {
 		mk(fmt.Sprint("old-ok-", i), "succeeded", 40*day)
 	}
 	mk("old-discarded", "discarded", 40*day)
+	mk("old-cancelled", "cancelled", 40*day)
+	mk("new-cancelled", "cancelled", day)
 	mk("old-dead", "dead", 400*day)
 	mk("new-ok", "succeeded", day)
 	mk("old-running", "running", 40*day)
@@ -364,15 +366,15 @@ func TestPruneRemovesOnlyExpiredTerminalRows(t *testing.T) {
 	defer r.Close()
 	n, err := r.Prune(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 6, n)
+	require.Equal(t, 7, n)
 	var left []string
 	rows, err := b.pool.Query(ctx, `SELECT business_key FROM keel_jobs ORDER BY business_key`)
 	require.NoError(t, err)
 	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"new-ok", "old-dead", "old-pending", "old-running"}, left)
-	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM keel_steps`), "steps of pruned jobs must go with them")
-	require.Equal(t, 6, b.count(t, `SELECT coalesce(sum(rows), 0) FROM keel_prune_log`))
+	require.Equal(t, []string{"new-cancelled", "new-ok", "old-dead", "old-pending", "old-running"}, left)
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM keel_steps`), "steps of pruned jobs must go with them")
+	require.Equal(t, 7, b.count(t, `SELECT coalesce(sum(rows), 0) FROM keel_prune_log`))
 }
 
 // The upkeep queries must stay on their partial indexes as the ledger grows.
@@ -394,7 +396,7 @@ func TestUpkeepQueriesUseIndexes(t *testing.T) {
 		return strings.Join(lines, "\n")
 	}
 	p := plan(outbox.PruneSQL(), int64(30*24*time.Hour/time.Millisecond), 1000)
-	require.Contains(t, p, "keel_jobs_prunable", p)
+	require.Contains(t, p, "keel_jobs_finished", p)
 	require.NotContains(t, p, "Seq Scan on keel_jobs", p)
 	p = plan(outbox.ReconcileSQL(), 1000, "", 500)
 	require.Contains(t, p, "keel_jobs_open", p)

@@ -397,12 +397,12 @@ func (r *Reconciler) Prune(ctx context.Context) (int, error) {
 	return total, nil
 }
 
-// pruneSQL stays on keel_jobs_prunable: see TestPruneUsesIndex.
+// pruneSQL stays on keel_jobs_finished: see TestPruneUsesIndex.
 // ANY(ARRAY(…)) makes the delete probe the primary key per row; with IN
 // (subquery) the planner hashes the batch and scans the whole table.
 const pruneSQL = `DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
 	SELECT id FROM keel_jobs
-	WHERE status IN ('succeeded', 'discarded') AND finished_at < now() - $1 * interval '1 millisecond'
+	WHERE status IN ('succeeded', 'discarded', 'cancelled') AND finished_at < now() - $1 * interval '1 millisecond'
 	ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
 
 // PruneSQL is the statement Prune runs, exported for plan inspection.

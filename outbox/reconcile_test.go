@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -132,4 +133,44 @@ func TestDefaultsHealAFlushedRedisWithin30s(t *testing.T) {
 	require.Less(t, took, 30*time.Second)
 	require.Equal(t, n, b.count(t, `SELECT count(DISTINCT item) FROM effects`))
 	require.Equal(t, n, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+// A cancelled job is closed: neither the reconciler nor the relay publishes
+// it again, whatever Redis holds.
+func TestCancelledJobsAreNotPublishedAgain(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, updated_at)
+		VALUES ('was-published', $1, 'k1', 'default', '\x7b7d', 3, 'pending', now() - interval '1 hour', now() - interval '1 hour'),
+		       ('never-published', $1, 'k2', 'default', '\x7b7d', 3, 'pending', NULL, now() - interval '1 hour')`, work.Name())
+	require.NoError(t, err)
+	store := idempotency.NewStore(b.pool)
+	for _, id := range []string{"was-published", "never-published"} {
+		_, err := store.Cancel(ctx, nil, id, "test", "")
+		require.NoError(t, err)
+	}
+	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{})
+	defer r.Close()
+	got, err := r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Zero(t, got, "the reconciler published a cancelled job")
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer relay.Close()
+	n, err := relay.PublishBatch(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the relay published a cancelled job")
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	queues, err := insp.Queues()
+	require.NoError(t, err)
+	if slices.Contains(queues, "default") {
+		q, err := insp.GetQueueInfo("default")
+		require.NoError(t, err)
+		require.Zero(t, q.Size, "Redis holds a cancelled job")
+	}
+	for _, id := range []string{"was-published", "never-published"} {
+		j, err := store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.StatusCancelled, j.Status)
+	}
 }

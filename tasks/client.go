@@ -57,6 +57,7 @@ type Client struct {
 	queues  map[string]bool
 	log     *slog.Logger
 	inserts *batch.Batcher[insertReq]
+	redis   asynq.RedisConnOpt // for Cancel's inspector
 	// publishing counts the group-commit rounds still publishing.
 	publishing sync.WaitGroup
 }
@@ -80,6 +81,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		pub:    idempotency.NewPublisher(cfg.Redis),
 		queues: map[string]bool{},
 		log:    cfg.Logger,
+		redis:  cfg.Redis,
 	}
 	for _, q := range cfg.Queues {
 		c.queues[q] = true

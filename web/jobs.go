@@ -26,7 +26,8 @@ const statusInDoubt = "in-doubt"
 
 var listStatuses = []string{
 	string(idempotency.StatusPending), string(idempotency.StatusRunning), string(idempotency.StatusFailed),
-	string(idempotency.StatusDead), string(idempotency.StatusSucceeded), string(idempotency.StatusDiscarded), statusInDoubt,
+	string(idempotency.StatusDead), string(idempotency.StatusSucceeded), string(idempotency.StatusDiscarded),
+	string(idempotency.StatusCancelled), statusInDoubt,
 }
 
 // refreshChoices are the auto-refresh periods the list offers, in seconds.
@@ -119,7 +120,7 @@ func (r listRow) ErrorIsCurrent() bool {
 // Plans: with no status, or an open one (pending, running, failed), the
 // scan walks the primary key (or keel_jobs_open) in id order and stops
 // after the page; dead, succeeded and discarded read the partial indexes
-// keel_jobs_dead and keel_jobs_prunable; kind with a business-key prefix
+// keel_jobs_dead and keel_jobs_finished; kind with a business-key prefix
 // can use the (kind, business_key) unique index.
 func listJobs(ctx context.Context, db interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
@@ -200,7 +201,8 @@ type jobsData struct {
 	Rows           []listRow
 	FirstURL       string
 	NextURL        string
-	Selectable     bool // some row is dead: the bulk buttons apply
+	Selectable     bool // some row is dead: replay and discard apply
+	Cancellable    bool // some row is not finished: cancel applies
 }
 
 // jobsList is the jobs list: every job in the ledger, filtered.
@@ -223,6 +225,9 @@ func (s *Server) jobsList(w http.ResponseWriter, r *http.Request) {
 	for _, row := range rows {
 		if row.Status == idempotency.StatusDead {
 			d.Selectable = true
+		}
+		if cancellable(row.Status) {
+			d.Cancellable = true
 		}
 	}
 	if f.From != "" {

@@ -137,7 +137,11 @@ func TestBulkActionsOnSelectedJobs(t *testing.T) {
 
 	list := op.get(t, "/jobs").body
 	require.Contains(t, list, `<input type="checkbox" name="id" value="`+d1.ID+`"`)
-	require.NotContains(t, list, `value="`+pending.ID+`"`, "only dead jobs can be selected")
+	require.Contains(t, list, `<input type="checkbox" name="id" value="`+pending.ID+`"`, "a pending job can be selected to cancel")
+	done := b.ledgerJob(t, "order:send_receipt", "order:5", "")
+	_, err := b.pool.Exec(t.Context(), `UPDATE keel_jobs SET status = 'succeeded' WHERE id = $1`, done.ID)
+	require.NoError(t, err)
+	require.NotContains(t, op.get(t, "/jobs").body, `value="`+done.ID+`"`, "a finished job cannot be selected")
 	require.NotContains(t, b.signIn(t, viewerName, viewerPassword).get(t, "/jobs").body, `type="checkbox"`)
 
 	sel := url.Values{"action": {"discard"}, "id": {d1.ID, d2.ID, pending.ID}}
@@ -148,7 +152,7 @@ func TestBulkActionsOnSelectedJobs(t *testing.T) {
 
 	form := url.Values{"csrf": {tok}, "action": {"discard"}, "id": sel["id"], "expect": {"2"}, "note": {"duplicates"}}
 	// Someone replays one of them meanwhile: the confirmed count is stale.
-	_, err := b.store.Replay(t.Context(), nil, d2.ID, "someone", "")
+	_, err = b.store.Replay(t.Context(), nil, d2.ID, "someone", "")
 	require.NoError(t, err)
 	res = op.post(t, "/dead/bulk", form)
 	require.Equal(t, http.StatusConflict, res.status)

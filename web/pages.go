@@ -313,6 +313,9 @@ var flashes = map[string]string{
 	"discarded":         "Discarded: the job is closed for good.",
 	"already-discarded": "Nothing to do: the job was already closed (someone discarded it first); its resolution below is theirs.",
 	"step-resolved":     "Step resolved. Replay the job when no step is left in doubt.",
+	"cancelled":         "Cancelled: the job will not run.",
+	"cancelled-running": "Cancelled: the job was running; its handler is being stopped, and nothing it does from now on can commit.",
+	"already-cancelled": "Nothing to do: the job was already cancelled; its resolution below is the first cancel's.",
 }
 
 func (s *Server) job(w http.ResponseWriter, r *http.Request) {
@@ -375,6 +378,8 @@ func nextStep(j idempotency.Job, inDoubt, leaseExpired bool) string {
 		return "Done. Further deliveries are acknowledged without running it."
 	case idempotency.StatusDiscarded:
 		return "Closed by " + j.ResolvedBy + "; nothing will run it again."
+	case idempotency.StatusCancelled:
+		return "Cancelled by " + j.ResolvedBy + "; nothing will run it again. Further deliveries are acknowledged without running it."
 	}
 	return ""
 }
@@ -452,7 +457,7 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 		status = http.StatusNotFound
 	case errors.Is(err, idempotency.ErrNoteRequired):
 		status = http.StatusBadRequest
-	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrStepsInDoubt):
+	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrStepsInDoubt), errors.Is(err, idempotency.ErrNotCancellable):
 	default:
 		status = http.StatusInternalServerError
 		s.cfg.Logger.Error("keel web: action failed", "action", action, "job_id", id, "err", err)
@@ -462,6 +467,8 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 
 type confirmData struct {
 	Action  string
+	Verb    string   // Replay, Discard, Cancel
+	State   string   // what the jobs acted on are: dead, or not finished
 	IDs     []string // the jobs selected on the jobs list; none: the filter's
 	Filter  filterForm
 	Count   int
@@ -472,7 +479,19 @@ type confirmData struct {
 }
 
 func bulkAction(s string) (string, bool) {
-	return s, s == "replay" || s == "discard"
+	return s, s == "replay" || s == "discard" || s == "cancel"
+}
+
+// actsOn says, for a bulk action, which jobs it applies to: dead ones
+// (replay, discard) or those not finished (cancel).
+func actsOn(action string) (verb, state string, applies func(idempotency.Status) bool) {
+	switch action {
+	case "cancel":
+		return "Cancel", "not finished", cancellable
+	case "discard":
+		return "Discard", "dead", func(st idempotency.Status) bool { return st == idempotency.StatusDead }
+	}
+	return "Replay", "dead", func(st idempotency.Status) bool { return st == idempotency.StatusDead }
 }
 
 // bulkConfirm shows how many dead letters a bulk action would touch; the
@@ -481,7 +500,7 @@ func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	action, ok := bulkAction(q.Get("action"))
 	if !ok {
-		s.errorPage(w, r, http.StatusBadRequest, "action must be replay or discard")
+		s.errorPage(w, r, http.StatusBadRequest, "action must be replay, discard or cancel")
 		return
 	}
 	ids, err := selectedIDs(q)
@@ -491,6 +510,10 @@ func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(ids) > 0 {
 		s.confirmSelected(w, r, http.StatusOK, action, ids, "", false, "")
+		return
+	}
+	if action == "cancel" {
+		s.errorPage(w, r, http.StatusBadRequest, "select the jobs to cancel on the jobs list")
 		return
 	}
 	f, df, err := readFilter(q)
@@ -519,8 +542,9 @@ func selectedIDs(v url.Values) ([]string, error) {
 	return ids, nil
 }
 
-// deadAmong returns those of ids that are dead now, oldest death first.
-func (s *Server) deadAmong(ctx context.Context, ids []string) ([]idempotency.Job, error) {
+// among returns those of ids the action applies to now.
+func (s *Server) among(ctx context.Context, action string, ids []string) ([]idempotency.Job, error) {
+	_, _, applies := actsOn(action)
 	var jobs []idempotency.Job
 	for _, id := range ids {
 		j, err := s.store.Get(ctx, id)
@@ -530,7 +554,7 @@ func (s *Server) deadAmong(ctx context.Context, ids []string) ([]idempotency.Job
 		if err != nil {
 			return nil, err
 		}
-		if j.Status == idempotency.StatusDead {
+		if applies(j.Status) {
 			jobs = append(jobs, j)
 		}
 	}
@@ -543,12 +567,13 @@ func (s *Server) deadAmong(ctx context.Context, ids []string) ([]idempotency.Job
 func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status int, action string, ids []string, note string, changed bool, errMsg string) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
-	jobs, err := s.deadAmong(ctx, ids)
+	jobs, err := s.among(ctx, action, ids)
 	if err != nil {
 		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
 		return
 	}
-	d := confirmData{Action: action, IDs: ids, Count: len(jobs), Note: note, Changed: changed, BackURL: "/jobs?status=dead"}
+	d := confirmData{Action: action, IDs: ids, Count: len(jobs), Note: note, Changed: changed, BackURL: selectedBackURL(action)}
+	d.Verb, d.State, _ = actsOn(action)
 	d.Sample = jobs[:min(len(jobs), 10)]
 	s.render(w, r, status, "confirm", view{Title: "Confirm " + action, Nav: "jobs", Error: errMsg, Data: d})
 }
@@ -560,7 +585,7 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 		s.confirmSelected(w, r, http.StatusBadRequest, action, ids, note, false, "a note saying why is required to discard")
 		return
 	}
-	jobs, err := s.deadAmong(r.Context(), ids)
+	jobs, err := s.among(r.Context(), action, ids)
 	if err != nil {
 		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
 		return
@@ -571,9 +596,12 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 	}
 	res := idempotency.BulkResult{Matched: len(jobs), Failed: map[string]string{}}
 	for _, j := range jobs {
-		if action == "replay" {
+		switch action {
+		case "replay":
 			_, err = s.store.Replay(r.Context(), s.insp, j.ID, p.Name, note)
-		} else {
+		case "cancel":
+			_, err = s.store.Cancel(r.Context(), s.insp, j.ID, p.Name, note)
+		default:
 			_, err = s.store.Discard(r.Context(), s.insp, j.ID, p.Name, note)
 		}
 		if err != nil {
@@ -585,13 +613,21 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 	s.cfg.Logger.Info("keel web: bulk action on selected jobs", "action", action, "actor", p.Name, "matched", res.Matched,
 		"done", res.Done, "failed", len(res.Failed))
 	s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + action, Nav: "jobs",
-		Data: bulkData{Action: action, Result: res, BackURL: "/jobs?status=dead"}})
+		Data: bulkData{Action: action, Result: res, BackURL: selectedBackURL(action)}})
+}
+
+func selectedBackURL(action string) string {
+	if action == "cancel" {
+		return "/jobs"
+	}
+	return "/jobs?status=dead"
 }
 
 func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int, action string, f filterForm, df idempotency.DeadFilter, note string, changed bool, errMsg string) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	d := confirmData{Action: action, Filter: f, Note: note, Changed: changed, BackURL: "/dead?" + f.values().Encode()}
+	d.Verb, d.State, _ = actsOn(action)
 	var err error
 	if d.Count, err = s.store.CountDead(ctx, df); err == nil {
 		d.Sample, err = s.store.ListDead(ctx, df, 10, 0)
@@ -613,7 +649,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
 	action, ok := bulkAction(r.PostForm.Get("action"))
 	if !ok {
-		s.errorPage(w, r, http.StatusBadRequest, "action must be replay or discard")
+		s.errorPage(w, r, http.StatusBadRequest, "action must be replay, discard or cancel")
 		return
 	}
 	expect, err := strconv.Atoi(r.PostForm.Get("expect"))
@@ -629,6 +665,10 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(ids) > 0 {
 		s.bulkSelected(w, r, action, ids, expect, note)
+		return
+	}
+	if action == "cancel" {
+		s.errorPage(w, r, http.StatusBadRequest, "select the jobs to cancel on the jobs list")
 		return
 	}
 	f, df, err := readFilter(r.PostForm)

@@ -1,0 +1,137 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hibiken/asynq"
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// cancelResult is what `cancel` prints per job.
+type cancelResult struct {
+	ID               string `json:"id"`
+	Status           string `json:"status,omitempty"`
+	AlreadyCancelled bool   `json:"already_cancelled,omitempty"`
+	WasRunning       bool   `json:"was_running,omitempty"`
+	Warning          string `json:"warning,omitempty"`
+	Error            string `json:"error,omitempty"`
+}
+
+// cancelCmd cancels jobs that have not finished, by id or by kind and
+// business key.
+func cancelCmd(e *Env) *cobra.Command {
+	var kind, key, actor, note string
+	cmd := &cobra.Command{
+		Use:   "cancel [JOB_ID...]",
+		Short: "Cancel jobs that have not finished: a waiting job never runs, a running job's handler is stopped",
+		Long: "Cancel jobs that have not finished: a pending, scheduled or failed job never runs; a running\n" +
+			"job's handler context is cancelled and nothing it does from then on commits. Effects that\n" +
+			"already happened are not undone. Name jobs by id, or one job by --kind and --key.\n" +
+			"A cancelled job is terminal: enqueueing its business key again returns it.",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			byKey := kind != "" || key != ""
+			switch {
+			case byKey && len(args) > 0:
+				return usageError{errors.New("name job ids, or one job by --kind and --key, not both")}
+			case byKey && (kind == "" || key == ""):
+				return usageError{errors.New("--kind and --key go together")}
+			case !byKey && len(args) == 0:
+				return usageError{errors.New("name job ids, or one job by --kind and --key")}
+			}
+			if strings.TrimSpace(actor) == "" {
+				return usageError{idempotency.ErrActorRequired}
+			}
+			for _, id := range args {
+				if err := checkJobID(id); err != nil {
+					return err
+				}
+			}
+			ctx := cmd.Context()
+			redis, err := e.Redis(ctx)
+			if err != nil {
+				return err
+			}
+			pool, err := e.Ledger(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store := idempotency.NewStore(pool)
+			if byKey {
+				j, err := store.Lookup(ctx, kind, key)
+				if errors.Is(err, idempotency.ErrNotFound) {
+					return fmt.Errorf("no job with kind %q and business key %q: %w", kind, key, err)
+				}
+				if err != nil {
+					return err
+				}
+				args = []string{j.ID}
+			}
+			insp := asynq.NewInspector(redis)
+			defer insp.Close()
+			out, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			results := make([]cancelResult, 0, len(args))
+			failed := 0
+			for _, id := range args {
+				res, err := store.Cancel(ctx, insp, id, actor, note)
+				r := cancelResult{ID: id}
+				switch {
+				case errors.Is(err, idempotency.ErrNotFound):
+					r.Error = fmt.Sprintf("no job with id %q", id)
+				case err != nil:
+					r.Error = strings.TrimPrefix(err.Error(), "keel: ")
+				default:
+					r.Status, r.AlreadyCancelled, r.WasRunning = string(res.Job.Status), res.AlreadyCancelled, res.WasRunning
+					if res.RedisErr != nil {
+						r.Warning = "the ledger says cancelled, but Redis was not cleaned up (" + res.RedisErr.Error() +
+							"); a worker acknowledges any delivery without running it"
+					}
+				}
+				if r.Error != "" {
+					failed++
+				}
+				results = append(results, r)
+				if e.JSON() {
+					continue
+				}
+				switch {
+				case r.Error != "" && len(args) == 1:
+					// Returned as the command's error: one line.
+				case r.Error != "":
+					fmt.Fprintf(stderr, "cancel %s: %s\n", id, r.Error)
+				case r.AlreadyCancelled:
+					fmt.Fprintf(out, "%s: already cancelled\n", id)
+				case r.WasRunning:
+					fmt.Fprintf(out, "%s: cancelled; it was running, its handler is being stopped\n", id)
+				default:
+					fmt.Fprintf(out, "%s: cancelled\n", id)
+				}
+				if r.Warning != "" {
+					fmt.Fprintf(stderr, "cancel %s: warning: %s\n", id, r.Warning)
+				}
+			}
+			if e.JSON() {
+				if err := printJSON(out, map[string]any{"action": "cancel", "done": len(args) - failed, "failed": failed, "jobs": results}); err != nil {
+					return err
+				}
+			}
+			switch {
+			case failed == 1 && len(args) == 1:
+				return errors.New(results[0].Error)
+			case failed > 0:
+				return fmt.Errorf("%d job(s) could not be cancelled", failed)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kind, "kind", "", "the job's kind (with --key)")
+	f.StringVar(&key, "key", "", "the job's business key (with --kind)")
+	f.StringVar(&actor, "actor", defaultActor(), "who is acting (kept in the audit log)")
+	f.StringVar(&note, "note", "", "why (kept with the job and in the audit log)")
+	return cmd
+}

@@ -1,0 +1,59 @@
+package tasks
+
+import (
+	"context"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// DefaultCancelActor is who a cancel made through a Client is recorded as
+// when CancelBy is not given.
+const DefaultCancelActor = "api"
+
+// CancelOption says who cancels a job and why; both go to the audit log.
+type CancelOption func(*cancelConfig)
+
+type cancelConfig struct{ actor, note string }
+
+// CancelBy names who cancels (a user, a service). Default DefaultCancelActor.
+func CancelBy(actor string) CancelOption { return func(c *cancelConfig) { c.actor = actor } }
+
+// CancelNote says why the job is cancelled.
+func CancelNote(note string) CancelOption { return func(c *cancelConfig) { c.note = note } }
+
+// Cancel closes the job id for good if it has not finished: a job waiting
+// (pending, scheduled, failed and waiting for its retry) never runs, and a
+// running job's handler context is cancelled; nothing that run does later
+// commits (its InTx and Step return idempotency.ErrCancelled). Effects that
+// already happened are not undone: a step whose call had left when the
+// cancel came stays in doubt.
+//
+// Cancelling a cancelled job is a no-op (AlreadyCancelled). A job that has
+// ended (succeeded, dead, discarded) is refused with
+// idempotency.ErrNotCancellable; an unknown id with idempotency.ErrNotFound.
+// The job's (kind, business key) stays taken: enqueueing it again returns
+// the cancelled job.
+func (c *Client) Cancel(ctx context.Context, id string, opts ...CancelOption) (idempotency.CancelResult, error) {
+	cfg := cancelOptions(opts)
+	insp := asynq.NewInspector(c.redis)
+	defer insp.Close()
+	return c.store.Cancel(ctx, insp, id, cfg.actor, cfg.note)
+}
+
+// CancelByKey cancels the job of kind with business key; see Cancel.
+func (c *Client) CancelByKey(ctx context.Context, kind, key string, opts ...CancelOption) (idempotency.CancelResult, error) {
+	cfg := cancelOptions(opts)
+	insp := asynq.NewInspector(c.redis)
+	defer insp.Close()
+	return c.store.CancelByKey(ctx, insp, kind, key, cfg.actor, cfg.note)
+}
+
+func cancelOptions(opts []CancelOption) cancelConfig {
+	cfg := cancelConfig{actor: DefaultCancelActor}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
