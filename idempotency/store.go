@@ -87,6 +87,28 @@ func ValidateKey(what, s string) error {
 	return nil
 }
 
+// MaxQueueBytes bounds a queue name.
+const MaxQueueBytes = 100
+
+// ValidateQueue reports why q cannot name a queue: the one rule workers,
+// kinds and clients share. Letters, digits, '-', '_' and '.': asynq keys a
+// queue as asynq:{q}:…, so braces would change its hash slot, and ':' and
+// ',' separate queues and weights in --queues.
+func ValidateQueue(q string) error {
+	if q == "" {
+		return errors.New("queue name is empty")
+	}
+	if len(q) > MaxQueueBytes {
+		return fmt.Errorf("queue name is %d bytes, over the %d-byte limit", len(q), MaxQueueBytes)
+	}
+	for _, r := range q {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("queue name %q has %q: use letters, digits, '-', '_' and '.'", q, r)
+		}
+	}
+	return nil
+}
+
 const insertSQL = `INSERT INTO keel_jobs
 	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12)

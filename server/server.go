@@ -146,8 +146,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("keel: shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
 	}
 	for q, w := range c.Queues {
-		if q == "" || strings.ContainsAny(q, " :,") {
-			return fmt.Errorf("keel: bad queue name %q", q)
+		if err := idempotency.ValidateQueue(q); err != nil {
+			return fmt.Errorf("keel: bad queue name: %w", err)
 		}
 		if w < 1 {
 			return fmt.Errorf("keel: queue %q has weight %d; weights must be at least 1", q, w)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -75,6 +74,11 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	for _, q := range cfg.Queues {
+		if err := idempotency.ValidateQueue(q); err != nil {
+			return nil, fmt.Errorf("keel: tasks.ClientConfig.Queues: %w", err)
+		}
 	}
 	c := &Client{
 		store:  idempotency.NewStore(cfg.Pool),
@@ -175,7 +179,10 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if err := idempotency.ValidateKey("business key", t.s.key); err != nil {
 		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
-	if q := t.s.queue; strings.TrimSpace(q) == "" || (!c.queues[q] && q != t.kindQueue) {
+	if err := idempotency.ValidateQueue(t.s.queue); err != nil {
+		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrUnknownQueue, err)
+	}
+	if q := t.s.queue; !c.queues[q] && q != t.kindQueue {
 		return idempotency.NewJob{}, fmt.Errorf("%w %q (known: %v)", ErrUnknownQueue, q, c.queueList(t))
 	}
 	maxRetry := DefaultMaxRetry

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -156,6 +157,11 @@ func Define[P any](name string, opts ...Option) *Kind[P] {
 	if k.key == nil {
 		var p P
 		panic(fmt.Sprintf("keel: kind %q has no tasks.Key[%T] option", name, p))
+	}
+	if q := k.defaults.queue; q != "" {
+		if err := idempotency.ValidateQueue(q); err != nil {
+			panic(fmt.Sprintf("keel: kind %q: tasks.Queue: %v", name, err))
+		}
 	}
 	register(k)
 	return k
