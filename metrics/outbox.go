@@ -10,7 +10,8 @@ type OutboxOptions struct {
 	// Republished: jobs the reconciler found missing from Redis and
 	// published again (each one is drift repaired: Redis lost data).
 	Republished func() uint64
-	// LeasesReleased: leases of gone workers the reconciler released.
+	// LeasesReleased: jobs of gone workers (their lease expired) the
+	// reconciler's rescuer handed back to the queue.
 	LeasesReleased func() uint64
 	// Pruned: finished jobs removed after their retention.
 	Pruned func() uint64
@@ -24,7 +25,7 @@ func RegisterOutbox(reg prometheus.Registerer, o OutboxOptions) error {
 	}{
 		{"keel_outbox_published_total", "Jobs the relay published from the ledger to Redis.", o.Published},
 		{"keel_reconciler_republished_total", "Jobs found missing from Redis and published again from the ledger.", o.Republished},
-		{"keel_reconciler_leases_released_total", "Leases of gone workers released by the reconciler.", o.LeasesReleased},
+		{"keel_reconciler_leases_released_total", "Jobs of gone workers (lease expired) that the reconciler's rescuer handed back to the queue.", o.LeasesReleased},
 		{"keel_ledger_pruned_total", "Succeeded, discarded and cancelled jobs pruned after their retention.", o.Pruned},
 	} {
 		if c.fn == nil {
