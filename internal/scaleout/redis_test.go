@@ -29,6 +29,20 @@ func freePort(t *testing.T) int {
 // test ends.
 func startRedis(t *testing.T, args ...string) int {
 	t.Helper()
+	return spawnRedis(t, args...).port
+}
+
+// redisProc is a redis-server child process the test may signal.
+type redisProc struct {
+	port int
+	cmd  *exec.Cmd
+}
+
+func (p *redisProc) addr() string { return fmt.Sprint("127.0.0.1:", p.port) }
+
+// spawnRedis is startRedis keeping hold of the process.
+func spawnRedis(t *testing.T, args ...string) *redisProc {
+	t.Helper()
 	port := freePort(t)
 	dir := t.TempDir()
 	all := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -39,7 +53,7 @@ func startRedis(t *testing.T, args ...string) int {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	waitPing(t, port)
-	return port
+	return &redisProc{port: port, cmd: cmd}
 }
 
 func waitPing(t *testing.T, port int) {
@@ -99,4 +113,15 @@ func startSentinel(t *testing.T) (sentinel string) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	waitPing(t, port)
 	return fmt.Sprint("127.0.0.1:", port)
+}
+
+// needRedisTools skips a test that starts its own Redis processes on a
+// machine without them.
+func needRedisTools(t *testing.T) {
+	t.Helper()
+	for _, tool := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed: this test starts its own Redis processes", tool)
+		}
+	}
 }
