@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/redisconn"
 )
 
 // cancelResult is what `cancel` prints per job.
@@ -71,7 +72,7 @@ func cancelCmd(e *Env) *cobra.Command {
 				}
 				args = []string{j.ID}
 			}
-			insp := asynq.NewInspector(redis)
+			insp := asynq.NewInspector(redisconn.Follow(redis))
 			defer insp.Close()
 			out, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			results := make([]cancelResult, 0, len(args))

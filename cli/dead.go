@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -305,7 +306,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					return fmt.Errorf("not confirmed; nothing changed")
 				}
 			}
-			insp := asynq.NewInspector(redis)
+			insp := asynq.NewInspector(redisconn.Follow(redis))
 			defer insp.Close()
 			store := idempotency.NewStore(pool)
 			failed := 0

@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -94,6 +95,7 @@ func New(opt asynq.RedisConnOpt, cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	opt = redisconn.Follow(opt)
 	rdb, ok := opt.MakeRedisClient().(redis.UniversalClient)
 	if !ok {
 		return nil, fmt.Errorf("keel: flow: %T does not make a go-redis client", opt)

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/redisconn"
 )
 
 // Defaults of ReconcilerConfig.
@@ -115,7 +116,7 @@ type Reconciler struct {
 
 // NewReconciler returns a reconciler; Run it, then Close it.
 func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
-	rdb := redisOpt.MakeRedisClient().(redis.UniversalClient)
+	rdb := redisconn.Follow(redisOpt).MakeRedisClient().(redis.UniversalClient)
 	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), pub: idempotency.NewPublisherOn(rdb),
 		rdb: rdb, cfg: cfg.withDefaults()}
 }

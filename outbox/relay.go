@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/redisconn"
 )
 
 // Defaults of RelayConfig.
@@ -85,7 +86,7 @@ type Relay struct {
 
 // NewRelay returns a relay; Run it, then Close it.
 func NewRelay(pool *pgxpool.Pool, redis asynq.RedisConnOpt, cfg RelayConfig) *Relay {
-	return &Relay{pool: pool, store: idempotency.NewStore(pool), pub: idempotency.NewPublisher(redis), cfg: cfg.withDefaults()}
+	return &Relay{pool: pool, store: idempotency.NewStore(pool), pub: idempotency.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}
 }
 
 // Close releases the relay's Redis connections.

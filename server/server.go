@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/tasks"
@@ -231,6 +232,7 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 	if h == nil {
 		return nil, errors.New("keel: server.New needs a handler")
 	}
+	cfg.Redis = redisconn.Follow(cfg.Redis)
 	// The server's Redis client is made here, not by asynq.NewServer, so that
 	// Run can close it when it fails before asynq has started (asynq closes
 	// its own client only in Shutdown, which does nothing before Start).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/batch"
+	"github.com/keeljobs/keel/internal/redisconn"
 )
 
 // ErrClientClosed is returned by calls made after Close.
@@ -66,6 +67,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if cfg.Redis == nil {
 		return nil, errors.New("keel: tasks.ClientConfig.Redis is required")
 	}
+	cfg.Redis = redisconn.Follow(cfg.Redis)
 	if cfg.Pool == nil {
 		return nil, errors.New("keel: tasks.ClientConfig.Pool is required")
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/metrics"
 )
 
@@ -57,6 +58,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	cfg.Redis = redisconn.Follow(cfg.Redis)
 	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret)}
 	if cfg.Origin != "" {
 		s.origin, _ = parseOrigin(cfg.Origin)

@@ -8,6 +8,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/internal/testenv"
 )
 
 // replicatedCluster is a Redis Cluster of three masters with a replica each.
@@ -120,4 +125,32 @@ func TestClusterFailover(t *testing.T) {
 		},
 	})
 	t.Logf("Cluster failover: %s", fig)
+}
+
+// The cluster clients keel makes follow a promotion at once: a command to
+// the dead master's slot makes them read the slot map again, where
+// go-redis's own client keeps the dead node until its next periodic reload
+// (a minute).
+func TestClusterClientFollowsFailover(t *testing.T) {
+	needRedisTools(t)
+	c := startReplicatedCluster(t)
+	ctx := context.Background()
+	const key = "follow:{" + lostQueue + "}"
+	master, replica := c.owner(t, key)
+	opt, err := redisurl.Parse(c.url())
+	require.NoError(t, err)
+	rc := redisconn.Follow(opt).MakeRedisClient().(redis.UniversalClient)
+	defer rc.Close()
+	require.NoError(t, rc.Set(ctx, key, "before", 0).Err())
+
+	killMaster(t, master)
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		n := redis.NewClient(&redis.Options{Addr: replica.addr()})
+		defer n.Close()
+		role, err := n.Do(ctx, "ROLE").Slice()
+		return err == nil && len(role) > 0 && role[0] == "master"
+	}, "the replica never took over")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return rc.Set(ctx, key, "after", 0).Err() == nil
+	}, "the client still writes to the dead master")
 }

@@ -101,9 +101,10 @@ func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
 				_, err := tx.Exec(ctx, `INSERT INTO fo_effects (job_id, kind, worker) VALUES ($1, $2, $3)`, id, kind, worker)
 				return err
 			})
-			// A handler that started after the kill got its task from the
-			// new master: the old one was gone.
-			if k := killedAt.Load(); err == nil && k != nil && started.After(*k) {
+			// A handler of the killed master's queue that started after the
+			// kill got its task from the new master: the old one was gone.
+			q, _ := asynq.GetQueueName(ctx)
+			if k := killedAt.Load(); err == nil && k != nil && q == lostQueue && started.After(*k) {
 				now := time.Now()
 				firstAfterKill.CompareAndSwap(nil, &now)
 			}
