@@ -125,6 +125,13 @@ func TestClusterFailover(t *testing.T) {
 		},
 	})
 	t.Logf("Cluster failover: %s", fig)
+	var alive []string
+	for _, a := range c.addrs {
+		if a != master.addr() {
+			alive = append(alive, a)
+		}
+	}
+	noCrossSlot(t, alive...)
 }
 
 // The cluster clients keel makes follow a promotion at once: a command to

@@ -1,0 +1,194 @@
+package scaleout_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	flowlimit "github.com/keeljobs/keel/flow"
+	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+// asynqDequeue is asynq v0.26's dequeueCmd (internal/rdb/rdb.go): it makes
+// the head of a queue active under a lease ending at ARGV[1], as a worker's
+// fetch does.
+var asynqDequeue = redis.NewScript(`
+if redis.call("EXISTS", KEYS[2]) == 0 then
+	local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
+	if id then
+		local key = ARGV[2] .. id
+		redis.call("HSET", key, "state", "active")
+		redis.call("HDEL", key, "pending_since")
+		redis.call("ZADD", KEYS[4], ARGV[1], id)
+		return redis.call("HGET", key, "msg")
+	end
+end
+return nil`)
+
+var crossSlotStat = regexp.MustCompile(`errorstat_CROSSSLOT:count=(\d+)`)
+
+// noCrossSlot fails if any node of the cluster refused a command for keys
+// in several slots: keel's own errors may be retried or logged, but Redis
+// counts every refusal.
+func noCrossSlot(t *testing.T, addrs ...string) {
+	t.Helper()
+	for _, a := range addrs {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		stats, err := n.Info(context.Background(), "errorstats").Result()
+		n.Close()
+		require.NoError(t, err, "INFO errorstats on %s", a)
+		if m := crossSlotStat.FindStringSubmatch(stats); m != nil {
+			t.Fatalf("node %s refused %s command(s) with CROSSSLOT", a, m[1])
+		}
+	}
+}
+
+// Every Redis command keel runs itself (not through asynq's client, server or
+// inspector; the list is in the package comment) works on a cluster: each
+// script's keys share one slot, and pipelines of keys in several slots go
+// to the right nodes. The queues and rules are spread over the masters.
+func TestKeelRedisCommandsOnCluster(t *testing.T) {
+	needRedisTools(t)
+	serial.Lock()
+	defer serial.Unlock()
+	addrs := startCluster(t)
+	opt, err := redisurl.Parse("redis-cluster://" + strings.Join(addrs, ","))
+	require.NoError(t, err)
+	pool := testenv.Pool(t, "keel_test_scaleout")
+	ctx := context.Background()
+	rdb := opt.MakeRedisClient().(redis.UniversalClient)
+	defer rdb.Close()
+	slots := map[int64]bool{}
+	for _, q := range []string{"critical", "default", "low"} {
+		s, err := rdb.ClusterKeySlot(ctx, "{"+q+"}").Result()
+		require.NoError(t, err)
+		slots[s] = true
+	}
+	require.Len(t, slots, 3, "the test's queues should hash to three slots")
+
+	t.Run("flow", func(t *testing.T) {
+		var rules []flowlimit.Rule
+		for i := range 4 {
+			rules = append(rules, flowlimit.Rule{Name: fmt.Sprint("crossslot-", i), Concurrency: 2, Rate: 1000})
+		}
+		limits, err := flowlimit.New(opt, flowlimit.Config{Rules: rules, Lease: 300 * time.Millisecond})
+		require.NoError(t, err)
+		defer limits.Close()
+		for _, r := range rules {
+			release, err := limits.Acquire(ctx, r.Name) // acquire script
+			require.NoError(t, err)
+			// Wait for the renew script to move the lease on.
+			key := "keel:flow:{" + r.Name + "}:slots"
+			first, err := rdb.ZRangeWithScores(ctx, key, 0, 0).Result()
+			require.NoError(t, err)
+			require.Len(t, first, 1)
+			testenv.Eventually(t, 5*time.Second, func() bool {
+				now, err := rdb.ZRangeWithScores(ctx, key, 0, 0).Result()
+				return err == nil && len(now) == 1 && now[0].Score > first[0].Score
+			}, "the lease of %s was never renewed", r.Name)
+			release() // ZREM
+			require.Zero(t, rdb.ZCard(ctx, key).Val())
+			require.NoError(t, limits.Take(ctx, r.Name)) // reserve script
+		}
+		require.Zero(t, limits.Stats().RedisErrors)
+	})
+
+	t.Run("rescue and reconcile", func(t *testing.T) {
+		c, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
+		require.NoError(t, err)
+		defer c.Close()
+		insp := asynq.NewInspector(opt)
+		defer insp.Close()
+		// A live server, so that the rescuer reads asynq's worker lists. It
+		// serves another queue and leaves the test's tasks alone.
+		testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Queues: map[string]int{"crossslot-idle": 1},
+			DisableReconciler: true}, tasks.NewMux())
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			s, err := insp.Servers()
+			return err == nil && len(s) == 1
+		}, "the server never registered")
+
+		// Per queue: a task a dead worker fetched, a scheduled one, an
+		// archived one and a missing one, all running in the ledger under an
+		// expired lease.
+		n := 0
+		var ids []string
+		type made struct{ active, scheduled, archived, missing string }
+		byQueue := map[string]made{}
+		for _, kind := range []*tasks.Kind[job]{critical, normal, low} {
+			q := map[string]string{critical.Name(): "critical", normal.Name(): "default", low.Name(): "low"}[kind.Name()]
+			enqueue := func(opts ...tasks.Option) string {
+				res, err := c.Enqueue(ctx, kind.New(job{N: 50_000 + n}, opts...))
+				require.NoError(t, err)
+				n++
+				ids = append(ids, res.Job.ID)
+				return res.Job.ID
+			}
+			var m made
+			m.active = enqueue()
+			p := "asynq:{" + q + "}:"
+			require.NoError(t, asynqDequeue.Run(ctx, rdb, []string{p + "pending", p + "paused", p + "active", p + "lease"},
+				time.Now().Add(-time.Minute).Unix(), p+"t:").Err())
+			m.scheduled = enqueue(tasks.Delay(time.Hour))
+			m.archived = enqueue(tasks.Delay(time.Hour))
+			require.NoError(t, insp.ArchiveTask(q, m.archived))
+			m.missing = enqueue(tasks.Delay(time.Hour))
+			require.NoError(t, insp.DeleteTask(q, m.missing))
+			byQueue[q] = m
+		}
+		_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', attempts = 1, lease_holder = 'gone/1',
+			lease_until = now() - interval '1 second', run_at = now() - interval '1 second' WHERE id = ANY($1)`, ids)
+		require.NoError(t, err)
+
+		r := outbox.NewReconciler(pool, opt, outbox.ReconcilerConfig{})
+		defer r.Close()
+		rescued, err := r.Rescue(ctx)
+		require.NoError(t, err)
+		require.Equal(t, len(ids), rescued)
+		for q, m := range byQueue {
+			for _, id := range []string{m.active, m.scheduled, m.archived, m.missing} {
+				info, err := insp.GetTaskInfo(q, id)
+				require.NoError(t, err)
+				require.Equal(t, asynq.TaskStatePending, info.State, "job %s of queue %s", id, q)
+			}
+		}
+
+		// The reconciler's pass: open jobs whose tasks are active with a
+		// dead worker, archived or missing.
+		for q, m := range byQueue {
+			require.NoError(t, insp.ArchiveTask(q, m.scheduled))
+			require.NoError(t, insp.DeleteTask(q, m.missing))
+			p := "asynq:{" + q + "}:"
+			require.NoError(t, asynqDequeue.Run(ctx, rdb, []string{p + "pending", p + "paused", p + "active", p + "lease"},
+				time.Now().Add(-time.Minute).Unix(), p+"t:").Err())
+		}
+		_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
+			updated_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids)
+		require.NoError(t, err)
+		_, err = r.Reconcile(ctx)
+		require.NoError(t, err)
+		st := r.Stats()
+		require.EqualValues(t, 6, st.Republished, "archived and missing tasks published again")
+		require.EqualValues(t, 3, st.Rescued-uint64(rescued), "dead workers' active tasks handed back")
+		for q, m := range byQueue {
+			for _, id := range []string{m.active, m.scheduled, m.archived, m.missing} {
+				info, err := insp.GetTaskInfo(q, id)
+				require.NoError(t, err)
+				require.Equal(t, asynq.TaskStatePending, info.State, "job %s of queue %s", id, q)
+			}
+		}
+	})
+
+	noCrossSlot(t, addrs...)
+}
