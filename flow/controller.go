@@ -39,6 +39,9 @@ const (
 	// releaseTimeout bounds giving a slot back; if it fails the lease
 	// returns the slot anyway.
 	releaseTimeout = 5 * time.Second
+	// releaseRetry is the mean pause between tries to give back a slot
+	// whose release failed, until its lease would have freed it.
+	releaseRetry = 200 * time.Millisecond
 )
 
 // Stats are counters since the controller started.
@@ -366,11 +369,16 @@ type slot struct {
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once
+	// expires is when the lease ends by this process's clock: from the
+	// last acquire or renewal, as the renewer last saw it (read once done
+	// is closed).
+	expires time.Time
 }
 
 // hold starts renewing a slot just taken.
 func (c *Controller) hold(r *rule, token string) *slot {
-	s := &slot{c: c, r: r, token: token, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &slot{c: c, r: r, token: token, stop: make(chan struct{}), done: make(chan struct{}),
+		expires: time.Now().Add(c.cfg.Lease)}
 	c.renewals.Add(1)
 	go s.renewLoop()
 	return s
@@ -391,9 +399,12 @@ func (s *slot) renewLoop() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), every)
+		renewed := time.Now()
 		ok, err := s.c.renew(ctx, s.r, s.token)
 		cancel()
 		switch {
+		case err == nil && ok:
+			s.expires = renewed.Add(s.c.cfg.Lease)
 		case err != nil:
 			s.c.stats.redisErrs.Add(1)
 			s.c.cfg.Logger.Warn("keel: flow: slot lease renewal failed", "rule", s.r.Name, "token", s.token, "err", err)
@@ -407,18 +418,58 @@ func (s *slot) renewLoop() {
 	}
 }
 
-// release gives the slot back. It is idempotent.
+// release gives the slot back. It is idempotent. When Redis refuses (it is
+// failing over, say), the slot is given back in the background as soon as
+// Redis answers: a new master holds the slots of every job that ran during
+// the failover, which would otherwise stay taken for a whole lease.
 func (s *slot) release() {
 	s.once.Do(func() {
 		close(s.stop)
 		<-s.done
-		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		defer cancel()
-		if err := s.c.releaseSlot(ctx, s.r, s.token); err != nil {
-			s.c.stats.redisErrs.Add(1)
-			s.c.cfg.Logger.Warn("keel: flow: slot not given back; its lease will free it", "rule", s.r.Name, "token", s.token, "err", err)
+		err := s.giveBack(releaseTimeout)
+		if err == nil {
+			return
 		}
+		s.c.stats.redisErrs.Add(1)
+		select {
+		case <-s.c.closing:
+		default:
+			if time.Now().Before(s.expires) {
+				s.c.cfg.Logger.Warn("keel: flow: slot not given back yet; trying again until its lease ends",
+					"rule", s.r.Name, "token", s.token, "err", err)
+				s.c.renewals.Add(1)
+				go s.retryRelease()
+				return
+			}
+		}
+		s.c.cfg.Logger.Warn("keel: flow: slot not given back; its lease will free it", "rule", s.r.Name, "token", s.token, "err", err)
 	})
+}
+
+// retryRelease tries to give the slot back until it is, its lease has run
+// out or the controller closes. Removing the slot's own token can never
+// free another job's slot, so a late success is harmless.
+func (s *slot) retryRelease() {
+	defer s.c.renewals.Done()
+	for time.Now().Before(s.expires) {
+		pause := time.NewTimer(s.c.jitter(releaseRetry))
+		select {
+		case <-s.c.closing:
+			pause.Stop()
+			return
+		case <-pause.C:
+		}
+		if s.giveBack(releaseRetry) == nil {
+			s.c.cfg.Logger.Info("keel: flow: slot given back", "rule", s.r.Name, "token", s.token)
+			return
+		}
+	}
+}
+
+func (s *slot) giveBack(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return s.c.releaseSlot(ctx, s.r, s.token)
 }
 
 // sleep waits d or until ctx ends.

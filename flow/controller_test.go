@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/flow"
+	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -250,4 +252,55 @@ func TestMiddlewareWaitKeepsAttempts(t *testing.T) {
 	require.False(t, retry.IsFailure(err))
 	require.False(t, errors.Is(err, asynq.SkipRetry))
 	require.Greater(t, retry.Policy{}.Delay("mail:send", 0, err), 50*time.Second)
+}
+
+// A slot whose release Redis refused (a failover, a restart) is given back
+// once Redis answers again, not only when its lease runs out: after a
+// failover the new master holds the slots every running job had, and each
+// would stay taken for a whole lease.
+func TestFailedReleaseIsRetried(t *testing.T) {
+	srv := testenv.StartRedis(t) // its own server: the test changes its ACL
+	opt := asynq.RedisClientOpt{Addr: srv.Addr()}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	c := newController(t, opt, flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Hold: flow.NoHold})
+	ctx := context.Background()
+
+	release, err := c.Acquire(ctx, "reports")
+	require.NoError(t, err)
+	// Redis answers, but refuses the release.
+	require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", "default", "-zrem").Err())
+	release()
+	require.EqualValues(t, 1, rdb.ZCard(ctx, slotsKey).Val())
+	require.EqualValues(t, 1, c.Stats().RedisErrors)
+
+	require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", "default", "+zrem").Err())
+	testenv.Eventually(t, 5*time.Second, func() bool { return rdb.ZCard(ctx, slotsKey).Val() == 0 },
+		"the slot stayed taken until its lease (30s) ends")
+	again, err := c.Acquire(ctx, "reports")
+	require.NoError(t, err)
+	again()
+}
+
+// Close does not wait for a release that keeps failing: the lease frees the
+// slot.
+func TestCloseStopsRetryingARelease(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	opt := asynq.RedisClientOpt{Addr: srv.Addr()}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	c, err := flow.New(opt, flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Hold: flow.NoHold})
+	require.NoError(t, err)
+	release, err := c.Acquire(context.Background(), "reports")
+	require.NoError(t, err)
+	require.NoError(t, rdb.Do(context.Background(), "ACL", "SETUSER", "default", "-zrem").Err())
+	release()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited for a release Redis keeps refusing")
+	}
 }

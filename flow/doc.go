@@ -31,8 +31,9 @@
 // scored with its lease's expiry. A Lua script drops expired members and
 // adds one if fewer than the limit remain; the lease (Config.Lease, 30s) is
 // renewed every third of itself while the handler runs and the member is
-// removed when it returns, so a killed worker's slot comes back when its
-// lease ends. A rate is GCRA in one Lua script: Redis keeps the time the
+// removed when it returns (if Redis refuses, as during a failover, again
+// and again until it answers or the lease ends), so a killed worker's slot
+// comes back when its lease ends. A rate is GCRA in one Lua script: Redis keeps the time the
 // next start is due, so the limit holds for any number of workers with no
 // counters to reset. Both read the time from Redis, never a worker's clock.
 //
