@@ -24,6 +24,10 @@
 //	  renew script    ZSCORE ZADD PTTL PEXPIRE TIME                         {<rule>}:slots
 //	  release         ZREM                                                  {<rule>}:slots
 //	  reserve script  TIME GET SET PX                                       {<rule>}:rate
+//	publisher (package idempotency: Enqueue, EnqueueTx's relay, republishing)
+//	  publish script  EXISTS LPUSH ZADD HSET  asynq:{q}:pending :scheduled,
+//	                  asynq:{q}:t:<id>…  (the jobs of one queue per call)
+//	  queue registry  SADD asynq:queues <queue>  (one key)
 //	rescuer and reconciler (package outbox), asynq's layout
 //	  requeue-active script  HGET ZSCORE LREM ZREM RPUSH HSET
 //	                         asynq:{q}:t:<id> :active :lease :pending
@@ -35,6 +39,7 @@
 //	  queue registry         SADD asynq:queues <queue>…  (one key)
 //	cli                      PING
 //
-// Dead-letter replay and discard (package idempotency, the dashboard, keel
-// dead) go through asynq's Inspector, one queue per call.
+// Dead-letter replay and discard and cancelling a job (packages idempotency
+// and tasks, the dashboard, keel dead and keel cancel) go through asynq's
+// Inspector, one queue per call.
 package scaleout
