@@ -68,10 +68,10 @@ func (f failoverFigures) String() string {
 		f.promoted.Round(10*time.Millisecond), f.firstJob.Round(10*time.Millisecond), f.lostBack.Round(100*time.Millisecond))
 }
 
-// failoverRun drives keel through a master's death: two workers (relay,
-// reconciler and rescuer at their defaults), a flow limit, a scheduler
-// ticking every second and the dashboard, all on target's URL, while jobs
-// are enqueued through Enqueue and EnqueueTx. Jobs published after isolate
+// failoverRun drives keel through a master's death: two workers (relays
+// polling every 100ms, reconcilers and rescuers at their defaults), a flow
+// limit, a scheduler ticking every second and the dashboard, all on target's
+// URL, while jobs are enqueued through Enqueue and EnqueueTx. Jobs published after isolate
 // are lost with the master; the reconciler must publish them again from the
 // ledger. Every job must run once and succeed, and the scheduler, the flow
 // limit and the dashboard must work on the new master.
@@ -122,12 +122,12 @@ func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
 	for w := range 2 {
 		lim, err := flowlimit.New(opt, flowlimit.Config{Rules: rules})
 		require.NoError(t, err)
+		// Cleanups run last first: the limits close after the worker stopped.
+		t.Cleanup(func() { lim.Close() })
 		limits = append(limits, lim)
 		testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
 			Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 			Middleware: []func(asynq.Handler) asynq.Handler{lim.Middleware}}, mux(w))
-		// Registered after the worker: closed once it has stopped.
-		t.Cleanup(func() { lim.Close() })
 	}
 
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
