@@ -80,6 +80,7 @@ type Relay struct {
 	cfg   RelayConfig
 
 	published atomic.Uint64
+	sleeps    atomic.Uint64
 	awake     atomic.Bool
 	listening atomic.Bool
 }
@@ -91,6 +92,10 @@ func NewRelay(pool *pgxpool.Pool, redis asynq.RedisConnOpt, cfg RelayConfig) *Re
 
 // Close releases the relay's Redis connections.
 func (r *Relay) Close() error { return r.pub.Close() }
+
+// Sleeps is how many times this relay went back to sleep after being awake:
+// it let go of its locks and waits for a writer's notification again.
+func (r *Relay) Sleeps() uint64 { return r.sleeps.Load() }
 
 // Published is how many jobs this relay has published.
 func (r *Relay) Published() uint64 { return r.published.Load() }
@@ -151,7 +156,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			state = settling
 		case state == settling:
-			state = r.settle(ctx, locks)
+			if state = r.settle(ctx, locks); state == asleep {
+				r.sleeps.Add(1)
+			}
 		}
 		r.awake.Store(state != asleep)
 		if state == asleep || err != nil {
