@@ -58,6 +58,10 @@ type Job struct {
 	// row keeps its key in BusinessKey; the ledger stores it moved aside
 	// (SupersededKey) so that the key names only the newer job.
 	SupersededAt *time.Time
+	// TraceParent and TraceState are the W3C trace context of the span
+	// that enqueued the job (empty when it was not traced): its publish
+	// and its runs continue that trace.
+	TraceParent, TraceState string
 }
 
 // SupersededKey is the business key a superseded job's row is stored
@@ -79,7 +83,7 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	timeout_ms, deadline, run_at, published_at, coalesce(lease_holder, ''), lease_until,
 	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
-	created_at, updated_at, finished_at, superseded_at`
+	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, '')`
 
 func scanJob(row pgx.Row) (Job, error) {
 	var j Job
@@ -87,7 +91,8 @@ func scanJob(row pgx.Row) (Job, error) {
 	err := row.Scan(&j.ID, &j.Kind, &j.BusinessKey, &j.Queue, &j.Payload, &j.Status, &j.Attempts,
 		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
-		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt)
+		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
+		&j.TraceParent, &j.TraceState)
 	if j.SupersededAt != nil {
 		j.BusinessKey = strings.TrimSuffix(j.BusinessKey, "#"+j.ID)
 	}
