@@ -44,17 +44,18 @@ const (
 // bulkInsertSQL writes the rows given as arrays, in order, skipping those
 // whose (kind, business key) exists. $13: write them claimed (published);
 // $14: make sure a relay publishes them after commit, as insertWakeSQL does
-// (notify unless a relay is awake and polling).
+// (notify unless a relay is awake and polling). $15, $16: the rows' trace
+// contexts, empty arrays when none is traced (unnest pads them with NULLs).
 const bulkInsertSQL = `WITH ins AS (
 	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-		run_at, payload_summary, trace_id, max_wait_ms, published_at)
+		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate)
 	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
 		coalesce(i.run_at, now()), nullif(i.summary, ''), nullif(i.trace_id, ''), i.max_wait_ms,
-		CASE WHEN $13::bool THEN now() END
+		CASE WHEN $13::bool THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, '')
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::int[], $7::bigint[],
-		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[])
+		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[])
 		WITH ORDINALITY AS i(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-			run_at, summary, trace_id, max_wait_ms, ord)
+			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, ord)
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns + `),
@@ -160,7 +161,7 @@ func validateNewJob(nj NewJob) error {
 	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
 		return fmt.Errorf("payload summary and trace id must be valid UTF-8")
 	}
-	return nil
+	return validateTraceContext(nj)
 }
 
 // chunkJobs splits the indexes in uniq into runs of at most InsertChunkRows
@@ -246,8 +247,9 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		}
 		summaries[r], traces[r] = nj.PayloadSummary, nj.TraceID
 	}
+	parents, states := traceContexts(jobs, idx)
 	rows, err := db.Query(ctx, bulkInsertSQL, ids, kinds, keys, queues, payloads, maxRetry, timeouts,
-		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay)
+		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states)
 	if err != nil {
 		return interpretError(err)
 	}

@@ -16,8 +16,10 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/internal/batch"
+	"github.com/keeljobs/keel/internal/tracing"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -83,6 +85,10 @@ type GuardConfig struct {
 	// (tasks.MaxWait). Past it the job dies with class waited_too_long.
 	// Default 24h.
 	MaxWait time.Duration
+	// TracerProvider records the keel.handle, keel.claim, keel.step and
+	// keel.intx spans of each run. Default: the global provider
+	// (otel.GetTracerProvider); while that is the no-op, no span is started.
+	TracerProvider trace.TracerProvider
 }
 
 // CancelEvent describes a run the guard stopped because its job was
@@ -182,6 +188,8 @@ type Guard struct {
 	// a shutdown does not cut a completion mark and leave a finished job
 	// looking crashed.
 	recording phases
+
+	tracer tracing.Tracer // the spans of each run (trace.go)
 }
 
 // phases counts work in progress that Close must let finish.
@@ -235,6 +243,7 @@ func (p *phases) closeAndWait(timeout time.Duration) {
 func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	cfg = cfg.withDefaults()
 	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{})}
+	g.tracer = tracing.New(cfg.TracerProvider)
 	g.ledger = batch.New(DefaultBatchLoops, cfg.BatchSize, ErrGuardClosed, g.runRound)
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopRenew = cancel
@@ -622,7 +631,7 @@ func (g *Guard) renewLoop(ctx context.Context) {
 // Middleware returns the asynq middleware. Install it before the handler and
 // after panic recovery and logging.
 func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
-	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+	return g.traceHandle(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		id := taskID(ctx, t)
 		if ValidateKey("task id", id) != nil {
 			// Not a ledger id, and one Postgres cannot even hold: it must not
@@ -632,7 +641,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		if !g.recording.enter(false) {
 			return retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: worker shutting down, job %s not started: %w", id, ErrGuardClosed))
 		}
-		res := g.claim(ctx, id)
+		res := g.tracedClaim(ctx, id)
 		g.recording.leave()
 		if res.err != nil {
 			g.stats.ledgerErrs.Add(1)
@@ -718,7 +727,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			class = retry.ClassTimeout
 		}
 		return g.recordFailure(ctx, t, jc, res, herr, class)
-	})
+	}))
 }
 
 // keepQueued makes sure a wait at asynq's last try is not archived: asynq
@@ -878,7 +887,7 @@ const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class 
 	run_at = CASE WHEN $7 THEN now() + $8 * interval '1 millisecond' ELSE run_at END,
 	finished_at = CASE WHEN $3 = 'dead' THEN now() ELSE NULL END,
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
-	trace_id = coalesce(nullif($10, ''), trace_id),
+	trace_id = coalesce(nullif($10, ''), trace_id, nullif($13, '')),
 	waited_ms = waited_ms + $12
 	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $11
 	RETURNING business_key, coalesce(trace_id, '')`
@@ -959,7 +968,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	summary = storableText(summary, maxErrorBytes)
 	var businessKey, storedTrace string
 	err := g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-		delay.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds()).Scan(&businessKey, &storedTrace)
+		delay.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds(), spanTraceID(ctx)).Scan(&businessKey, &storedTrace)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if jc.commitInDoubt.Load() {
 			if j, gerr := g.store.Get(ctx, id); gerr == nil && j.Status == StatusSucceeded {
@@ -980,6 +989,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 		// The row stays running under our lease; it is retried after the lease.
 		return herr
 	}
+	noteFailure(ctx, status, class)
 	switch status {
 	case StatusDead:
 		g.stats.dead.Add(1)
@@ -1104,13 +1114,8 @@ func TraceID(ctx context.Context) string {
 	return s
 }
 
-// InTx runs fn in a transaction that also marks the current job succeeded:
-// the handler's local effects and the completion mark commit together or not
-// at all. If this run no longer holds the job's lease (another worker took
-// it over, or keel gave the run up after its timeout or at shutdown) the
-// transaction is rolled back and ErrLeaseLost or ErrRunGivenUp returned, so a
-// job never commits twice. Call it last: recorded steps come before it.
-func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+// inTx is InTx without its span.
+func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	jc, err := jobFrom(ctx)
 	if err != nil {
 		return err

@@ -59,6 +59,13 @@ func Step(ctx context.Context, name string, fn func(ctx context.Context, key str
 // calling fn, on later attempts. A step finished by Verify has no stored
 // result and returns T's zero value.
 func StepValue[T any](ctx context.Context, name string, fn func(ctx context.Context, key string) (T, error), opts ...StepOption) (T, error) {
+	if jc, err := jobFrom(ctx); err == nil && jc.guard.tracer.On() {
+		return tracedStep(ctx, jc, name, fn, opts)
+	}
+	return stepValue(ctx, name, fn, opts...)
+}
+
+func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Context, key string) (T, error), opts ...StepOption) (T, error) {
 	var zero T
 	jc, err := jobFrom(ctx)
 	if err != nil {

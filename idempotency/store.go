@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keeljobs/keel/internal/tracing"
 )
 
 // DB is what the ledger needs from a pool or a transaction, so that every
@@ -27,11 +29,14 @@ type DB interface {
 
 // Store reads and writes the ledger.
 type Store struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	tracer tracing.Tracer // keel.publish spans
 }
 
 // NewStore returns a Store on pool. The schema must be migrated (Migrate).
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+// Its publishes are traced with the global tracer provider
+// (WithTracerProvider sets another).
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool, tracer: tracing.New(nil)} }
 
 // Pool is the pool the store uses.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -56,6 +61,11 @@ type NewJob struct {
 	// (pending, running, failed) always dedupes. Zero: for as long as the
 	// ledger keeps the row.
 	UniqueWindow time.Duration
+	// TraceParent and TraceState are the W3C trace context the job's
+	// publish and runs continue (tasks.Client sets them from the enqueue's
+	// span).
+	TraceParent string
+	TraceState  string
 	// WakeRelay makes sure a relay publishes the row soon after the
 	// transaction commits (EnqueueTx sets it): it notifies the relays,
 	// delivered at commit, unless one is awake and polling.
@@ -110,8 +120,10 @@ func ValidateQueue(q string) error {
 }
 
 const insertSQL = `INSERT INTO keel_jobs
-	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12)
+	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
+	 traceparent, tracestate)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
+	 nullif($13, ''), nullif($14, ''))
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns
 
@@ -173,6 +185,9 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
 		return Job{}, false, errors.New("keel: payload summary and trace id must be valid UTF-8")
 	}
+	if err := validateTraceContext(nj); err != nil {
+		return Job{}, false, err
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Job{}, false, err
@@ -206,7 +221,8 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 			sql = insertWakeSQL
 		}
 		job, err = scanJob(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
-			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID, nj.MaxWait.Milliseconds()))
+			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID, nj.MaxWait.Milliseconds(),
+			nj.TraceParent, nj.TraceState))
 		if err == nil {
 			return job, false, nil
 		}
@@ -325,6 +341,7 @@ type Published struct {
 // the relay publishing them again is a harmless conflict.
 func (s *Store) PublishMany(ctx context.Context, p *Publisher, jobs []Job) (res []Published, markErr error) {
 	res = make([]Published, len(jobs))
+	defer s.tracePublished(ctx, jobs, res, time.Now())
 	groups := publishGroups(jobs)
 	// The first group goes alone: when it finds Redis unreachable the rest
 	// are not tried, since each would wait for its own dial and add to
@@ -425,7 +442,7 @@ func unreachable(err error) bool {
 
 // Task is the asynq task that carries j; publish it with TaskOptions(j).
 func Task(j Job) *asynq.Task {
-	return asynq.NewTaskWithHeaders(j.Kind, j.Payload, map[string]string{HeaderBusinessKey: j.BusinessKey})
+	return asynq.NewTaskWithHeaders(j.Kind, j.Payload, taskHeaders(j))
 }
 
 // RelayChannel is the Postgres notification channel that wakes relays.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
@@ -66,6 +67,9 @@ type ReconcilerConfig struct {
 	PruneInterval time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider records a keel.publish span for each traced job a
+	// pass publishes again. Default: the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
@@ -117,7 +121,7 @@ type Reconciler struct {
 // NewReconciler returns a reconciler; Run it, then Close it.
 func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
 	rdb := redisconn.Follow(redisOpt).MakeRedisClient().(redis.UniversalClient)
-	return &Reconciler{pool: pool, store: idempotency.NewStore(pool), pub: idempotency.NewPublisherOn(rdb),
+	return &Reconciler{pool: pool, store: idempotency.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: idempotency.NewPublisherOn(rdb),
 		rdb: rdb, cfg: cfg.withDefaults()}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
@@ -42,6 +43,11 @@ type RelayConfig struct {
 	BatchSize int
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider records a keel.publish span for each job it publishes
+	// that was enqueued in a trace, a child of the enqueue's span (the
+	// trace context comes from the job's row). Default: the global provider
+	// (otel.GetTracerProvider); while that is the no-op, no span is started.
+	TracerProvider trace.TracerProvider
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -87,7 +93,7 @@ type Relay struct {
 
 // NewRelay returns a relay; Run it, then Close it.
 func NewRelay(pool *pgxpool.Pool, redis asynq.RedisConnOpt, cfg RelayConfig) *Relay {
-	return &Relay{pool: pool, store: idempotency.NewStore(pool), pub: idempotency.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}
+	return &Relay{pool: pool, store: idempotency.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: idempotency.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}
 }
 
 // Close releases the relay's Redis connections.

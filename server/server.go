@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
@@ -88,6 +89,12 @@ type Config struct {
 	Reconciler outbox.ReconcilerConfig
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider is the default of Guard.TracerProvider,
+	// Relay.TracerProvider and Reconciler.TracerProvider: the worker's
+	// keel.handle, keel.claim, keel.step, keel.intx and keel.publish spans.
+	// Default: the global provider (otel.GetTracerProvider); while that is
+	// the no-op, no span is started.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -128,6 +135,15 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Reconciler.Logger == nil {
 		c.Reconciler.Logger = c.Logger
+	}
+	if c.Guard.TracerProvider == nil {
+		c.Guard.TracerProvider = c.TracerProvider
+	}
+	if c.Relay.TracerProvider == nil {
+		c.Relay.TracerProvider = c.TracerProvider
+	}
+	if c.Reconciler.TracerProvider == nil {
+		c.Reconciler.TracerProvider = c.TracerProvider
 	}
 	return c
 }

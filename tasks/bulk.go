@@ -40,7 +40,14 @@ func (e *TaskError) Unwrap() error { return e.Err }
 // nothing. When it returns nil every job will run: those Redis did not take
 // (Published false) are published by the relay, like Enqueue's.
 func (c *Client) EnqueueMany(ctx context.Context, ts ...*Task) ([]*Result, error) {
-	njs, err := c.validateAll(ts)
+	ctx, span := c.startEnqueue(ctx, "enqueue_many", nil, len(ts))
+	res, err := c.enqueueMany(ctx, ts, span)
+	span.endMany(res, err)
+	return res, err
+}
+
+func (c *Client) enqueueMany(ctx context.Context, ts []*Task, span enqueueSpan) ([]*Result, error) {
+	njs, err := c.validateAll(ts, span)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +72,14 @@ func (c *Client) EnqueueMany(ctx context.Context, ts ...*Task) ([]*Result, error
 // validation are EnqueueMany's: one invalid task and nothing is written,
 // the transaction is left as it was.
 func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ts ...*Task) ([]*Result, error) {
-	njs, err := c.validateAll(ts)
+	ctx, span := c.startEnqueue(ctx, "enqueue_many", nil, len(ts))
+	res, err := c.enqueueManyTx(ctx, tx, ts, span)
+	span.endMany(res, err)
+	return res, err
+}
+
+func (c *Client) enqueueManyTx(ctx context.Context, tx pgx.Tx, ts []*Task, span enqueueSpan) ([]*Result, error) {
+	njs, err := c.validateAll(ts, span)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +90,7 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ts ...*Task) ([]*
 	return results(njs, ins), nil
 }
 
-func (c *Client) validateAll(ts []*Task) ([]idempotency.NewJob, error) {
+func (c *Client) validateAll(ts []*Task, span enqueueSpan) ([]idempotency.NewJob, error) {
 	njs := make([]idempotency.NewJob, len(ts))
 	for i, t := range ts {
 		nj, err := c.validate(t)
@@ -87,6 +101,7 @@ func (c *Client) validateAll(ts []*Task) ([]idempotency.NewJob, error) {
 			}
 			return nil, e
 		}
+		span.apply(&nj)
 		njs[i] = nj
 	}
 	return njs, nil

@@ -13,10 +13,12 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/batch"
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/tracing"
 )
 
 // ErrClientClosed is returned by calls made after Close.
@@ -48,6 +50,12 @@ type ClientConfig struct {
 	Queues []string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider records a keel.enqueue span per call and a
+	// keel.publish span per job the call publishes. Default: the global
+	// provider (otel.GetTracerProvider); while that is the no-op, no span
+	// is started. Either way a job enqueued under a valid span keeps that
+	// span's trace context and trace id.
+	TracerProvider trace.TracerProvider
 }
 
 // Client enqueues tasks: durably into the ledger first, then into Redis.
@@ -60,6 +68,7 @@ type Client struct {
 	redis   asynq.RedisConnOpt // for Cancel's inspector
 	// publishing counts the group-commit rounds still publishing.
 	publishing sync.WaitGroup
+	tracer     tracing.Tracer
 }
 
 // NewClient returns a client. Close it when done.
@@ -83,11 +92,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		}
 	}
 	c := &Client{
-		store:  idempotency.NewStore(cfg.Pool),
+		store:  idempotency.NewStore(cfg.Pool).WithTracerProvider(cfg.TracerProvider),
 		pub:    idempotency.NewPublisher(cfg.Redis),
 		queues: map[string]bool{},
 		log:    cfg.Logger,
 		redis:  cfg.Redis,
+		tracer: tracing.New(cfg.TracerProvider),
 	}
 	for _, q := range cfg.Queues {
 		c.queues[q] = true
@@ -136,10 +146,18 @@ type Result struct {
 // publish; a publish that fails hands the row back to the relay, and should
 // the process die in between, the reconciler publishes it after its grace.
 func (c *Client) Enqueue(ctx context.Context, t *Task) (*Result, error) {
+	ctx, span := c.startEnqueue(ctx, "enqueue", t, 1)
+	res, err := c.enqueue(ctx, t, span)
+	span.end(res, err)
+	return res, err
+}
+
+func (c *Client) enqueue(ctx context.Context, t *Task, span enqueueSpan) (*Result, error) {
 	nj, err := c.validate(t)
 	if err != nil {
 		return nil, enqueueError(t, err)
 	}
+	span.apply(&nj)
 	res, err := c.insert(ctx, nj)
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
@@ -151,10 +169,18 @@ func (c *Client) Enqueue(ctx context.Context, t *Task) (*Result, error) {
 // runs (the relay publishes it, woken by a notification sent at commit); if it
 // rolls back the job never existed.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, t *Task) (*Result, error) {
+	ctx, span := c.startEnqueue(ctx, "enqueue", t, 1)
+	res, err := c.enqueueTx(ctx, tx, t, span)
+	span.end(res, err)
+	return res, err
+}
+
+func (c *Client) enqueueTx(ctx context.Context, tx pgx.Tx, t *Task, span enqueueSpan) (*Result, error) {
 	nj, err := c.validate(t)
 	if err != nil {
 		return nil, enqueueError(t, err)
 	}
+	span.apply(&nj)
 	nj.WakeRelay = true
 	job, existed, err := c.store.Insert(ctx, tx, nj)
 	if err != nil {

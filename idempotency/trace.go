@@ -1,0 +1,311 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/keeljobs/keel/internal/tracing"
+	"github.com/keeljobs/keel/retry"
+)
+
+// A job's trace: the span that enqueued it is stored with its row
+// (NewJob.TraceParent), the asynq task carries it in its headers, and the
+// worker's keel.handle span continues it; keel.claim, keel.step and
+// keel.intx are children of keel.handle. With no tracer provider
+// configured (the global no-op) keel starts no span at all.
+
+// WithTracerProvider returns a store on the same pool whose publishes
+// record keel.publish spans with tp; nil means the global provider, as
+// NewStore's does.
+func (s *Store) WithTracerProvider(tp trace.TracerProvider) *Store {
+	c := *s
+	c.tracer = tracing.New(tp)
+	return &c
+}
+
+// taskHeaders are the asynq headers of j: its business key and, when it
+// was enqueued in a trace, that trace's context.
+func taskHeaders(j Job) map[string]string {
+	h := map[string]string{HeaderBusinessKey: j.BusinessKey}
+	if j.TraceParent != "" {
+		h[tracing.HeaderParent] = j.TraceParent
+		if j.TraceState != "" {
+			h[tracing.HeaderState] = j.TraceState
+		}
+	}
+	return h
+}
+
+// maxTraceStateBytes bounds a stored tracestate (W3C: 32 members of at most
+// 256 characters each would be far larger; real ones are short).
+const maxTraceStateBytes = 512
+
+// validateTraceContext refuses a trace context that is not W3C's: the
+// worker would drop it silently, and the ledger must hold what it says.
+func validateTraceContext(nj NewJob) error {
+	if nj.TraceParent == "" {
+		if nj.TraceState != "" {
+			return errors.New("trace state without a trace parent")
+		}
+		return nil
+	}
+	ctx := tracing.Context{Parent: nj.TraceParent}.Remote(context.Background())
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return fmt.Errorf("trace parent %q is not a W3C traceparent", nj.TraceParent)
+	}
+	if len(nj.TraceState) > maxTraceStateBytes || !utf8.ValidString(nj.TraceState) {
+		return fmt.Errorf("trace state is not valid UTF-8 of at most %d bytes", maxTraceStateBytes)
+	}
+	return nil
+}
+
+// traceContexts are the trace contexts of the jobs at idx, as the arrays of
+// bulkInsertSQL: empty when none of them is traced, so untraced bulk
+// enqueues send nothing more.
+func traceContexts(jobs []NewJob, idx []int) (parents, states []string) {
+	if !slices.ContainsFunc(idx, func(i int) bool { return jobs[i].TraceParent != "" }) {
+		return []string{}, []string{}
+	}
+	parents, states = make([]string, len(idx)), make([]string, len(idx))
+	for r, i := range idx {
+		parents[r], states[r] = jobs[i].TraceParent, jobs[i].TraceState
+	}
+	return parents, states
+}
+
+// tracePublished records a keel.publish span, child of its enqueue's span,
+// for each traced job of one PublishMany call. Publishes run several at a
+// time, so each span covers the call.
+func (s *Store) tracePublished(ctx context.Context, jobs []Job, res []Published, start time.Time) {
+	if !s.tracer.On() {
+		return
+	}
+	end := time.Now()
+	for i, j := range jobs {
+		if j.TraceParent == "" {
+			continue // not enqueued in a trace: a root span per job would be noise
+		}
+		pctx := tracing.Context{Parent: j.TraceParent, State: j.TraceState}.Remote(ctx)
+		_, span := s.tracer.Start(pctx, tracing.SpanPublish, trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithTimestamp(start), trace.WithAttributes(tracing.System,
+				tracing.MessagingOperationType.String("send"), tracing.MessagingOperationName.String("publish"),
+				tracing.MessagingDestinationName.String(j.Queue), tracing.MessagingMessageID.String(j.ID),
+				tracing.JobID.String(j.ID), tracing.JobKind.String(j.Kind)))
+		if err := res[i].Err; err != nil {
+			tracing.Fail(span, err)
+		} else if !res[i].New {
+			span.SetAttributes(attribute.Bool("keel.publish.repeated", true))
+		}
+		span.End(trace.WithTimestamp(end))
+	}
+}
+
+// handleKey finds a delivery's handleRecord in its context.
+type handleKey struct{}
+
+// handleRecord is what the guard learns about a traced delivery that its
+// returned error does not say.
+type handleRecord struct {
+	span trace.Span
+
+	mu     sync.Mutex // the timeout watchdog records from its own goroutine
+	claim  claimOutcome
+	status Status
+	class  retry.Class
+}
+
+// traceHandle wraps the guard's middleware in a keel.handle span that
+// continues the trace the task's headers carry.
+func (g *Guard) traceHandle(h asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		if !g.tracer.On() {
+			return h.ProcessTask(ctx, t)
+		}
+		hdr := t.Headers()
+		ctx = tracing.Context{Parent: hdr[tracing.HeaderParent], State: hdr[tracing.HeaderState]}.Remote(ctx)
+		id := taskID(ctx, t)
+		ctx, span := g.tracer.Start(ctx, tracing.SpanHandle, trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(tracing.System,
+				tracing.MessagingOperationType.String("process"), tracing.MessagingOperationName.String("handle"),
+				tracing.MessagingDestinationName.String(queueName(ctx)), tracing.MessagingMessageID.String(id),
+				tracing.JobID.String(id), tracing.JobKind.String(t.Type()),
+				tracing.JobBusinessKey.String(hdr[HeaderBusinessKey])))
+		defer span.End()
+		rec := &handleRecord{span: span, claim: -1}
+		err := h.ProcessTask(context.WithValue(ctx, handleKey{}, rec), t)
+		outcome, class := g.handleOutcome(ctx, rec, err)
+		span.SetAttributes(tracing.JobOutcome.String(outcome))
+		if class != "" {
+			span.SetAttributes(tracing.ErrorType.String(string(class)))
+		}
+		switch outcome {
+		case "failed", "dead", "interrupted":
+			tracing.Fail(span, err)
+		}
+		return err
+	})
+}
+
+// handleOutcome names what became of a delivery: succeeded, duplicate
+// (the job had finished), postponed (a wait: no attempt used), failed (will
+// retry), dead, or interrupted (by shutdown); and the error's class.
+func (g *Guard) handleOutcome(ctx context.Context, rec *handleRecord, err error) (string, retry.Class) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	switch {
+	case rec.status == StatusDead:
+		return "dead", rec.class
+	case rec.status == StatusFailed:
+		return "failed", rec.class
+	case rec.status == StatusPending:
+		return "postponed", rec.class
+	case err == nil && rec.claim == claimExhausted:
+		return "dead", retry.ClassCrashed
+	case err == nil && (rec.claim == claimFinished || rec.claim == claimDead):
+		return "duplicate", ""
+	case err == nil:
+		return "succeeded", ""
+	case retry.IsWait(err):
+		return "postponed", retry.ClassWait
+	case g.stopping.Load() && errors.Is(ctx.Err(), context.Canceled):
+		return "interrupted", ""
+	case errors.Is(err, asynq.SkipRetry):
+		return "dead", g.cfg.Classifier.Classify(err)
+	}
+	return "failed", g.cfg.Classifier.Classify(err)
+}
+
+// noteFailure tells a traced delivery's span what recordFailure decided.
+func noteFailure(ctx context.Context, status Status, class retry.Class) {
+	if rec, ok := ctx.Value(handleKey{}).(*handleRecord); ok {
+		rec.mu.Lock()
+		rec.status, rec.class = status, class
+		rec.mu.Unlock()
+	}
+}
+
+// spanTraceID is the trace id of a traced delivery, stored with a job that
+// dies when neither its enqueue nor WithTraceID gave it one.
+func spanTraceID(ctx context.Context) string {
+	if _, ok := ctx.Value(handleKey{}).(*handleRecord); !ok {
+		return ""
+	}
+	return trace.SpanContextFromContext(ctx).TraceID().String()
+}
+
+var claimOutcomes = map[claimOutcome]string{
+	claimed: "claimed", claimFinished: "finished", claimDead: "dead", claimBusy: "busy",
+	claimMissing: "missing", claimExhausted: "exhausted",
+}
+
+// tracedClaim is claim in a keel.claim span, when the delivery is traced.
+func (g *Guard) tracedClaim(ctx context.Context, id string) claimResult {
+	rec, ok := ctx.Value(handleKey{}).(*handleRecord)
+	if !ok {
+		return g.claim(ctx, id)
+	}
+	cctx, span := g.tracer.Start(ctx, tracing.SpanClaim, trace.WithAttributes(tracing.JobID.String(id)))
+	defer span.End()
+	res := g.claim(cctx, id)
+	if res.err != nil {
+		tracing.Fail(span, res.err)
+		return res
+	}
+	span.SetAttributes(tracing.ClaimOutcome.String(claimOutcomes[res.outcome]))
+	if res.outcome == claimed {
+		span.SetAttributes(tracing.JobAttempt.Int(res.attempts))
+		rec.span.SetAttributes(tracing.JobAttempt.Int(res.attempts))
+	}
+	rec.mu.Lock()
+	rec.claim = res.outcome
+	rec.mu.Unlock()
+	return res
+}
+
+// InTx runs fn in a transaction that also marks the current job succeeded:
+// the handler's local effects and the completion mark commit together or not
+// at all. If this run no longer holds the job's lease (another worker took
+// it over, or keel gave the run up after its timeout or at shutdown) the
+// transaction is rolled back and ErrLeaseLost or ErrRunGivenUp returned, so a
+// job never commits twice. Call it last: recorded steps come before it.
+//
+// When the job's run is traced, the transaction is a keel.intx span.
+func InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	jc, err := jobFrom(ctx)
+	if err != nil || !jc.guard.tracer.On() {
+		return inTx(ctx, fn)
+	}
+	ctx, span := jc.guard.tracer.Start(ctx, tracing.SpanInTx,
+		trace.WithAttributes(tracing.JobID.String(jc.id), tracing.JobAttempt.Int(jc.attempt)))
+	defer span.End()
+	err = inTx(ctx, fn)
+	if err != nil {
+		tracing.Fail(span, err)
+	}
+	return err
+}
+
+// Step outcomes on keel.step spans.
+const (
+	stepCalled   = "called"   // fn ran and succeeded: recorded done
+	stepSkipped  = "skipped"  // done in an earlier attempt: fn not called
+	stepVerified = "verified" // in doubt, and Verify said it happened
+	stepFailed   = "failed"   // fn failed and certainly did not take effect
+	stepInDoubt  = "in_doubt" // fn may have taken effect: Verify or a person decides
+	stepRefused  = "refused"  // not run: after InTx, lease lost, a bad name
+)
+
+// tracedStep is StepValue in a keel.step span, when the job's run is traced.
+func tracedStep[T any](ctx context.Context, jc *jobContext, name string, fn func(ctx context.Context, key string) (T, error), opts []StepOption) (T, error) {
+	ctx, span := jc.guard.tracer.Start(ctx, tracing.SpanStep, trace.WithAttributes(tracing.StepName.String(name),
+		tracing.JobID.String(jc.id), tracing.JobAttempt.Int(jc.attempt)))
+	defer span.End()
+	var called, verified, verifiedDone bool
+	counted := func(ctx context.Context, key string) (T, error) {
+		called = true
+		return fn(ctx, key)
+	}
+	opts = append(slices.Clip(opts), func(c *stepConfig) {
+		if verify := c.verify; verify != nil {
+			c.verify = func(ctx context.Context, key string) (bool, error) {
+				done, err := verify(ctx, key)
+				verified, verifiedDone = true, done && err == nil
+				return done, err
+			}
+		}
+	})
+	v, err := stepValue(ctx, name, counted, opts...)
+	var outcome string
+	switch {
+	case err == nil && called:
+		outcome = stepCalled
+	case err == nil && verifiedDone:
+		outcome = stepVerified
+	case err == nil:
+		outcome = stepSkipped
+	case errors.Is(err, ErrInDoubt):
+		outcome = stepInDoubt
+	case called:
+		outcome = stepFailed
+	default:
+		outcome = stepRefused
+	}
+	span.SetAttributes(tracing.StepOutcome.String(outcome), tracing.StepInDoubt.Bool(outcome == stepInDoubt))
+	if verified {
+		span.SetAttributes(attribute.Bool("keel.step.verified", true))
+	}
+	if err != nil {
+		tracing.Fail(span, err)
+	}
+	return v, err
+}
