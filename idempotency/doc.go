@@ -18,4 +18,8 @@
 //
 // The Store reads jobs (Get, Lookup, Steps, Audit, ListDead) and carries the
 // operator's actions: Replay, Discard, ResolveStep and their bulk forms.
+//
+// With an OpenTelemetry tracer provider (GuardConfig.TracerProvider, or the
+// global one) each run is a keel.handle span continuing the trace its job
+// was enqueued in, with keel.claim, keel.step and keel.intx spans under it.
 package idempotency

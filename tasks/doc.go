@@ -4,4 +4,9 @@
 // EnqueueManyTx), then into Redis for asynq. Concurrent Enqueue calls share
 // one insert and one commit. It also holds the Mux that routes each kind to
 // its handler on a worker.
+//
+// An enqueue made under an OpenTelemetry span stores that span's trace
+// context with its jobs, so their publish and runs continue the trace; with
+// a tracer provider (ClientConfig.TracerProvider, or the global one) each
+// call is a keel.enqueue span.
 package tasks
