@@ -666,6 +666,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		g.stats.claimed.Add(1)
 
 		jc := &jobContext{guard: g, id: id, attempt: res.attempts, kind: t.Type(), queue: queueName(ctx)}
+		noteRun(ctx, jc)
 		hctx, cancel := context.WithCancelCause(withJob(ctx, jc))
 		defer cancel(nil)
 		jc.cancel = cancel

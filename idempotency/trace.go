@@ -122,6 +122,7 @@ type handleRecord struct {
 	claim  claimOutcome
 	status Status
 	class  retry.Class
+	run    *jobContext
 }
 
 // traceHandle wraps the guard's middleware in a keel.handle span that
@@ -158,11 +159,14 @@ func (g *Guard) traceHandle(h asynq.Handler) asynq.Handler {
 
 // handleOutcome names what became of a delivery: succeeded, duplicate
 // (the job had finished), postponed (a wait: no attempt used), failed (will
-// retry), dead, or interrupted (by shutdown); and the error's class.
+// retry), dead, cancelled (by a person, while it ran) or interrupted (by
+// shutdown); and the error's class.
 func (g *Guard) handleOutcome(ctx context.Context, rec *handleRecord, err error) (string, retry.Class) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	switch {
+	case rec.run != nil && rec.run.state.Load() == runCancelled:
+		return "cancelled", ""
 	case rec.status == StatusDead:
 		return "dead", rec.class
 	case rec.status == StatusFailed:
@@ -183,6 +187,15 @@ func (g *Guard) handleOutcome(ctx context.Context, rec *handleRecord, err error)
 		return "dead", g.cfg.Classifier.Classify(err)
 	}
 	return "failed", g.cfg.Classifier.Classify(err)
+}
+
+// noteRun tells a traced delivery's span which run it is.
+func noteRun(ctx context.Context, jc *jobContext) {
+	if rec, ok := ctx.Value(handleKey{}).(*handleRecord); ok {
+		rec.mu.Lock()
+		rec.run = jc
+		rec.mu.Unlock()
+	}
 }
 
 // noteFailure tells a traced delivery's span what recordFailure decided.

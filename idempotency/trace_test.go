@@ -333,3 +333,29 @@ func TestInsertRefusesABadTraceContext(t *testing.T) {
 	require.Equal(t, map[string]string{idempotency.HeaderBusinessKey: "bad-trace",
 		"traceparent": nj.TraceParent, "tracestate": "vendor=x"}, idempotency.Task(j).Headers())
 }
+
+// A run stopped because a person cancelled its job says so on its span.
+func TestTraceCancelledRun(t *testing.T) {
+	b := setup(t)
+	rec := newRecorder(t)
+	started := make(chan struct{}, 1)
+	mux := tasks.NewMux()
+	tasks.Handle(mux, traced, func(ctx context.Context, o order) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	b.startWorker(t, mux, withTracer(rec.tp))
+	res, err := b.client.Enqueue(context.Background(), traced.New(order{OrderID: "cancel-me"}))
+	require.NoError(t, err)
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	_, err = b.client.Cancel(context.Background(), res.Job.ID)
+	require.NoError(t, err)
+	handle := rec.span(t, "keel.handle", res.Job.ID)
+	require.Equal(t, "cancelled", attr(handle, "keel.job.outcome"))
+	require.Equal(t, codes.Unset, handle.Status.Code)
+}
