@@ -411,8 +411,9 @@ func TestSecondInTxDoesNotRunAndIsNotASuccess(t *testing.T) {
 
 // A connection lost during InTx's COMMIT leaves the outcome unknown: the
 // error says "commit in doubt" (not "lease lost"), and the guard looks at
-// the row before it records anything. Here the commit did not land, so the
-// attempt counts as failed and the next one commits the effect once.
+// the row before it records anything. Here the commit did not land: a lost
+// ledger connection is a wait, so the attempt does not count, and the next
+// run commits the effect once.
 func TestInTxCommitInDoubt(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
@@ -452,7 +453,8 @@ func TestInTxCommitInDoubt(t *testing.T) {
 	require.Error(t, first)
 	require.ErrorContains(t, first, "commit in doubt")
 	require.NotErrorIs(t, first, idempotency.ErrLeaseLost)
-	require.Equal(t, 2, j.Attempts)
+	require.ErrorIs(t, first, idempotency.ErrLedgerUnavailable)
+	require.Equal(t, 1, j.Attempts, "a lost ledger connection used up an attempt")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the effect must be committed once")
 }
 

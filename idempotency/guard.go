@@ -724,6 +724,9 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			return g.markSucceeded(ctx, jc)
 		}
 		class := g.cfg.Classifier.Classify(herr)
+		if class == retry.ClassWait && errors.Is(herr, ErrLedgerUnavailable) {
+			herr = retry.Wait(g.cfg.LedgerRetry, herr)
+		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) && class != retry.ClassPermanent && class != retry.ClassWait {
 			class = retry.ClassTimeout
 		}
@@ -846,13 +849,39 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 	return fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
 }
 
+// untilLedgerAnswers runs write again while the ledger cannot be reached,
+// until it answers or the guard closes. The job stays this worker's
+// meanwhile, its lease renewed once the ledger is back: a run that returned
+// with its outcome unwritten would leave the lease to run out, and the next
+// claim would count a crash and an attempt the outage made, not the job.
+func (g *Guard) untilLedgerAnswers(id string, write func() error) error {
+	for try := 1; ; try++ {
+		err := write()
+		if err == nil || !ledgerUnreachable(err) {
+			return err
+		}
+		if try == 1 {
+			g.stats.ledgerErrs.Add(1)
+			g.cfg.Logger.Warn("keel: ledger unavailable; the run's outcome is written when it is back", "job_id", id, "err", err)
+		}
+		t := time.NewTimer(min(time.Duration(try)*100*time.Millisecond, time.Second))
+		select {
+		case <-g.ledger.Closed():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
 func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 	// The handler's work is done; a cancelled handler context must not stop
 	// us recording it, or the next delivery would run it again.
 	ctx = context.WithoutCancel(ctx)
 	id := jc.id
 	var err error
-	// The lease is renewed meanwhile; try for half of it before giving up.
+	// The lease is renewed meanwhile; try for half of it before giving up,
+	// and for as long as it takes while the ledger is unreachable.
 	giveUp := time.Now().Add(g.cfg.Lease / 2)
 	for try := 0; ; try++ {
 		if try > 0 {
@@ -861,7 +890,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		if err = g.complete(ctx, id, jc.attempt); err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrGuardClosed) {
 			break
 		}
-		if try+1 >= completionMarkTries && time.Now().After(giveUp) {
+		if try+1 >= completionMarkTries && time.Now().After(giveUp) && !ledgerUnreachable(err) {
 			break
 		}
 	}
@@ -968,8 +997,10 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	msg := storableText(herr.Error(), maxErrorBytes)
 	summary = storableText(summary, maxErrorBytes)
 	var businessKey, storedTrace string
-	err := g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-		delay.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds(), spanTraceID(ctx)).Scan(&businessKey, &storedTrace)
+	err := g.untilLedgerAnswers(id, func() error {
+		return g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
+			delay.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds(), spanTraceID(ctx)).Scan(&businessKey, &storedTrace)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		if jc.commitInDoubt.Load() {
 			if j, gerr := g.store.Get(ctx, id); gerr == nil && j.Status == StatusSucceeded {
@@ -1134,6 +1165,11 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	if err := fn(tx); err != nil {
+		// fn's statements run on the ledger's connection: losing it is
+		// the ledger's outage, a wait, unless fn classed the error itself.
+		if _, marked := retry.Marked(err); !marked && ledgerUnreachable(err) {
+			return interpretError(err)
+		}
 		return err
 	}
 	tag, err := tx.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL, lease_until = NULL,
