@@ -1,6 +1,7 @@
 // Package scaleout holds keel's tests against Redis Cluster and Redis
-// Sentinel: workers, relays and schedulers must keep the ledger's
-// invariants when Redis is not a single server, and when its master dies.
+// Sentinel, and with Postgres restarted: workers, relays and schedulers
+// must keep the ledger's invariants when Redis is not a single server, when
+// its master dies, and when the ledger goes away for a while.
 //
 // Steady state (scaleout_test.go): two workers on a 3-master cluster and
 // behind one sentinel. Failover (sentinel_failover_test.go,
@@ -10,6 +11,11 @@
 // is SIGKILLed after it took writes no replica received. Every job must run
 // once and succeed, the dropped writes come back from the ledger, and the
 // scheduler, the flow limit and the dashboard must work on the new master.
+//
+// Postgres restart (postgres_test.go): a private Postgres has every keel
+// connection cut and is stopped mid-run, briefly and for longer than a
+// lease. No job may be lost, repeated, charged an attempt or retired, and
+// everything must work again without a restart.
 //
 // # The Redis commands keel runs itself
 //
