@@ -45,17 +45,18 @@ const (
 // whose (kind, business key) exists. $13: write them claimed (published);
 // $14: make sure a relay publishes them after commit, as insertWakeSQL does
 // (notify unless a relay is awake and polling). $15, $16: the rows' trace
-// contexts, empty arrays when none is traced (unnest pads them with NULLs).
+// contexts, empty arrays when none is traced (unnest pads them with NULLs);
+// $17: the rows' batch ids (” for none).
 const bulkInsertSQL = `WITH ins AS (
 	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate)
+		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id)
 	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
 		coalesce(i.run_at, now()), nullif(i.summary, ''), nullif(i.trace_id, ''), i.max_wait_ms,
-		CASE WHEN $13::bool THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, '')
+		CASE WHEN $13::bool THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, ''), nullif(i.batch_id, '')
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::int[], $7::bigint[],
-		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[])
+		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[], $17::text[])
 		WITH ORDINALITY AS i(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, ord)
+			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, batch_id, ord)
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns + `),
@@ -225,6 +226,7 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		timeouts, maxWaits       = make([]int64, n), make([]int64, n)
 		deadlines, runAts        = make([]*time.Time, n), make([]*time.Time, n)
 		summaries, traces        = make([]string, n), make([]string, n)
+		batches                  = make([]string, n)
 	)
 	for r, i := range idx {
 		nj := jobs[i]
@@ -245,11 +247,11 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		if !nj.RunAt.IsZero() {
 			runAts[r] = &nj.RunAt
 		}
-		summaries[r], traces[r] = nj.PayloadSummary, nj.TraceID
+		summaries[r], traces[r], batches[r] = nj.PayloadSummary, nj.TraceID, nj.BatchID
 	}
 	parents, states := traceContexts(jobs, idx)
 	rows, err := db.Query(ctx, bulkInsertSQL, ids, kinds, keys, queues, payloads, maxRetry, timeouts,
-		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states)
+		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states, batches)
 	if err != nil {
 		return interpretError(err)
 	}

@@ -65,6 +65,9 @@ func interpretError(err error) error {
 	if ledgerUnreachable(err) {
 		return retry.Wait(0, fmt.Errorf("%w: %w", ErrLedgerUnavailable, err))
 	}
+	if berr := batchError(err); berr != nil {
+		return berr
+	}
 	return fmt.Errorf("keel ledger: %w", err)
 }
 

@@ -62,6 +62,8 @@ type Job struct {
 	// that enqueued the job (empty when it was not traced): its publish
 	// and its runs continue that trace.
 	TraceParent, TraceState string
+	// BatchID is the batch the job is a member of; empty for most jobs.
+	BatchID string
 }
 
 // SupersededKey is the business key a superseded job's row is stored
@@ -83,7 +85,8 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	timeout_ms, deadline, run_at, published_at, coalesce(lease_holder, ''), lease_until,
 	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
-	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, '')`
+	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
+	coalesce(batch_id, '')`
 
 func scanJob(row pgx.Row) (Job, error) {
 	var j Job
@@ -92,7 +95,7 @@ func scanJob(row pgx.Row) (Job, error) {
 		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
 		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
-		&j.TraceParent, &j.TraceState)
+		&j.TraceParent, &j.TraceState, &j.BatchID)
 	if j.SupersededAt != nil {
 		j.BusinessKey = strings.TrimSuffix(j.BusinessKey, "#"+j.ID)
 	}

@@ -70,6 +70,10 @@ type NewJob struct {
 	// transaction commits (EnqueueTx sets it): it notifies the relays,
 	// delivered at commit, unless one is awake and polling.
 	WakeRelay bool
+	// BatchID makes the job a member of that open batch (see NewBatch);
+	// inserting into a sealed batch fails with ErrBatchSealed. A job whose
+	// key exists already is returned as it is, in whatever batch it is.
+	BatchID string
 }
 
 // MaxBusinessKeyBytes bounds a business key so it always fits the unique index.
@@ -121,9 +125,9 @@ func ValidateQueue(q string) error {
 
 const insertSQL = `INSERT INTO keel_jobs
 	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
-	 traceparent, tracestate)
+	 traceparent, tracestate, batch_id)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
-	 nullif($13, ''), nullif($14, ''))
+	 nullif($13, ''), nullif($14, ''), nullif($15, ''))
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns
 
@@ -222,7 +226,7 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 		}
 		job, err = scanJob(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
 			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID, nj.MaxWait.Milliseconds(),
-			nj.TraceParent, nj.TraceState))
+			nj.TraceParent, nj.TraceState, nj.BatchID))
 		if err == nil {
 			return job, false, nil
 		}

@@ -158,6 +158,11 @@ func (c *Client) enqueue(ctx context.Context, t *Task, span enqueueSpan) (*Resul
 		return nil, enqueueError(t, err)
 	}
 	span.apply(&nj)
+	if nj.BatchID != "" {
+		// Not through the group commit: a sealed batch must fail this
+		// call alone, not the round it would share.
+		return c.enqueueMember(ctx, nj)
+	}
 	res, err := c.insert(ctx, nj)
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
@@ -242,6 +247,7 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 		PayloadSummary: t.summary,
 		TraceID:        t.s.traceID,
 		UniqueWindow:   t.s.unique,
+		BatchID:        t.s.batchID,
 	}, nil
 }
 

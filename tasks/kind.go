@@ -36,6 +36,7 @@ type settings struct {
 	key       string
 	traceID   string
 	unique    time.Duration
+	batchID   string
 }
 
 // Option sets a default of a kind (in Define) or of one task (in New).

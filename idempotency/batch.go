@@ -1,0 +1,272 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+var (
+	// ErrBatchSealed means a job was enqueued into a batch that is sealed:
+	// its members are all known, nothing joins it any more.
+	ErrBatchSealed = errors.New("keel: batch is sealed")
+	// ErrBatchNotFound means no batch has the id given.
+	ErrBatchNotFound = errors.New("keel: batch not found")
+)
+
+// The SQLSTATEs the batch triggers raise (see migration 0010).
+const (
+	sqlstateBatchSealed   = "KB001"
+	sqlstateBatchNotFound = "KB002"
+)
+
+func batchError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return nil
+	}
+	switch pgErr.Code {
+	case sqlstateBatchSealed:
+		return fmt.Errorf("%w: %s", ErrBatchSealed, strings.TrimPrefix(pgErr.Message, "keel: "))
+	case sqlstateBatchNotFound:
+		return fmt.Errorf("%w: %s", ErrBatchNotFound, strings.TrimPrefix(pgErr.Message, "keel: "))
+	}
+	return nil
+}
+
+// BatchCallback is the job a batch enqueues when it completes. Its payload
+// is made by keel: the batch's id, generation and counts, with Data (JSON,
+// given when the batch was made) inside.
+type BatchCallback struct {
+	Kind     string          `json:"kind"`
+	Queue    string          `json:"queue"`
+	MaxRetry int             `json:"max_retry"`
+	Timeout  time.Duration   `json:"-"`
+	MaxWait  time.Duration   `json:"-"`
+	Data     json.RawMessage `json:"data,omitempty"`
+}
+
+// batchCallbackJSON is how a callback is stored on the batch row; the
+// trigger that enqueues it reads these fields.
+type batchCallbackJSON struct {
+	BatchCallback
+	TimeoutMS int64 `json:"timeout_ms"`
+	MaxWaitMS int64 `json:"max_wait_ms"`
+}
+
+func (c *BatchCallback) encode() ([]byte, error) {
+	if c == nil {
+		return nil, nil
+	}
+	if err := ValidateKey("callback kind", c.Kind); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(c.Queue) == "" {
+		return nil, errors.New("callback queue is empty")
+	}
+	if len(c.Data) > 0 && !json.Valid(c.Data) {
+		return nil, errors.New("callback data is not JSON")
+	}
+	return json.Marshal(batchCallbackJSON{BatchCallback: *c, TimeoutMS: c.Timeout.Milliseconds(), MaxWaitMS: c.MaxWait.Milliseconds()})
+}
+
+func decodeCallback(b []byte) *BatchCallback {
+	if b == nil {
+		return nil
+	}
+	var c batchCallbackJSON
+	if json.Unmarshal(b, &c) != nil {
+		return nil
+	}
+	c.BatchCallback.Timeout = time.Duration(c.TimeoutMS) * time.Millisecond
+	c.BatchCallback.MaxWait = time.Duration(c.MaxWaitMS) * time.Millisecond
+	return &c.BatchCallback
+}
+
+// NewBatch is what CreateBatch needs.
+type NewBatch struct {
+	// Description says what the batch is, for people ("billing run 2026-11").
+	Description string
+	// OnComplete is enqueued when every member has ended, whatever the
+	// outcome; OnSuccess only when every member succeeded. Either or both
+	// may be nil.
+	OnComplete, OnSuccess *BatchCallback
+}
+
+// Batch is one batch row: its counters move in the same transaction as its
+// members' status.
+type Batch struct {
+	ID          string
+	Description string
+	OnComplete  *BatchCallback
+	OnSuccess   *BatchCallback
+	// Total counts the members; the others count members by terminal status.
+	Total, Succeeded, Dead, Discarded, Cancelled int
+	// Generation counts completions: 1 after the first; a replayed member
+	// reopens the batch and its next completion is generation 2.
+	Generation int
+	SealedAt   *time.Time
+	// CompletedAt is set while the batch is complete; a reopened batch has
+	// none until it completes again.
+	CompletedAt *time.Time
+	// CompleteJobID and SuccessJobID are the ledger ids of the newest
+	// callback jobs, empty until one was enqueued.
+	CompleteJobID, SuccessJobID string
+	CreatedAt, UpdatedAt        time.Time
+}
+
+// Ended counts the members in a terminal status.
+func (b Batch) Ended() int { return b.Succeeded + b.Dead + b.Discarded + b.Cancelled }
+
+// Open reports whether the batch is not complete (being filled, or waiting
+// for members).
+func (b Batch) Open() bool { return b.CompletedAt == nil }
+
+// State names where the batch stands: open (members may join), sealed
+// (waiting for members), complete.
+func (b Batch) State() string {
+	switch {
+	case b.CompletedAt != nil:
+		return "complete"
+	case b.SealedAt != nil:
+		return "sealed"
+	}
+	return "open"
+}
+
+// CallbackKey is the business key of a batch's callback job for one event
+// ("complete" or "success") and completion generation.
+func CallbackKey(batchID, event string, generation int) string {
+	return fmt.Sprintf("batch:%s:%s:%d", batchID, event, generation)
+}
+
+const batchColumns = `id, description, on_complete, on_success, total, succeeded, dead, discarded, cancelled,
+	generation, sealed_at, completed_at, coalesce(complete_job_id, ''), coalesce(success_job_id, ''), created_at, updated_at`
+
+func scanBatch(row pgx.Row) (Batch, error) {
+	var b Batch
+	var onComplete, onSuccess []byte
+	err := row.Scan(&b.ID, &b.Description, &onComplete, &onSuccess, &b.Total, &b.Succeeded, &b.Dead, &b.Discarded,
+		&b.Cancelled, &b.Generation, &b.SealedAt, &b.CompletedAt, &b.CompleteJobID, &b.SuccessJobID, &b.CreatedAt, &b.UpdatedAt)
+	b.OnComplete, b.OnSuccess = decodeCallback(onComplete), decodeCallback(onSuccess)
+	return b, err
+}
+
+// CreateBatch records an open batch in db (a pool or the caller's
+// transaction, so that the batch and its first members commit with the
+// caller's own writes).
+func (s *Store) CreateBatch(ctx context.Context, db DB, nb NewBatch) (Batch, error) {
+	if !utf8Valid(nb.Description) || strings.ContainsRune(nb.Description, 0) {
+		return Batch{}, errors.New("keel: batch description must be valid UTF-8 without NUL bytes")
+	}
+	onComplete, err := nb.OnComplete.encode()
+	if err != nil {
+		return Batch{}, fmt.Errorf("keel: batch on_complete: %w", err)
+	}
+	onSuccess, err := nb.OnSuccess.encode()
+	if err != nil {
+		return Batch{}, fmt.Errorf("keel: batch on_success: %w", err)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Batch{}, err
+	}
+	b, err := scanBatch(db.QueryRow(ctx, `INSERT INTO keel_batches (id, description, on_complete, on_success)
+		VALUES ($1, $2, $3, $4) RETURNING `+batchColumns, id.String(), nb.Description, onComplete, onSuccess))
+	return b, interpretError(err)
+}
+
+// SealBatch says every member has been enqueued: nothing joins the batch
+// from now on, and once every member has ended (at once, if they all have)
+// its callbacks are enqueued, in the same transaction. Sealing a sealed
+// batch changes nothing.
+func (s *Store) SealBatch(ctx context.Context, db DB, id string) (Batch, error) {
+	if !utf8Valid(id) || id == "" {
+		return Batch{}, fmt.Errorf("%w: %q", ErrBatchNotFound, id)
+	}
+	b, err := scanBatch(db.QueryRow(ctx, `SELECT `+batchColumns+` FROM keel_batch_seal($1)`, id))
+	return b, interpretError(err)
+}
+
+// GetBatch returns the batch with id.
+func (s *Store) GetBatch(ctx context.Context, id string) (Batch, error) {
+	if !utf8Valid(id) || id == "" {
+		return Batch{}, fmt.Errorf("%w: %q", ErrBatchNotFound, id)
+	}
+	b, err := scanBatch(s.pool.QueryRow(ctx, `SELECT `+batchColumns+` FROM keel_batches WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Batch{}, fmt.Errorf("%w: %s", ErrBatchNotFound, id)
+	}
+	return b, interpretError(err)
+}
+
+// BatchFilter selects batches for ListBatches.
+type BatchFilter struct {
+	// Open lists only batches not complete.
+	Open bool
+	// Limit bounds the list (default 100), newest first.
+	Limit int
+}
+
+// ListBatches returns batches, newest first.
+func (s *Store) ListBatches(ctx context.Context, f BatchFilter) ([]Batch, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+batchColumns+` FROM keel_batches
+		WHERE NOT $1 OR completed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT $2`, f.Open, f.Limit)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	bs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Batch, error) { return scanBatch(r) })
+	return bs, interpretError(err)
+}
+
+// CountOpenBatches counts batches not complete (for metrics).
+func (s *Store) CountOpenBatches(ctx context.Context) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM keel_batches WHERE completed_at IS NULL`).Scan(&n)
+	return n, interpretError(err)
+}
+
+// BatchStatuses counts a batch's members by status, the open ones
+// (pending, running, failed) too.
+func (s *Store) BatchStatuses(ctx context.Context, id string) (map[Status]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM keel_jobs WHERE batch_id = $1 GROUP BY status`, id)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	out := map[Status]int{}
+	for rows.Next() {
+		var st Status
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, interpretError(err)
+		}
+		out[st] = n
+	}
+	return out, interpretError(rows.Err())
+}
+
+// OpenMembers returns up to limit members of a batch that have not ended
+// (pending, running, failed), oldest first.
+func (s *Store) OpenMembers(ctx context.Context, id string, limit int) ([]Job, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM keel_jobs
+		WHERE batch_id = $1 AND status IN ('pending', 'running', 'failed') ORDER BY created_at, id LIMIT $2`, id, limit)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	js, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+	return js, interpretError(err)
+}
