@@ -7,7 +7,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if runWorkerChild() || runGuaranteeChild() {
+	if runWorkerChild() || runGuaranteeChild() || runBatchChild() {
 		return
 	}
 	goleak.VerifyTestMain(m,
