@@ -155,7 +155,7 @@ func New(app App) *cobra.Command {
 	}
 	e.bind(root)
 	root.AddCommand(versionCmd(e), migrateCmd(e), workerCmd(e), relayCmd(e), enqueueCmd(e), statusCmd(e),
-		ledgerCmd(e), deadCmd(e), cancelCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e))
+		ledgerCmd(e), deadCmd(e), cancelCmd(e), batchCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e))
 	if app.Commands != nil {
 		root.AddCommand(app.Commands(e)...)
 	}
