@@ -109,6 +109,8 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("POST /dead/bulk", operatorOnly(checkToken(s.bulk)))
 	app.HandleFunc("GET /jobs", s.lookup)
 	app.HandleFunc("GET /jobs/{id}", s.job)
+	app.HandleFunc("GET /batches", s.batches)
+	app.HandleFunc("GET /batches/{id}", s.batch)
 	app.HandleFunc("POST /jobs/{id}/replay", operatorOnly(checkToken(s.replay)))
 	app.HandleFunc("POST /jobs/{id}/discard", operatorOnly(checkToken(s.discard)))
 	app.HandleFunc("POST /jobs/{id}/resolve", operatorOnly(checkToken(s.resolve)))

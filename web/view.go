@@ -25,7 +25,7 @@ type pages struct {
 	set map[string]*template.Template
 }
 
-var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error"}
+var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error", "batches", "batch"}
 
 func newPages() (*pages, error) {
 	p := &pages{css: template.CSS(stylesheet), set: map[string]*template.Template{}}
