@@ -60,7 +60,10 @@ type Snapshot struct {
 	// handed to Redis; OutboxLag is how long the oldest of them has waited.
 	OutboxBacklog int
 	OutboxLag     time.Duration
-	PostgresErr   error // nil when the ledger was read
+	// BatchesOpen counts batches still filling (not sealed); BatchesSealed
+	// those sealed and waiting for members.
+	BatchesOpen, BatchesSealed int
+	PostgresErr                error // nil when the ledger was read
 }
 
 // Ledger is a prometheus.Collector that reads queue sizes from asynq and
@@ -74,7 +77,7 @@ type Ledger struct {
 	// does not answer: asynq's inspector takes no context.
 	redisBusy atomic.Bool
 
-	queueSize, oldestPending, paused, dead, backlog, lag, up, duration *prometheus.Desc
+	queueSize, oldestPending, paused, dead, backlog, lag, batches, up, duration *prometheus.Desc
 }
 
 // NewLedger returns a collector; register it on a prometheus.Registerer.
@@ -96,6 +99,8 @@ func NewLedger(cfg LedgerConfig) *Ledger {
 			"Committed jobs the relay has not yet handed to Redis.", nil, nil),
 		lag: prometheus.NewDesc("keel_outbox_lag_seconds",
 			"How long the oldest job not yet handed to Redis has waited (0 when none).", nil, nil),
+		batches: prometheus.NewDesc("keel_batches_open",
+			"Batches not complete: state open (members may join) or sealed (waiting for members to end).", []string{"state"}, nil),
 		up: prometheus.NewDesc("keel_collector_up",
 			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
 		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
@@ -105,7 +110,7 @@ func NewLedger(cfg LedgerConfig) *Ledger {
 
 // Describe implements prometheus.Collector.
 func (l *Ledger) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.up, l.duration} {
+	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.batches, l.up, l.duration} {
 		ch <- d
 	}
 }
@@ -137,6 +142,8 @@ func (l *Ledger) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(l.backlog, float64(s.OutboxBacklog))
 			gauge(l.lag, s.OutboxLag.Seconds())
+			gauge(l.batches, float64(s.BatchesOpen), "open")
+			gauge(l.batches, float64(s.BatchesSealed), "sealed")
 		}
 	}
 	gauge(l.duration, time.Since(start).Seconds())
@@ -226,8 +233,8 @@ func ReadQueues(insp *asynq.Inspector) ([]QueueState, error) {
 	return qs, nil
 }
 
-// Both queries use the ledger's partial indexes (status = 'dead';
-// published_at IS NULL), so a scrape costs little however large the table.
+// The queries use the ledger's partial indexes (status = 'dead';
+// published_at IS NULL; open batches), so a scrape costs little however large the table.
 const (
 	deadLettersSQL = `SELECT queue, kind, coalesce(error_class, ''), count(*)
 		FROM keel_jobs WHERE status = 'dead' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
@@ -235,6 +242,8 @@ const (
 	// replay, or hand-back by a worker), so it measures the relay's lag.
 	outboxSQL = `SELECT count(*), coalesce(extract(epoch FROM now() - min(updated_at)), 0)::float8
 		FROM keel_jobs WHERE published_at IS NULL AND status = 'pending'`
+	batchesSQL = `SELECT count(*) FILTER (WHERE sealed_at IS NULL), count(*) FILTER (WHERE sealed_at IS NOT NULL)
+		FROM keel_batches WHERE completed_at IS NULL`
 )
 
 func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
@@ -255,5 +264,8 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 		return fmt.Errorf("keel: reading the outbox: %w", err)
 	}
 	s.OutboxLag = time.Duration(max(lag, 0) * float64(time.Second))
+	if err := l.cfg.Pool.QueryRow(ctx, batchesSQL).Scan(&s.BatchesOpen, &s.BatchesSealed); err != nil {
+		return fmt.Errorf("keel: reading batches: %w", err)
+	}
 	return nil
 }

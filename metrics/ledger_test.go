@@ -109,3 +109,38 @@ keel_collector_up{source="postgres"} 0
 `), "keel_collector_up", "keel_dead_letters", "keel_outbox_backlog"))
 	require.Less(t, time.Since(start), 3*time.Second)
 }
+
+func TestLedgerCountsOpenBatches(t *testing.T) {
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	store := idempotency.NewStore(pool)
+	for range 2 {
+		_, err := store.CreateBatch(ctx, pool, idempotency.NewBatch{Description: "filling"})
+		require.NoError(t, err)
+	}
+	sealed, err := store.CreateBatch(ctx, pool, idempotency.NewBatch{})
+	require.NoError(t, err)
+	_, _, err = store.Insert(ctx, pool, idempotency.NewJob{Kind: "k", BusinessKey: "m", Queue: "default",
+		Payload: []byte(`{}`), MaxRetry: 3, BatchID: sealed.ID})
+	require.NoError(t, err)
+	_, err = store.SealBatch(ctx, pool, sealed.ID)
+	require.NoError(t, err)
+	done, err := store.CreateBatch(ctx, pool, idempotency.NewBatch{})
+	require.NoError(t, err)
+	_, err = store.SealBatch(ctx, pool, done.ID) // empty: complete at once
+	require.NoError(t, err)
+
+	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool})
+	s := l.Read(ctx)
+	require.NoError(t, s.PostgresErr)
+	require.Equal(t, 2, s.BatchesOpen)
+	require.Equal(t, 1, s.BatchesSealed)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP keel_batches_open Batches not complete: state open (members may join) or sealed (waiting for members to end).
+# TYPE keel_batches_open gauge
+keel_batches_open{state="open"} 2
+keel_batches_open{state="sealed"} 1
+`), "keel_batches_open"))
+}

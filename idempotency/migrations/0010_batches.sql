@@ -40,6 +40,8 @@ ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS batch_id text;
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_batch ON keel_jobs (batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_batches_created ON keel_batches (created_at);
+-- Open batches, for the list's filter and the keel_batches_open gauge.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_batches_open ON keel_batches (created_at) WHERE completed_at IS NULL;
 
 -- keel_batch_callback enqueues one callback job of batch b (generation
 -- already advanced) and returns its id. The business key names the batch,
