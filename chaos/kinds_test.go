@@ -155,6 +155,13 @@ CREATE TABLE chaos_late (
 	step_err     text NOT NULL,
 	tx_err       text NOT NULL);
 -- Effects a handler tried to write twice (the unique index refused them).
+-- Every committed run of a batch callback (batches variant).
+CREATE TABLE chaos_batch_callbacks (
+	batch_id     text NOT NULL,
+	event        text NOT NULL,
+	generation   integer NOT NULL,
+	counts       jsonb NOT NULL,
+	job_id       text NOT NULL);
 CREATE TABLE chaos_violations (
 	business_key text NOT NULL,
 	kind         text NOT NULL,
@@ -261,6 +268,9 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		}
 		return writeEffect(ctx, pool, tickKind.Name(), key)
 	}))
+	tasks.Handle(mux, batchDoneKind, func(ctx context.Context, d tasks.BatchDone) error {
+		return recordBatchCallback(ctx, d)
+	})
 	return mux
 }
 

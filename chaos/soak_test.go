@@ -59,6 +59,10 @@ type soakConfig struct {
 	PGRestartAt time.Duration
 	// Deadline bounds the whole run, until every job is terminal.
 	Deadline time.Duration
+	// Batches, when positive, puts every job into one of this many batches
+	// (job n into batch n%Batches), sealed once the submissions are done;
+	// each batch's callbacks must run once (see checkBatches).
+	Batches int
 }
 
 // keyRecord is what the driver knows of one business key.
@@ -115,6 +119,8 @@ type driver struct {
 	unexpectedExit atomic.Value // string
 
 	schedStart, schedStop time.Time
+
+	batches []string // ids, when cfg.Batches > 0
 }
 
 func soak(t *testing.T, cfg soakConfig) {
@@ -161,6 +167,7 @@ func soak(t *testing.T, cfg soakConfig) {
 	}
 	defer d.client.Close()
 	d.makePlan()
+	d.openBatches(ctx)
 
 	d.start = time.Now()
 	d.workers = make([]*worker, cfg.Workers)
@@ -213,12 +220,13 @@ func soak(t *testing.T, cfg soakConfig) {
 		ev.do()
 	}
 	<-subsDone
+	d.sealBatches(subCtx)
 	stopSched()
 	<-schedDone
 	d.schedStop = time.Now()
 	d.note(fmt.Sprintf("submissions done, scheduler stopped (%+v)", sched.Stats()))
 
-	converged := d.converge(d.start.Add(cfg.Deadline))
+	converged := d.converge(d.start.Add(cfg.Deadline)) && d.batchesConverge(d.start.Add(cfg.Deadline))
 	elapsed := time.Since(d.start)
 	d.note(fmt.Sprintf("converged=%v after %s", converged, elapsed.Round(time.Second)))
 
@@ -232,6 +240,7 @@ func soak(t *testing.T, cfg soakConfig) {
 	bgWG.Wait()
 
 	rep := d.check(ctx)
+	rep.failures = append(rep.failures, d.checkBatches(ctx)...)
 	t.Logf("chaos soak: %d jobs, %d workers, %d kills, %d workers killed by poison jobs, %d deploys, %d Redis restarts, runtime %s\n%s",
 		cfg.Jobs, cfg.Workers, len(cfg.Kills), d.poisonExits.Load(), len(cfg.Deploys), len(cfg.RedisRestarts), elapsed.Round(time.Second), rep.table)
 	t.Logf("worker logs:\n%s", d.logSummary())
@@ -378,7 +387,11 @@ func (d *driver) submitOne(ctx context.Context, s submission) {
 }
 
 func (d *driver) submit(ctx context.Context, s submission) (*tasks.Result, error) {
-	t := s.class.kind.New(order{Key: s.key, N: s.n, Hang: s.class.hang})
+	var opts []tasks.Option
+	if len(d.batches) > 0 {
+		opts = append(opts, tasks.InBatch(d.batches[s.n%len(d.batches)]))
+	}
+	t := s.class.kind.New(order{Key: s.key, N: s.n, Hang: s.class.hang}, opts...)
 	if !s.viaTx {
 		return d.client.Enqueue(ctx, t)
 	}

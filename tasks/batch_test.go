@@ -230,3 +230,30 @@ func TestNewBatchTxFollowsTheTransaction(t *testing.T) {
 	require.Equal(t, 3, got.Total)
 	require.Equal(t, "sealed", got.State())
 }
+
+// A member moving between terminal statuses (a dead one discarded, a
+// succeeded one marked dead) moves the counters and fires nothing again.
+func TestBatchCountsMoveBetweenTerminalStatusesWithoutFiring(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+
+	batch, err := b.client.NewBatch(ctx, tasks.BatchSpec{OnComplete: tasks.BatchCallback(batchDone, nil)})
+	require.NoError(t, err)
+	res, err := b.client.EnqueueMany(ctx, keyedKind.New(keyed{Key: "t1"}, tasks.InBatch(batch.ID)),
+		keyedKind.New(keyed{Key: "t2"}, tasks.InBatch(batch.ID)))
+	require.NoError(t, err)
+	_, err = b.client.SealBatch(ctx, batch.ID)
+	require.NoError(t, err)
+	b.end(t, res[0].Job.ID, idempotency.StatusDead)
+	b.end(t, res[1].Job.ID, idempotency.StatusSucceeded)
+	require.Len(t, b.callbacks(t, batch.ID), 1)
+
+	_, err = b.store.Discard(ctx, nil, res[0].Job.ID, "ops", "customer left")
+	require.NoError(t, err)
+	b.end(t, res[1].Job.ID, idempotency.StatusDead)
+	got, err := b.store.GetBatch(ctx, batch.ID)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 1, 1, 1}, []int{got.Succeeded, got.Dead, got.Discarded, got.Generation})
+	require.Equal(t, "complete", got.State())
+	require.Len(t, b.callbacks(t, batch.ID), 1, "no second callback")
+}
