@@ -96,7 +96,9 @@ func (d *driver) checkBatches(ctx context.Context) []string {
 		return nil
 	}
 	var failures []string
-	fail := func(format string, args ...any) { failures = append(failures, fmt.Sprintf("batches: "+format, args...)) }
+	fail := func(format string, args ...any) {
+		failures = append(failures, fmt.Sprintf("batches: "+format, args...))
+	}
 	store := d.client.Store()
 	var members, successes int
 	for _, id := range d.batches {
