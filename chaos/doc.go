@@ -110,6 +110,16 @@
 //
 //	go test -tags chaos -run TestChaosLong -timeout 30m -v ./chaos
 //
+// The batches variant needs the chaos build tag too: the short soak with
+// every job in one of 24 batches (each of one class, so some end all
+// succeeded and some with dead members), sealed once the submissions are
+// done. Each batch must complete once (generation 1), its counters must
+// equal its members' statuses in the ledger, its on_complete callback must
+// run once with those counts and its on_success once exactly when every
+// member succeeded.
+//
+//	go test -tags chaos -run TestChaosBatches -timeout 10m -v ./chaos
+//
 // Both use the test Redis and Postgres of the other packages' tests
 // (KEEL_TEST_DATABASE_URL), in their own schema and a private redis-server.
 // The long version is meant to restart Postgres as well, which must never
