@@ -120,7 +120,7 @@
 //
 //	go test -tags chaos -run TestChaosBatches -timeout 10m -v ./chaos
 //
-// Both use the test Redis and Postgres of the other packages' tests
+// All of them use the test Redis and Postgres of the other packages' tests
 // (KEEL_TEST_DATABASE_URL), in their own schema and a private redis-server.
 // The long version is meant to restart Postgres as well, which must never
 // happen to a database other tests share: give it a dedicated server with
