@@ -68,8 +68,8 @@ func (c *BatchCallback) encode() ([]byte, error) {
 	if err := ValidateKey("callback kind", c.Kind); err != nil {
 		return nil, err
 	}
-	if strings.TrimSpace(c.Queue) == "" {
-		return nil, errors.New("callback queue is empty")
+	if err := ValidateQueue(c.Queue); err != nil {
+		return nil, fmt.Errorf("callback %w", err)
 	}
 	if len(c.Data) > 0 && !json.Valid(c.Data) {
 		return nil, errors.New("callback data is not JSON")
