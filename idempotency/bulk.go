@@ -46,7 +46,7 @@ const (
 // $14: make sure a relay publishes them after commit, as insertWakeSQL does
 // (notify unless a relay is awake and polling). $15, $16: the rows' trace
 // contexts, empty arrays when none is traced (unnest pads them with NULLs);
-// $17: the rows' batch ids (” for none).
+// $17: the rows' batch ids (empty strings for none).
 const bulkInsertSQL = `WITH ins AS (
 	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
 		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id)
