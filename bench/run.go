@@ -15,6 +15,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keeljobs/keel/idempotency"
 )
 
 // The parts Run can measure, in the order it measures them.
@@ -341,10 +343,6 @@ func cpuModel() string {
 	return ""
 }
 
-// asynqQueuesKey is the Redis set in which asynq lists the queues that
-// exist (asynq's internal/base.AllQueues).
-const asynqQueuesKey = "asynq:queues"
-
 // registerQueues lists the benchmark's queues in Redis as existing. An
 // asynq.Client adds a queue to that list only the first time it enqueues
 // to it, so once a queue has been deleted, a client that had used it
@@ -358,7 +356,7 @@ func registerQueues(r asynq.RedisClientOpt) error {
 	for q := range Queues() {
 		names = append(names, q)
 	}
-	if err := rc.SAdd(context.Background(), asynqQueuesKey, names...).Err(); err != nil {
+	if err := rc.SAdd(context.Background(), idempotency.AsynqQueuesKey, names...).Err(); err != nil {
 		return fmt.Errorf("keel bench: Redis at %s: %w", r.Addr, err)
 	}
 	return nil

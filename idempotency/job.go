@@ -56,7 +56,7 @@ type Job struct {
 	// SupersededAt is when a newer job of the same key replaced this
 	// finished one (a kind's dedupe window, tasks.Unique, had passed). The
 	// row keeps its key in BusinessKey; the ledger stores it moved aside
-	// (SupersededKey) so that the key names only the newer job.
+	// (key#id, see supersedeSQL) so that the key names only the newer job.
 	SupersededAt *time.Time
 	// TraceParent and TraceState are the W3C trace context of the span
 	// that enqueued the job (empty when it was not traced): its publish
@@ -66,9 +66,9 @@ type Job struct {
 	BatchID string
 }
 
-// SupersededKey is the business key a superseded job's row is stored
-// under: its own key with its id appended, unique like every key.
-func SupersededKey(key, id string) string { return key + "#" + id }
+// OriginalKey is the business key of a superseded job whose row stores it
+// moved aside as key#id (supersedeSQL).
+func OriginalKey(stored, id string) string { return strings.TrimSuffix(stored, "#"+id) }
 
 // StepRecord is one recorded external side effect of a job.
 type StepRecord struct {
@@ -97,7 +97,7 @@ func scanJob(row pgx.Row) (Job, error) {
 		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
 		&j.TraceParent, &j.TraceState, &j.BatchID)
 	if j.SupersededAt != nil {
-		j.BusinessKey = strings.TrimSuffix(j.BusinessKey, "#"+j.ID)
+		j.BusinessKey = OriginalKey(j.BusinessKey, j.ID)
 	}
 	j.Timeout = time.Duration(timeoutMS) * time.Millisecond
 	return j, err

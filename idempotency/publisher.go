@@ -42,6 +42,17 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
+// asynq v0.26's Redis layout (internal/base/base.go), which the publisher
+// and the reconciler's scripts write to. Every key of one queue carries its
+// hash tag, so a script on one queue touches one cluster slot.
+const AsynqQueuesKey = "asynq:queues" // the set of queue names (base.AllQueues)
+
+// AsynqQueuePrefix is the prefix of every key of queue.
+func AsynqQueuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
+
+// AsynqTaskKey is the hash of one task.
+func AsynqTaskKey(queue, id string) string { return AsynqQueuePrefix(queue) + "t:" + id }
+
 // publishChunk bounds one script call: long scripts block Redis for
 // everyone else, and their arguments travel in one write.
 const publishChunk = 200
@@ -82,13 +93,13 @@ func (p *Publisher) publish(ctx context.Context, queue string, jobs []Job, res [
 		}
 	}
 	if _, ok := p.seen.Load(queue); !ok {
-		if err := p.rdb.SAdd(ctx, "asynq:queues", queue).Err(); err != nil {
+		if err := p.rdb.SAdd(ctx, AsynqQueuesKey, queue).Err(); err != nil {
 			fail(err)
 			return
 		}
 		p.seen.Store(queue, true)
 	}
-	prefix := "asynq:{" + queue + "}:"
+	prefix := AsynqQueuePrefix(queue)
 	now := time.Now()
 	keys := make([]string, 2, 2+len(jobs))
 	keys[0], keys[1] = prefix+"pending", prefix+"scheduled"
@@ -99,7 +110,7 @@ func (p *Publisher) publish(ctx context.Context, queue string, jobs []Job, res [
 		if j.RunAt.After(now) {
 			at = strconv.FormatInt(j.RunAt.Unix(), 10)
 		}
-		keys = append(keys, prefix+"t:"+j.ID)
+		keys = append(keys, AsynqTaskKey(queue, j.ID))
 		args = append(args, j.ID, taskMessage(j), at)
 	}
 	out, err := publishScript.Run(ctx, p.rdb, keys, args...).Int64Slice()

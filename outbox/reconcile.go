@@ -125,10 +125,6 @@ func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg Reconcil
 		rdb: rdb, cfg: cfg.withDefaults()}
 }
 
-// asynqQueuesKey is asynq's registry of queue names (asynq v0.26's
-// base.AllQueues).
-const asynqQueuesKey = "asynq:queues"
-
 // Close releases Redis connections.
 func (r *Reconciler) Close() error { return r.rdb.Close() }
 
@@ -344,7 +340,7 @@ func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idem
 			qs = append(qs, j.Queue)
 		}
 	}
-	if err := r.rdb.SAdd(ctx, asynqQueuesKey, qs...).Err(); err != nil {
+	if err := r.rdb.SAdd(ctx, idempotency.AsynqQueuesKey, qs...).Err(); err != nil {
 		return 0, fmt.Errorf("keel reconciler: list queues %v: %w", qs, err)
 	}
 	for i, j := range jobs {

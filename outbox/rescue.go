@@ -19,12 +19,6 @@ import (
 // puts the job back in Redis within about a second of that.
 const DefaultRescueInterval = time.Second
 
-// asynq v0.26's Redis layout (internal/base/base.go). Every key of one task
-// carries its queue's hash tag, so the scripts below touch one cluster slot.
-func asynqQueuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
-
-func asynqTaskKey(queue, id string) string { return asynqQueuePrefix(queue) + "t:" + id }
-
 // asynqWorkersKey is asynq's registry of live servers' worker hashes
 // (base.AllWorkers), scored by when each hash expires.
 const asynqWorkersKey = "asynq:workers"
@@ -106,22 +100,22 @@ return 1`)
 
 // requeueActive runs requeueActiveScript for one task.
 func requeueActive(ctx context.Context, rdb redis.Scripter, queue, id string, now time.Time) (int64, error) {
-	p := asynqQueuePrefix(queue)
-	return requeueActiveScript.Run(ctx, rdb, []string{p + "active", p + "lease", p + "pending", asynqTaskKey(queue, id)},
+	p := idempotency.AsynqQueuePrefix(queue)
+	return requeueActiveScript.Run(ctx, rdb, []string{p + "active", p + "lease", p + "pending", idempotency.AsynqTaskKey(queue, id)},
 		id, now.Add(freshAsynqLease).Unix(), now.UnixNano()).Int64()
 }
 
 // forwardNow runs forwardNowScript for one task in set (scheduled or retry).
 func forwardNow(ctx context.Context, rdb redis.Scripter, queue, set, id string, now time.Time) (int64, error) {
-	p := asynqQueuePrefix(queue)
-	return forwardNowScript.Run(ctx, rdb, []string{p + set, p + "pending", asynqTaskKey(queue, id)}, id, now.UnixNano()).Int64()
+	p := idempotency.AsynqQueuePrefix(queue)
+	return forwardNowScript.Run(ctx, rdb, []string{p + set, p + "pending", idempotency.AsynqTaskKey(queue, id)}, id, now.UnixNano()).Int64()
 }
 
 // deleteFinished runs deleteFinishedScript for one task in set (archived
 // or completed).
 func deleteFinished(ctx context.Context, rdb redis.Scripter, queue, set, id string) (int64, error) {
-	p := asynqQueuePrefix(queue)
-	return deleteFinishedScript.Run(ctx, rdb, []string{p + set, asynqTaskKey(queue, id)}, id).Int64()
+	p := idempotency.AsynqQueuePrefix(queue)
+	return deleteFinishedScript.Run(ctx, rdb, []string{p + set, idempotency.AsynqTaskKey(queue, id)}, id).Int64()
 }
 
 // taskStates reads asynq's state of each task in one pipeline (go-redis
@@ -133,7 +127,7 @@ func taskStates(ctx context.Context, rdb redis.UniversalClient, queues, ids []st
 	cmds := make([]*redis.StringCmd, len(ids))
 	pipe := rdb.Pipeline()
 	for i, id := range ids {
-		cmds[i] = pipe.HGet(ctx, asynqTaskKey(queues[i], id), "state")
+		cmds[i] = pipe.HGet(ctx, idempotency.AsynqTaskKey(queues[i], id), "state")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err

@@ -106,15 +106,7 @@ func (s *Server) cancelThroughKeel(w http.ResponseWriter, r *http.Request, p *pr
 	default: // one task: "/ID:cancel" or "/ID"
 		id := strings.TrimSuffix(strings.TrimPrefix(action, "/"), ":cancel")
 		known, err := s.cancelFromMonitor(r.Context(), id, p)
-		if !known {
-			return false
-		}
-		if err != nil {
-			http.Error(w, "keel: "+err.Error()+"; see the job's page, /jobs/"+url.PathEscape(id), http.StatusConflict)
-			return true
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return true
+		return answerMonitorAction(w, id, known, err)
 	}
 }
 

@@ -180,7 +180,7 @@ func listJobs(ctx context.Context, db interface {
 		err := r.Scan(&l.ID, &l.Kind, &l.BusinessKey, &l.Queue, &l.Status, &l.Attempts, &l.MaxRetry,
 			&l.LastError, &l.ErrorClass, &l.CreatedAt, &l.UpdatedAt, &l.FinishedAt, &l.Superseded)
 		if l.Superseded {
-			l.BusinessKey = strings.TrimSuffix(l.BusinessKey, "#"+l.ID)
+			l.BusinessKey = idempotency.OriginalKey(l.BusinessKey, l.ID)
 		}
 		return l, err
 	})

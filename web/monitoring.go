@@ -202,17 +202,23 @@ func (s *Server) runThroughKeel(w http.ResponseWriter, r *http.Request, p *princ
 	case strings.HasPrefix(action, "/") && strings.HasSuffix(action, ":run"):
 		id := strings.TrimSuffix(strings.TrimPrefix(action, "/"), ":run")
 		known, err := s.replayFromMonitor(r.Context(), id, p)
-		if !known {
-			return false
-		}
-		if err != nil {
-			http.Error(w, "keel: "+err.Error()+"; see the job's page, /jobs/"+url.PathEscape(id), http.StatusConflict)
-			return true
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return true
+		return answerMonitorAction(w, id, known, err)
 	}
 	return false
+}
+
+// answerMonitorAction answers asynqmon's action on one task that keel took
+// over; false when the task is no keel job and asynqmon should act itself.
+func answerMonitorAction(w http.ResponseWriter, id string, known bool, err error) bool {
+	if !known {
+		return false
+	}
+	if err != nil {
+		http.Error(w, "keel: "+err.Error()+"; see the job's page, /jobs/"+url.PathEscape(id), http.StatusConflict)
+		return true
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 // replayFromMonitor replays the keel job id, if there is one.
