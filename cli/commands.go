@@ -375,29 +375,32 @@ type stepJSON struct {
 }
 
 type statusJSON struct {
-	ID             string     `json:"id"`
-	Kind           string     `json:"kind"`
-	BusinessKey    string     `json:"business_key"`
-	Queue          string     `json:"queue"`
-	Status         string     `json:"status"`
-	Attempts       int        `json:"attempts"`
-	MaxRetry       int        `json:"max_retry"`
-	LastError      string     `json:"last_error,omitempty"`
-	ErrorClass     string     `json:"error_class,omitempty"`
-	LeaseHolder    string     `json:"lease_holder,omitempty"`
-	LeaseUntil     *time.Time `json:"lease_until,omitempty"`
-	RunAt          time.Time  `json:"run_at"`
-	PublishedAt    *time.Time `json:"published_at,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	UpdatedAt      time.Time  `json:"updated_at"`
-	FinishedAt     *time.Time `json:"finished_at,omitempty"`
-	SupersededAt   *time.Time `json:"superseded_at,omitempty"`
-	PayloadSummary string     `json:"payload_summary,omitempty"`
-	TraceID        string     `json:"trace_id,omitempty"`
-	ResolutionNote string     `json:"resolution_note,omitempty"`
-	ResolvedBy     string     `json:"resolved_by,omitempty"`
-	NextRetryAt    *time.Time `json:"next_retry_at,omitempty"`
-	Steps          []stepJSON `json:"steps"`
+	ID           string     `json:"id"`
+	Kind         string     `json:"kind"`
+	BusinessKey  string     `json:"business_key"`
+	Queue        string     `json:"queue"`
+	Status       string     `json:"status"`
+	Attempts     int        `json:"attempts"`
+	MaxRetry     int        `json:"max_retry"`
+	LastError    string     `json:"last_error,omitempty"`
+	ErrorClass   string     `json:"error_class,omitempty"`
+	LeaseHolder  string     `json:"lease_holder,omitempty"`
+	LeaseUntil   *time.Time `json:"lease_until,omitempty"`
+	RunAt        time.Time  `json:"run_at"`
+	PublishedAt  *time.Time `json:"published_at,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	FinishedAt   *time.Time `json:"finished_at,omitempty"`
+	SupersededAt *time.Time `json:"superseded_at,omitempty"`
+	// EffectsCommittedAt: the completing InTx committed, then the handler
+	// failed; the job is not replayable.
+	EffectsCommittedAt *time.Time `json:"effects_committed_at,omitempty"`
+	PayloadSummary     string     `json:"payload_summary,omitempty"`
+	TraceID            string     `json:"trace_id,omitempty"`
+	ResolutionNote     string     `json:"resolution_note,omitempty"`
+	ResolvedBy         string     `json:"resolved_by,omitempty"`
+	NextRetryAt        *time.Time `json:"next_retry_at,omitempty"`
+	Steps              []stepJSON `json:"steps"`
 }
 
 func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON {
@@ -405,7 +408,8 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 		Attempts: j.Attempts, MaxRetry: j.MaxRetry, LastError: j.LastError, ErrorClass: j.ErrorClass,
 		LeaseHolder: j.LeaseHolder, LeaseUntil: j.LeaseUntil, RunAt: j.RunAt, PublishedAt: j.PublishedAt,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt, SupersededAt: j.SupersededAt, PayloadSummary: j.PayloadSummary,
-		TraceID: j.TraceID, ResolutionNote: j.ResolutionNote, ResolvedBy: j.ResolvedBy, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
+		EffectsCommittedAt: j.EffectsCommittedAt,
+		TraceID:            j.TraceID, ResolutionNote: j.ResolutionNote, ResolvedBy: j.ResolvedBy, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
 	for _, s := range steps {
 		out.Steps = append(out.Steps, stepJSON{Name: s.Name, Status: s.Status, Calls: s.Calls, Result: string(s.Result),
 			StartedAt: s.StartedAt, FinishedAt: s.FinishedAt})
@@ -447,6 +451,9 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	row("finished", ts(j.FinishedAt))
 	if j.SupersededAt != nil {
 		row("superseded", ts(j.SupersededAt)+" (a newer job of this key took its place)")
+	}
+	if j.EffectsCommittedAt != nil {
+		row("effects committed", ts(j.EffectsCommittedAt)+" (its completing InTx committed before the handler failed: not replayable)")
 	}
 	row("payload summary", j.PayloadSummary)
 	row("trace id", j.TraceID)

@@ -22,6 +22,10 @@ var (
 	// ErrStepsInDoubt means a replay was refused because a step of the job is
 	// in doubt: a person must first say whether its call happened.
 	ErrStepsInDoubt = errors.New("keel: job has steps in doubt; resolve them first (ResolveStep)")
+	// ErrEffectsCommitted means a replay was refused because the job's
+	// completing InTx committed before its handler failed: its local
+	// effects are in, and running the handler again would repeat them.
+	ErrEffectsCommitted = errors.New("keel: the job's completing InTx committed before its handler failed; its local effects are in and a replay would run them again: finish what came after by hand, then discard it with a note")
 	// ErrCountChanged means a bulk action's confirmed count no longer matches.
 	ErrCountChanged = errors.New("keel: the number of matching jobs changed since it was confirmed")
 )
@@ -70,6 +74,9 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 		default:
 			res = ReplayResult{Job: j, AlreadyReplayed: true}
 			return nil
+		}
+		if j.EffectsCommittedAt != nil {
+			return fmt.Errorf("%w (job %s)", ErrEffectsCommitted, id)
 		}
 		var doubt []string
 		rows, err := tx.Query(ctx, `SELECT name FROM keel_steps WHERE job_id = $1 AND status = 'started' ORDER BY name`, id)

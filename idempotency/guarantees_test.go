@@ -376,6 +376,54 @@ func TestFailureAfterCompletingInTxIsNotASuccess(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return len(deaths.of(res.Job.ID)) == 1 }, "no death alert")
 }
 
+// Replaying a job whose completing InTx committed before its handler failed
+// would run that InTx's local effects again: the replay is refused, alone
+// and in bulk, and the effect stays once.
+func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, late, func(ctx context.Context, o order) error {
+		runs.Add(1)
+		if err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
+			return err
+		}); err != nil {
+			return err
+		}
+		return errors.New("the mail after the commit failed")
+	})
+	b.startWorker(t, mux, nil)
+	res, err := b.client.Enqueue(ctx, late.New(order{OrderID: "r1"}))
+	require.NoError(t, err)
+	b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
+
+	_, err = b.store.Replay(ctx, nil, res.Job.ID, "ops", "try again")
+	require.ErrorIs(t, err, idempotency.ErrEffectsCommitted)
+	require.Contains(t, err.Error(), res.Job.ID)
+	f := idempotency.DeadFilter{Kind: late.Name()}
+	n, err := b.store.CountDead(ctx, f)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	bulk, err := b.store.ReplayMatching(ctx, nil, f, n, "ops", "all of them")
+	require.NoError(t, err)
+	require.Equal(t, 0, bulk.Done)
+	require.Contains(t, bulk.Failed[res.Job.ID], "local effects")
+
+	j, err := b.store.Get(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusDead, j.Status, "a refused replay leaves the job dead")
+	require.NotNil(t, j.EffectsCommittedAt)
+	require.Equal(t, int32(1), runs.Load())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the committed effect must stay, once")
+
+	// Discarding it, with a note, is how a person closes it.
+	_, err = b.store.Discard(ctx, nil, res.Job.ID, "ops", "mailed by hand")
+	require.NoError(t, err)
+}
+
 // A second InTx after the completing one does not run, and the job is not
 // reported succeeded without it.
 func TestSecondInTxDoesNotRunAndIsNotASuccess(t *testing.T) {

@@ -834,7 +834,7 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 	summary := storableText(g.cfg.Summarize(t.Type(), t.Payload()), maxErrorBytes)
 	var businessKey, traceID string
 	err := g.store.pool.QueryRow(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2,
-		payload_summary = $3, updated_at = now() WHERE id = $1 AND status = 'succeeded'
+		payload_summary = $3, effects_committed_at = finished_at, updated_at = now() WHERE id = $1 AND status = 'succeeded'
 		RETURNING business_key, coalesce(trace_id, '')`, jc.id, msg, summary).Scan(&businessKey, &traceID)
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)

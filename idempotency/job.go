@@ -64,6 +64,10 @@ type Job struct {
 	TraceParent, TraceState string
 	// BatchID is the batch the job is a member of; empty for most jobs.
 	BatchID string
+	// EffectsCommittedAt is when the job's completing InTx committed, set
+	// only when the handler then failed: the job is dead with its local
+	// effects in, and Replay refuses to run them again.
+	EffectsCommittedAt *time.Time
 }
 
 // OriginalKey is the business key of a superseded job whose row stores it
@@ -86,7 +90,7 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
 	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
-	coalesce(batch_id, '')`
+	coalesce(batch_id, ''), effects_committed_at`
 
 func scanJob(row pgx.Row) (Job, error) {
 	var j Job
@@ -95,7 +99,7 @@ func scanJob(row pgx.Row) (Job, error) {
 		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
 		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
-		&j.TraceParent, &j.TraceState, &j.BatchID)
+		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt)
 	if j.SupersededAt != nil {
 		j.BusinessKey = OriginalKey(j.BusinessKey, j.ID)
 	}

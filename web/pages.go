@@ -457,7 +457,8 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 		status = http.StatusNotFound
 	case errors.Is(err, idempotency.ErrNoteRequired):
 		status = http.StatusBadRequest
-	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrStepsInDoubt), errors.Is(err, idempotency.ErrNotCancellable):
+	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrStepsInDoubt), errors.Is(err, idempotency.ErrEffectsCommitted),
+		errors.Is(err, idempotency.ErrNotCancellable):
 	default:
 		status = http.StatusInternalServerError
 		s.cfg.Logger.Error("keel web: action failed", "action", action, "job_id", id, "err", err)

@@ -229,6 +229,28 @@ func TestResolveAStepInDoubt(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, res.status)
 }
 
+// A job whose completing InTx committed before its handler failed shows
+// why it cannot be replayed, and a replay posted anyway is refused.
+func TestJobWithCommittedEffectsIsNotReplayable(t *testing.T) {
+	b := setup(t, nil)
+	j := b.deadJob(t, "order:send_receipt", "order:1", "keel: handler failed after its completing InTx committed")
+	_, err := b.pool.Exec(t.Context(), `UPDATE keel_jobs SET effects_committed_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	op := b.signIn(t, operatorName, operatorPassword)
+	tok := op.token(t)
+
+	page := op.get(t, "/jobs/"+j.ID)
+	require.Contains(t, page.body, `id="effects-committed"`)
+	require.Contains(t, page.body, `id="not-replayable"`)
+	require.NotContains(t, page.body, `id="replay"`)
+	res := op.post(t, "/jobs/"+j.ID+"/replay", url.Values{"csrf": {tok}})
+	require.Equal(t, http.StatusConflict, res.status)
+	require.Contains(t, res.body, "local effects are in")
+	got, err := b.store.Get(t.Context(), j.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusDead, got.Status)
+}
+
 func TestCrossSiteRequestsAreRefused(t *testing.T) {
 	b := setup(t, nil)
 	j := b.deadJob(t, "order:send_receipt", "order:1", "boom")
