@@ -233,6 +233,9 @@ type Phase struct {
 	WorkerCPUms   float64 `json:"worker_cpu_ms_per_job"`
 	RedisCPUms    float64 `json:"redis_cpu_ms_per_job,omitempty"`
 	PostgresCPUms float64 `json:"postgres_cpu_ms_per_job,omitempty"`
+	// PostgresWALBytes is the write-ahead log written per job (the whole
+	// cluster's, like the CPU figures).
+	PostgresWALBytes float64 `json:"postgres_wal_bytes_per_job,omitempty"`
 	// OtherCores is how many cores, on average, other processes of the host
 	// kept busy meanwhile: a benchmark on a busy host measures the host.
 	OtherCores float64 `json:"other_cores_busy,omitempty"`
@@ -278,12 +281,16 @@ func (r Report) String() string {
 	fmt.Fprintf(&sb, "no-op jobs: %d per worker, concurrency %d, queues %s (only %s has work)\n\n",
 		r.Jobs, r.Concurrency, r.Queues, Queue)
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "worker\tjobs\tprefill s\tseconds\tjobs/s\tworker cpu ms/job\tredis cpu ms/job\tpostgres cpu ms/job\tother cores busy\t")
+	fmt.Fprintln(tw, "worker\tjobs\tprefill s\tseconds\tjobs/s\tworker cpu ms/job\tredis cpu ms/job\tpostgres cpu ms/job\tWAL B/job\tother cores busy\t")
 	servers := r.Plain.RedisCPUms+r.Keel.RedisCPUms > 0
 	for _, p := range []Phase{r.Plain, r.Keel} {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t\n", p.Name, p.Jobs, p.PrefillSeconds, p.Seconds,
+		wal := "-" // not measured for plain asynq
+		if p.PostgresWALBytes > 0 {
+			wal = fmt.Sprintf("%.0f", p.PostgresWALBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t\n", p.Name, p.Jobs, p.PrefillSeconds, p.Seconds,
 			p.JobsPerSecond, p.WorkerCPUms, optMs(servers, p.RedisCPUms), optMs(servers, p.PostgresCPUms),
-			optCores(servers, p.OtherCores))
+			wal, optCores(servers, p.OtherCores))
 	}
 	tw.Flush()
 	if len(r.Rounds) > 1 {
@@ -552,7 +559,7 @@ func (e *env) runPlain(ctx context.Context, step string) (Phase, error) {
 	})
 	c := newCounter(o.Jobs)
 	finish := e.step(step, o.Jobs, c.done)
-	m := startMeter()
+	m := startMeter(nil)
 	start = time.Now()
 	if err := srv.Start(c); err != nil {
 		finish()
@@ -630,7 +637,7 @@ func (e *env) runKeel(ctx context.Context, step string) (Phase, LedgerCheck, err
 		return ph, lc, err
 	}
 	finish := e.step(step, o.Jobs, c.done)
-	m := startMeter()
+	m := startMeter(pool)
 	start = time.Now()
 	w := startServer(srv)
 	err = waitEmpty(ctx, r, c, w.stopped)

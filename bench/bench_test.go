@@ -103,6 +103,11 @@ func TestProcessingSmoke(t *testing.T) {
 	if rep.Ledger.Claimed != n {
 		t.Fatalf("guard claimed %d jobs, want %d", rep.Ledger.Claimed, n)
 	}
+	// Claims and completion marks are ledger writes: WAL per job can be
+	// read (plain asynq's is not measured).
+	if rep.Keel.PostgresWALBytes <= 0 || rep.Plain.PostgresWALBytes != 0 {
+		t.Fatalf("WAL per job: keel %.0f B, plain %.0f B", rep.Keel.PostgresWALBytes, rep.Plain.PostgresWALBytes)
+	}
 }
 
 // tiny returns options for a run of part at tiny sizes, in parallel with
@@ -196,8 +201,12 @@ func TestEnqueueSmoke(t *testing.T) {
 		if row.Method != method || row.Producers != producers || row.Jobs != jobs {
 			t.Fatalf("row %d: %+v", i, row)
 		}
-		if row.JobsPerSecond <= 0 || row.Call.P50 <= 0 || row.Call.P99 < row.Call.P50 || row.Ratio <= 0 {
+		if row.JobsPerSecond <= 0 || row.Call.P50 <= 0 || row.Call.P99 < row.Call.P50 || row.Ratio <= 0 || row.ClientCPUms <= 0 {
 			t.Fatalf("row %d: %+v", i, row)
+		}
+		// Every keel row writes ledger rows; asynq's is not measured.
+		if (method != bench.MethodAsynq) != (row.WALBytes > 0) {
+			t.Fatalf("row %d (%s): no WAL per job measured: %+v", i, method, row)
 		}
 	}
 }

@@ -1,11 +1,14 @@
 package bench
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // meter measures CPU time used while a worker runs.
@@ -16,10 +19,22 @@ type meter struct {
 	serversViable bool
 	host          time.Duration
 	hostViable    bool
+	// wal is where Postgres's write-ahead log stood at the start; empty
+	// when not measured.
+	wal string
+	pg0 *pgxpool.Pool
 }
 
-func startMeter() *meter {
-	m := &meter{start: time.Now(), self: processCPU()}
+// startMeter starts measuring; with db it also measures the WAL Postgres
+// writes (the whole cluster's: other databases' writes count too, as other
+// processes' CPU does).
+func startMeter(db *pgxpool.Pool) *meter {
+	m := &meter{start: time.Now(), self: processCPU(), pg0: db}
+	if db != nil {
+		if db.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&m.wal) != nil {
+			m.wal = ""
+		}
+	}
 	m.redis, m.pg, m.serversViable = serverCPU()
 	m.host, m.hostViable = hostCPU()
 	return m
@@ -31,6 +46,12 @@ func (m *meter) stop(p *Phase) {
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / n }
 	self := processCPU() - m.self
 	p.WorkerCPUms = ms(self)
+	if m.wal != "" {
+		var bytes float64
+		if m.pg0.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8`, m.wal).Scan(&bytes) == nil {
+			p.PostgresWALBytes = bytes / n
+		}
+	}
 	redis, pg, ok := serverCPU()
 	if !ok || !m.serversViable {
 		return

@@ -52,6 +52,20 @@ type EnqueueRow struct {
 	// RoundRatios is every round's ratio when there were several; the
 	// row's figures are those of the median round.
 	RoundRatios []float64 `json:"round_ratios,omitempty"`
+	// What one job cost: this process's CPU (producers, and the relay of
+	// the EnqueueManyTx row), Redis's and Postgres's CPU in ms, and the
+	// write-ahead log Postgres wrote, in bytes.
+	ClientCPUms   float64 `json:"client_cpu_ms_per_job"`
+	RedisCPUms    float64 `json:"redis_cpu_ms_per_job,omitempty"`
+	PostgresCPUms float64 `json:"postgres_cpu_ms_per_job,omitempty"`
+	WALBytes      float64 `json:"postgres_wal_bytes_per_job,omitempty"`
+}
+
+// cost fills row's cost columns from a meter started with the row.
+func (row *EnqueueRow) cost(m *meter) {
+	ph := Phase{Jobs: row.Jobs}
+	m.stop(&ph)
+	row.ClientCPUms, row.RedisCPUms, row.PostgresCPUms, row.WALBytes = ph.WorkerCPUms, ph.RedisCPUms, ph.PostgresCPUms, ph.PostgresWALBytes
 }
 
 // EnqueueReport is the enqueue part's result: each method with one
@@ -73,10 +87,18 @@ func (r EnqueueReport) String() string {
 	}
 	sb.WriteString("\n")
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "method\tproducers\tjobs/s\tp50 ms\tp99 ms\tvs asynq\t"+roundsHeader(r.Rounds))
+	fmt.Fprintln(tw, "method\tproducers\tjobs/s\tp50 ms\tp99 ms\tvs asynq\tclient µs/job\tredis µs/job\tpostgres µs/job\tWAL B/job\t"+roundsHeader(r.Rounds))
+	us := func(ms float64) string { return fmt.Sprintf("%.1f", ms*1000) }
+	wal := func(b float64) string {
+		if b == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", b)
+	}
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.2f\t%s\n", row.Method, row.Producers, row.JobsPerSecond,
-			fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio, fmtRounds(row.RoundRatios))
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\n", row.Method, row.Producers, row.JobsPerSecond,
+			fmtMs(row.Call.P50), fmtMs(row.Call.P99), row.Ratio, us(row.ClientCPUms), us(row.RedisCPUms), us(row.PostgresCPUms),
+			wal(row.WALBytes), fmtRounds(row.RoundRatios))
 	}
 	tw.Flush()
 	fmt.Fprintf(&sb, "\nkeel Enqueue: ledger INSERT written claimed, commit and publish (concurrent calls share both: group commit).\n"+
@@ -200,6 +222,7 @@ func (e *env) measureBulk(ctx context.Context, client *tasks.Client, method stri
 	var done atomic.Int64
 	finish := e.step(fmt.Sprintf("%s ×1", method), n, func() int { return int(done.Load()) })
 	var ds []time.Duration
+	m := startMeter(e.pool)
 	start := time.Now()
 	for i := 0; i < n; i += BulkPerCall {
 		ts := make([]*tasks.Task, 0, BulkPerCall)
@@ -241,6 +264,7 @@ func (e *env) measureBulk(ctx context.Context, client *tasks.Client, method stri
 		}
 	}
 	row.Seconds = time.Since(start).Seconds()
+	row.cost(m)
 	finish()
 	row.Call = summarize(ds)
 	row.JobsPerSecond = float64(n) / row.Seconds
@@ -255,6 +279,11 @@ func (e *env) measureEnqueue(ctx context.Context, m enqueueMethod, producers, n 
 	errs := make([]error, producers)
 	finish := e.step(fmt.Sprintf("%s ×%d", m.name, producers), n, func() int { return int(done.Load()) })
 	var wg sync.WaitGroup
+	db := e.pool
+	if m.name == MethodAsynq {
+		db = nil // it writes no ledger rows: WAL now is someone else's
+	}
+	meter := startMeter(db)
 	start := time.Now()
 	for p := range producers {
 		wg.Go(func() {
@@ -277,6 +306,7 @@ func (e *env) measureEnqueue(ctx context.Context, m enqueueMethod, producers, n 
 	}
 	wg.Wait()
 	row.Seconds = time.Since(start).Seconds()
+	row.cost(meter)
 	finish()
 	var all []time.Duration
 	for _, ds := range durations {
