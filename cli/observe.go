@@ -106,6 +106,7 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 		Republished:    stat(func(s *server.Server) uint64 { return reconStats(s).Republished }),
 		LeasesReleased: stat(func(s *server.Server) uint64 { return reconStats(s).LeasesReleased }),
 		Pruned:         stat(func(s *server.Server) uint64 { return reconStats(s).Pruned }),
+		PrunedBatches:  stat(func(s *server.Server) uint64 { return reconStats(s).PrunedBatches }),
 	})
 	if err != nil {
 		return nil, err

@@ -15,6 +15,8 @@ type OutboxOptions struct {
 	LeasesReleased func() uint64
 	// Pruned: finished jobs removed after their retention.
 	Pruned func() uint64
+	// PrunedBatches: completed batches removed once their members were.
+	PrunedBatches func() uint64
 }
 
 // RegisterOutbox registers the relay's and reconciler's counters on reg.
@@ -27,6 +29,7 @@ func RegisterOutbox(reg prometheus.Registerer, o OutboxOptions) error {
 		{"keel_reconciler_republished_total", "Jobs found missing from Redis and published again from the ledger.", o.Republished},
 		{"keel_reconciler_leases_released_total", "Jobs of gone workers (lease expired) that the reconciler's rescuer handed back to the queue.", o.LeasesReleased},
 		{"keel_ledger_pruned_total", "Succeeded, discarded and cancelled jobs pruned after their retention.", o.Pruned},
+		{"keel_ledger_batches_pruned_total", "Completed batches pruned after their retention, once no member was left.", o.PrunedBatches},
 	} {
 		if c.fn == nil {
 			continue

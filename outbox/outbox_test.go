@@ -377,6 +377,49 @@ func TestPruneRemovesOnlyExpiredTerminalRows(t *testing.T) {
 	require.Equal(t, 7, b.count(t, `SELECT coalesce(sum(rows), 0) FROM keel_prune_log`))
 }
 
+// A batch row goes with its members: once it completed longer than
+// Retention ago and pruning has removed every member. A batch with a member
+// left (a dead one a person may still replay) or still open stays.
+func TestPruneRemovesBatchesWhoseMembersAreGone(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	day := 24 * time.Hour
+	store := idempotency.NewStore(b.pool)
+	mk := func(id string, members []string, completedAgo time.Duration) {
+		_, err := b.pool.Exec(ctx, `INSERT INTO keel_batches (id, created_at) VALUES ($1, now() - interval '60 days')`, id)
+		require.NoError(t, err)
+		for i, st := range members {
+			j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint(id, "-", i), Queue: "default",
+				Payload: []byte(`{}`), MaxRetry: 1, BatchID: id})
+			require.NoError(t, err)
+			_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = $2, finished_at = now() - interval '45 days' WHERE id = $1`, j.ID, st)
+			require.NoError(t, err)
+		}
+		if completedAgo > 0 {
+			_, err = b.pool.Exec(ctx, `UPDATE keel_batches SET sealed_at = created_at, completed_at = now() - $2 * interval '1 second' WHERE id = $1`,
+				id, completedAgo.Seconds())
+			require.NoError(t, err)
+		}
+	}
+	mk("b-old-done", []string{"succeeded", "succeeded"}, 40*day)
+	mk("b-old-empty", nil, 40*day)
+	mk("b-old-dead", []string{"succeeded", "dead"}, 40*day)
+	mk("b-new-done", []string{"succeeded"}, day)
+	mk("b-old-open", []string{"succeeded"}, 0)
+
+	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Retention: 30 * day, PruneBatch: 1})
+	defer r.Close()
+	n, err := r.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 5, n, "the succeeded members past retention")
+	rows, err := b.pool.Query(ctx, `SELECT id FROM keel_batches ORDER BY id`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"b-new-done", "b-old-dead", "b-old-open"}, left)
+	require.Equal(t, uint64(2), r.Stats().PrunedBatches)
+}
+
 // The upkeep queries must stay on their partial indexes as the ledger grows.
 func TestUpkeepQueriesUseIndexes(t *testing.T) {
 	b := setup(t)
@@ -395,7 +438,16 @@ func TestUpkeepQueriesUseIndexes(t *testing.T) {
 		require.NoError(t, err)
 		return strings.Join(lines, "\n")
 	}
-	p := plan(outbox.PruneSQL(), int64(30*24*time.Hour/time.Millisecond), 1000)
+	_, err = b.pool.Exec(ctx, `INSERT INTO keel_batches (id, sealed_at, completed_at)
+		SELECT 'b' || g, now(), CASE WHEN g % 10 = 0 THEN now() - (g % 90) * interval '1 day' END
+		FROM generate_series(1, 20000) g;
+		ANALYZE keel_batches`)
+	require.NoError(t, err)
+	p := plan(outbox.PruneBatchesSQL(), int64(30*24*time.Hour/time.Millisecond), 1000)
+	require.Contains(t, p, "keel_batches_completed", p)
+	require.Contains(t, p, "keel_jobs_batch", p)
+	require.NotContains(t, p, "Seq Scan", p)
+	p = plan(outbox.PruneSQL(), int64(30*24*time.Hour/time.Millisecond), 1000)
 	require.Contains(t, p, "keel_jobs_finished", p)
 	require.NotContains(t, p, "Seq Scan on keel_jobs", p)
 	p = plan(outbox.ReconcileSQL(), 1000, "", 500)

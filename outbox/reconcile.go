@@ -115,7 +115,7 @@ type Reconciler struct {
 	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
-	repaired, rescued, pruned atomic.Uint64
+	repaired, rescued, pruned, prunedBatches atomic.Uint64
 }
 
 // NewReconciler returns a reconciler; Run it, then Close it.
@@ -138,12 +138,15 @@ type ReconcileStats struct {
 	// that Rescue replaced (metrics still export it).
 	LeasesReleased uint64
 	Pruned         uint64
+	// PrunedBatches: batch rows removed once their members were pruned.
+	PrunedBatches uint64
 }
 
 // Stats returns this reconciler's counters.
 func (r *Reconciler) Stats() ReconcileStats {
 	rescued := r.rescued.Load()
-	return ReconcileStats{Republished: r.repaired.Load(), Rescued: rescued, LeasesReleased: rescued, Pruned: r.pruned.Load()}
+	return ReconcileStats{Republished: r.repaired.Load(), Rescued: rescued, LeasesReleased: rescued, Pruned: r.pruned.Load(),
+		PrunedBatches: r.prunedBatches.Load()}
 }
 
 // Run rescues every RescueInterval, reconciles every Interval and prunes
@@ -386,6 +389,16 @@ func (r *Reconciler) Prune(ctx context.Context) (int, error) {
 			break
 		}
 	}
+	for ctx.Err() == nil {
+		tag, err := r.pool.Exec(ctx, pruneBatchesSQL, r.cfg.Retention.Milliseconds(), r.cfg.PruneBatch)
+		if err != nil {
+			return total, err
+		}
+		r.prunedBatches.Add(uint64(tag.RowsAffected()))
+		if int(tag.RowsAffected()) < r.cfg.PruneBatch {
+			break
+		}
+	}
 	if total > 0 {
 		r.pruned.Add(uint64(total))
 		if _, err := r.pool.Exec(ctx, `INSERT INTO keel_prune_log (rows) VALUES ($1)`, total); err != nil {
@@ -406,5 +419,19 @@ const pruneSQL = `DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
 	WHERE status IN ('succeeded', 'discarded', 'cancelled') AND finished_at < now() - $1 * interval '1 millisecond'
 	ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
 
+// pruneBatchesSQL deletes batches that completed longer than the retention
+// ago and have no member left: pruning took the members that ended, and a
+// dead one keeps its batch, which its replay would reopen. Batches with a
+// dead member are skipped, not stopped at: the scan goes on past them.
+const pruneBatchesSQL = `DELETE FROM keel_batches WHERE id = ANY (ARRAY (
+	SELECT b.id FROM keel_batches b
+	WHERE b.completed_at < now() - $1 * interval '1 millisecond'
+	  AND NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.batch_id = b.id)
+	LIMIT $2 FOR UPDATE SKIP LOCKED))`
+
 // PruneSQL is the statement Prune runs, exported for plan inspection.
 func PruneSQL() string { return pruneSQL }
+
+// PruneBatchesSQL is the statement Prune runs for batches, exported for plan
+// inspection.
+func PruneBatchesSQL() string { return pruneBatchesSQL }

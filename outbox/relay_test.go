@@ -172,7 +172,9 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: 50 * time.Millisecond})
+	// IdleAfter long enough that the relay is surely still awake when the
+	// straggler's transaction looks, however loaded the machine.
+	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Second})
 	runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
