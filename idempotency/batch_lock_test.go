@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -141,6 +142,72 @@ func TestBatchCompletionRoundsDoNotDeadlock(t *testing.T) {
 	}
 	requireBatchCounts(t, b, batchA.ID, 2, 2, "complete")
 	requireBatchCounts(t, b, batchB.ID, 2, 2, "complete")
+}
+
+// Two InsertMany calls each add members to batches A and B, one meeting A
+// first, the other B (rows go in in key order): both must commit. And a
+// call of two statements (chunks), the first adding members of B only, the
+// second of A, must lock both batches in the first, or it deadlocks with a
+// call that locks A then B.
+func TestBatchBulkInsertsDoNotDeadlock(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		first, other func(lo, hi string) []idempotency.NewJob
+	}{{
+		name: "one statement each",
+		first: func(lo, hi string) []idempotency.NewJob {
+			return []idempotency.NewJob{memberJob(lo, "k1"), memberJob(hi, "k2")}
+		},
+		other: func(lo, hi string) []idempotency.NewJob {
+			return []idempotency.NewJob{memberJob(lo, "k4"), memberJob(hi, "k3")}
+		},
+	}, {
+		name: "chunks",
+		first: func(lo, hi string) []idempotency.NewJob {
+			jobs := []idempotency.NewJob{memberJob(lo, "k2")}
+			for i := range idempotency.InsertChunkRows {
+				jobs = append(jobs, memberJob(hi, fmt.Sprintf("k1-%04d", i)))
+			}
+			return jobs
+		},
+		other: func(lo, hi string) []idempotency.NewJob {
+			return []idempotency.NewJob{memberJob(lo, "k3"), memberJob(hi, "k4")}
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			pool, app := racePool(t, b)
+			store := idempotency.NewStore(pool)
+			lo, hi := newBareBatch(t, b, "A").ID, newBareBatch(t, b, "B").ID
+			if hi < lo {
+				lo, hi = hi, lo
+			}
+			first, other := tc.first(lo, hi), tc.other(lo, hi)
+			insert := func(jobs []idempotency.NewJob) func() error {
+				return func() error {
+					res, err := store.InsertMany(ctx, pool, jobs, idempotency.InsertOptions{})
+					for _, r := range res {
+						if r.Existed {
+							err = fmt.Errorf("job %s existed", r.Job.BusinessKey)
+						}
+					}
+					return err
+				}
+			}
+			// The chunked call waits for hi with its first statement; let
+			// the other lock lo first.
+			errs := raceOnBatches(t, b, app, lo, hi, insert(first), insert(other))
+			require.NoError(t, errs[0], "insert 1")
+			require.NoError(t, errs[1], "insert 2")
+			members := map[string]int{}
+			for _, j := range append(first, other...) {
+				members[j.BatchID]++
+			}
+			requireBatchCounts(t, b, lo, members[lo], 0, "open")
+			requireBatchCounts(t, b, hi, members[hi], 0, "open")
+		})
+	}
 }
 
 // A round aborted by a deadlock that lock order cannot prevent (here a
