@@ -46,8 +46,25 @@ const (
 // $14: make sure a relay publishes them after commit, as insertWakeSQL does
 // (notify unless a relay is awake and polling). $15, $16: the rows' trace
 // contexts, empty arrays when none is traced (unnest pads them with NULLs);
-// $17: the rows' batch ids (empty strings for none).
-const bulkInsertSQL = `WITH ins AS (
+// $17: the rows' batch ids (empty strings for none); $18: the batches of
+// the whole call, for bulkInsertBatchSQL.
+const bulkInsertSQL = bulkInsertCTEs + `
+SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
+
+// bulkInsertBatchSQL is bulkInsertSQL for a call whose jobs join batches.
+// Each new member's trigger updates its batch's row, at the end of the
+// statement, in the order the rows went in (key order): two calls meeting
+// batches A and B in opposite orders would deadlock. So once every row is
+// in (count reads all of ins first), the rows of the call's batches ($18,
+// every chunk's: a later chunk then locks no other) are locked in id
+// order, before the triggers run. Jobs outside batches do not pay for it.
+const bulkInsertBatchSQL = bulkInsertCTEs + `,
+locked AS (
+	SELECT id FROM keel_batches WHERE id = ANY ($18::text[]) AND (SELECT count(*) FROM ins) >= 0
+	ORDER BY id FOR UPDATE)
+SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0 AND (SELECT count(*) FROM locked) >= 0`
+
+const bulkInsertCTEs = `WITH ins AS (
 	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
 		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id)
 	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
@@ -61,8 +78,7 @@ const bulkInsertSQL = `WITH ins AS (
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns + `),
 wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one
-	WHERE $14::bool AND ` + wakeNeeded + `)
-SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
+	WHERE $14::bool AND ` + wakeNeeded + `)`
 
 // bulkLookupSQL reads the rows of the given (kind, business key) pairs.
 const bulkLookupSQL = `SELECT ` + jobColumns + ` FROM keel_jobs
@@ -101,6 +117,14 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 		return cmp.Or(cmp.Compare(jobs[a].Kind, jobs[b].Kind), cmp.Compare(jobs[a].BusinessKey, jobs[b].BusinessKey))
 	})
 	chunks := chunkJobs(jobs, uniq)
+	var batches []string
+	seen := map[string]bool{}
+	for _, i := range uniq {
+		if b := jobs[i].BatchID; b != "" && !seen[b] {
+			seen[b] = true
+			batches = append(batches, b)
+		}
+	}
 	got := make(map[bulkKey]Inserted, len(uniq))
 	windowed := slices.ContainsFunc(jobs, func(nj NewJob) bool { return nj.UniqueWindow > 0 })
 	run := func(db DB) error {
@@ -110,7 +134,7 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 					return err
 				}
 			}
-			if err := s.insertChunk(ctx, db, jobs, c, opts, got); err != nil {
+			if err := s.insertChunk(ctx, db, jobs, c, batches, opts, got); err != nil {
 				return err
 			}
 		}
@@ -187,9 +211,10 @@ func chunkJobs(jobs []NewJob, uniq []int) [][]int {
 // insertChunk writes the jobs at idx and records in got the row of each
 // (kind, key): the one it wrote, or the one that was there. Two tries, as
 // in Insert: a conflicting row can vanish before it is read.
-func (s *Store) insertChunk(ctx context.Context, db DB, jobs []NewJob, idx []int, opts InsertOptions, got map[bulkKey]Inserted) error {
+func (s *Store) insertChunk(ctx context.Context, db DB, jobs []NewJob, idx []int, batches []string, opts InsertOptions,
+	got map[bulkKey]Inserted) error {
 	for range 2 {
-		if err := s.insertRows(ctx, db, jobs, idx, opts, got); err != nil {
+		if err := s.insertRows(ctx, db, jobs, idx, batches, opts, got); err != nil {
 			return err
 		}
 		missing := idx[:0:0]
@@ -217,7 +242,10 @@ func (s *Store) insertChunk(ctx context.Context, db DB, jobs []NewJob, idx []int
 	return fmt.Errorf("keel: could not insert or find job %s/%s", jobs[idx[0]].Kind, jobs[idx[0]].BusinessKey)
 }
 
-func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int, opts InsertOptions, got map[bulkKey]Inserted) error {
+// insertRows writes the jobs at idx; batches are the batches of the whole
+// call (see bulkInsertBatchSQL).
+func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int, batches []string, opts InsertOptions,
+	got map[bulkKey]Inserted) error {
 	n := len(idx)
 	var (
 		ids, kinds, keys, queues = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -226,7 +254,7 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		timeouts, maxWaits       = make([]int64, n), make([]int64, n)
 		deadlines, runAts        = make([]*time.Time, n), make([]*time.Time, n)
 		summaries, traces        = make([]string, n), make([]string, n)
-		batches                  = make([]string, n)
+		rowBatches               = make([]string, n)
 	)
 	for r, i := range idx {
 		nj := jobs[i]
@@ -247,11 +275,16 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		if !nj.RunAt.IsZero() {
 			runAts[r] = &nj.RunAt
 		}
-		summaries[r], traces[r], batches[r] = nj.PayloadSummary, nj.TraceID, nj.BatchID
+		summaries[r], traces[r], rowBatches[r] = nj.PayloadSummary, nj.TraceID, nj.BatchID
 	}
 	parents, states := traceContexts(jobs, idx)
-	rows, err := db.Query(ctx, bulkInsertSQL, ids, kinds, keys, queues, payloads, maxRetry, timeouts,
-		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states, batches)
+	args := []any{ids, kinds, keys, queues, payloads, maxRetry, timeouts,
+		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states, rowBatches}
+	sql := bulkInsertSQL
+	if len(batches) > 0 {
+		sql, args = bulkInsertBatchSQL, append(args, batches)
+	}
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)
 	}

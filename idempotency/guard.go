@@ -37,7 +37,10 @@ const (
 	// and claims skip locked rows, so a long transaction does not stall it.
 	DefaultBatchLoops   = 1
 	completionMarkTries = 4
-	busyRecheck         = 5 * time.Second
+	// roundTries bounds how often a round Postgres aborted for a lock
+	// conflict (deadlock, serialization) runs again at once.
+	roundTries  = 3
+	busyRecheck = 5 * time.Second
 	// DefaultTimeoutGrace is how long a handler may run past its deadline
 	// before keel gives its attempt up as failed (class timeout).
 	DefaultTimeoutGrace = 5 * time.Second
@@ -313,6 +316,7 @@ const (
 type claimResult struct {
 	outcome    claimOutcome
 	attempts   int
+	inBatch    bool // the job is a batch member: its completion moves the batch's counters
 	maxRetry   int
 	waited     time.Duration
 	maxWait    time.Duration
@@ -326,6 +330,7 @@ type ledgerReq struct {
 	id       string
 	attempt  int // completions: the run's attempt number, so a stale run cannot complete
 	complete bool
+	inBatch  bool             // completions: a batch member's (roundBatchSQL)
 	claimOut chan claimResult // claims
 	doneOut  chan error       // completions
 }
@@ -338,14 +343,35 @@ type ledgerReq struct {
 // (a handler's InTx, a relay): those are reported busy and looked at again
 // later, so one long transaction cannot stall every other claim behind it.
 // A job never appears in both lists (runRound sees to it): a statement may
-// not update one row twice.
-const roundSQL = `WITH done AS (
+// not update one row twice. A claim's last column says whether the job is a
+// batch member.
+const roundSQL = roundCTEs + `
+SELECT id, 0, 0, 0::bigint, 0::bigint, false FROM done
+UNION ALL
+SELECT id, attempts, max_retry, waited_ms, max_wait_ms, batch_id IS NOT NULL FROM c`
+
+// roundBatchSQL is roundSQL for a round that completes batch members. Each
+// member's trigger updates its batch's row, at the end of the statement, in
+// the order the members were updated: two rounds meeting batches A and B in
+// opposite orders would deadlock. So once every member is updated (the
+// ARRAY reads all of done first), the batch rows are locked in id order,
+// before the triggers run. Rounds of jobs outside batches do not pay for it.
+const roundBatchSQL = roundCTEs + `,
+locked AS (
+	SELECT id FROM keel_batches
+	WHERE id = ANY (ARRAY (SELECT batch_id FROM done WHERE batch_id IS NOT NULL))
+	ORDER BY id FOR UPDATE)
+SELECT id, 0, 0, 0::bigint, 0::bigint, false FROM done WHERE (SELECT count(*) FROM locked) >= 0
+UNION ALL
+SELECT id, attempts, max_retry, waited_ms, max_wait_ms, batch_id IS NOT NULL FROM c`
+
+const roundCTEs = `WITH done AS (
 	UPDATE keel_jobs j SET status = 'succeeded', lease_holder = NULL,
 		lease_until = NULL, finished_at = now(), updated_at = now(),
 		last_error = NULL, error_class = NULL
 	FROM unnest($4::text[], $5::int[]) AS d(id, attempt)
 	WHERE j.id = d.id AND j.attempts = d.attempt AND j.status = 'running' AND j.lease_holder = $1
-	RETURNING j.id),
+	RETURNING j.id, j.batch_id),
 free AS (
 	SELECT id, status FROM keel_jobs WHERE id = ANY($3)
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
@@ -358,10 +384,7 @@ c AS (
 		crashes = j.crashes + CASE WHEN free.status = 'running' THEN 1 ELSE 0 END,
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
-	RETURNING j.id, j.attempts, j.max_retry, j.waited_ms, j.max_wait_ms)
-SELECT id, 0, 0, 0::bigint, 0::bigint FROM done
-UNION ALL
-SELECT id, attempts, max_retry, waited_ms, max_wait_ms FROM c`
+	RETURNING j.id, j.attempts, j.max_retry, j.waited_ms, j.max_wait_ms, j.batch_id)`
 
 // unclaimedSQL reads why jobs could not be claimed (the rare path).
 const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()),
@@ -374,11 +397,15 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	var claimIDs, doneIDs []string
 	var doneAttempts []int32
 	completing := map[string]bool{}
+	sql := roundSQL
 	for _, r := range reqs {
 		if r.complete {
 			doneIDs = append(doneIDs, r.id)
 			doneAttempts = append(doneAttempts, int32(r.attempt))
 			completing[r.id] = true
+			if r.inBatch {
+				sql = roundBatchSQL
+			}
 		}
 	}
 	// A claim of a job this worker is completing in this very round is a
@@ -397,28 +424,16 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	if doneIDs == nil {
 		doneIDs, doneAttempts = []string{}, []int32{}
 	}
-	results := make(map[string]claimResult, len(claimIDs))
-	done := make(map[string]bool, len(doneIDs))
-	rows, err := g.store.pool.Query(ctx, roundSQL, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs, doneAttempts)
-	if err == nil {
-		for rows.Next() {
-			var id string
-			var attempts, maxRetry int
-			var waited, maxWait int64
-			if err = rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait); err != nil {
-				break
-			}
-			if completing[id] {
-				done[id] = true
-			} else {
-				results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning,
-					waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond}
-			}
+	var results map[string]claimResult
+	var done map[string]bool
+	var err error
+	// An aborted round changed nothing: it runs again as it was.
+	for try := 1; ; try++ {
+		results, done, err = g.round(ctx, sql, completing, claimIDs, doneIDs, doneAttempts)
+		if err == nil || try == roundTries || !lockConflict(err) {
+			break
 		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
+		g.cfg.Logger.Warn("keel: ledger round aborted by a lock conflict; running it again", "err", err)
 	}
 	// The round committed: a failure to read why some claims did not take
 	// concerns only those claims.
@@ -461,6 +476,39 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 		}
 		r.claimOut <- res
 	}
+}
+
+// round runs the round's statement once: the claims it made, the
+// completions it marked.
+func (g *Guard) round(ctx context.Context, sql string, completing map[string]bool, claimIDs, doneIDs []string,
+	doneAttempts []int32) (map[string]claimResult, map[string]bool, error) {
+	results := make(map[string]claimResult, len(claimIDs))
+	done := make(map[string]bool, len(doneIDs))
+	rows, err := g.store.pool.Query(ctx, sql, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs, doneAttempts)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var attempts, maxRetry int
+		var waited, maxWait int64
+		var inBatch bool
+		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &inBatch); err != nil {
+			return nil, nil, err
+		}
+		if completing[id] {
+			done[id] = true
+		} else {
+			results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning,
+				waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond,
+				inBatch: inBatch}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	return results, done, nil
 }
 
 // explainUnclaimed fills results with the outcome of each claim that did not
@@ -530,9 +578,9 @@ func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
 	}
 }
 
-func (g *Guard) complete(ctx context.Context, id string, attempt int) error {
+func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
 	out := make(chan error, 1)
-	if err := g.ledger.Submit(ctx, ledgerReq{id: id, attempt: attempt, complete: true, doneOut: out}); err != nil {
+	if err := g.ledger.Submit(ctx, ledgerReq{id: jc.id, attempt: jc.attempt, inBatch: jc.inBatch, complete: true, doneOut: out}); err != nil {
 		return err
 	}
 	select {
@@ -665,7 +713,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		g.stats.claimed.Add(1)
 
-		jc := &jobContext{guard: g, id: id, attempt: res.attempts, kind: t.Type(), queue: queueName(ctx)}
+		jc := &jobContext{guard: g, id: id, attempt: res.attempts, inBatch: res.inBatch, kind: t.Type(), queue: queueName(ctx)}
 		noteRun(ctx, jc)
 		hctx, cancel := context.WithCancelCause(withJob(ctx, jc))
 		defer cancel(nil)
@@ -887,7 +935,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		if try > 0 {
 			time.Sleep(min(time.Duration(try*try)*100*time.Millisecond, time.Second))
 		}
-		if err = g.complete(ctx, id, jc.attempt); err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrGuardClosed) {
+		if err = g.complete(ctx, jc); err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrGuardClosed) {
 			break
 		}
 		if try+1 >= completionMarkTries && time.Now().After(giveUp) && !ledgerUnreachable(err) {
@@ -1068,6 +1116,7 @@ type jobContext struct {
 	guard         *Guard
 	id            string
 	attempt       int
+	inBatch       bool
 	kind, queue   string
 	completed     atomic.Bool
 	commitInDoubt atomic.Bool

@@ -1,0 +1,251 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+)
+
+// racePool is a second pool on the test schema whose connections name
+// themselves, so that a test can see when its statements wait for a lock.
+func racePool(t *testing.T, b *bundle) (*pgxpool.Pool, string) {
+	t.Helper()
+	cfg := b.pool.Config()
+	name := "keel-race-" + t.Name()
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, name
+}
+
+// raceOnBatches runs each of fns on its own goroutine (each one statement
+// through the pool named app) while two transactions hold the rows of
+// batches first and second. It lets first go once every fn waits for a
+// lock, and second once every fn waits again and none for first: a fn that
+// locks first's row before second's then holds it, so that fns locking the
+// rows in opposite orders are sure to deadlock. It returns their errors.
+func raceOnBatches(t *testing.T, b *bundle, app, first, second string, fns ...func() error) []error {
+	t.Helper()
+	ctx := context.Background()
+	hold := func(id string) (pgx.Tx, int) {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck
+		_, err = tx.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = $1 FOR UPDATE`, id)
+		require.NoError(t, err)
+		return tx, int(tx.Conn().PgConn().PID())
+	}
+	holdFirst, firstPID := hold(first)
+	holdSecond, _ := hold(second)
+	// Every fn waits for a lock, and none for the backend notPID. The lock
+	// manager's own state: a granted wait no longer counts.
+	allWaiting := func(notPID int) bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = $1
+			AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND NOT l.granted)
+			AND NOT $2 = ANY (pg_blocking_pids(a.pid))`, app, notPID) == len(fns)
+	}
+
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return allWaiting(0) }, "the statements never all waited for the batch rows")
+	require.NoError(t, holdFirst.Commit(ctx))
+	testenv.Eventually(t, 30*time.Second, func() bool { return allWaiting(firstPID) }, "the statements never waited past the first batch")
+	require.NoError(t, holdSecond.Commit(ctx))
+	wg.Wait()
+	return errs
+}
+
+// newBareBatch makes an open batch without callbacks.
+func newBareBatch(t *testing.T, b *bundle, desc string) idempotency.Batch {
+	t.Helper()
+	batch, err := b.store.CreateBatch(context.Background(), b.pool, idempotency.NewBatch{Description: desc})
+	require.NoError(t, err)
+	return batch
+}
+
+func memberJob(batchID, key string) idempotency.NewJob {
+	return idempotency.NewJob{Kind: "test:lock_member", BusinessKey: key, Queue: "default",
+		Payload: []byte(`{}`), MaxRetry: 3, BatchID: batchID}
+}
+
+func requireBatchCounts(t *testing.T, b *bundle, id string, total, succeeded int, state string) {
+	t.Helper()
+	got, err := b.store.GetBatch(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{total, succeeded}, [2]int{got.Total, got.Succeeded}, "batch %s: total, succeeded", id)
+	require.Equal(t, state, got.State(), "batch %s", id)
+}
+
+// Two workers' completion rounds each make members of batches A and B
+// succeeded, one meeting A first, the other B. Each member's trigger locks
+// its batch row; were the rows locked in the order the members come,
+// Postgres would find the rounds deadlocked and abort one, and its marks
+// would fail. Both rounds must commit, with the counts right.
+func TestBatchCompletionRoundsDoNotDeadlock(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	pool, app := racePool(t, b)
+	store := idempotency.NewStore(pool)
+	batchA, batchB := newBareBatch(t, b, "A"), newBareBatch(t, b, "B")
+	// Written and claimed in this order, so that the members' ids, their
+	// places in the table and the rounds' lists agree: round 1 meets A then
+	// B, round 2 B then A, whichever plan runs the update.
+	var ids []string
+	for _, m := range []struct{ batch, key string }{{batchA.ID, "a1"}, {batchB.ID, "b1"}, {batchB.ID, "b2"}, {batchA.ID, "a2"}} {
+		j, _, err := b.store.Insert(ctx, b.pool, memberJob(m.batch, m.key))
+		require.NoError(t, err)
+		ids = append(ids, j.ID)
+	}
+	for _, id := range []string{batchA.ID, batchB.ID} {
+		_, err := b.store.SealBatch(ctx, b.pool, id)
+		require.NoError(t, err)
+	}
+	var log testenv.SyncBuffer
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	g1 := idempotency.NewGuard(store, idempotency.GuardConfig{Holder: "round-1", Logger: logger})
+	defer g1.Close()
+	g2 := idempotency.NewGuard(store, idempotency.GuardConfig{Holder: "round-2", Logger: logger})
+	defer g2.Close()
+	var runs []idempotency.ClaimedRun
+	for i, id := range ids {
+		g := []*idempotency.Guard{g1, g1, g2, g2}[i]
+		r, err := g.ClaimForTest(ctx, id)
+		require.NoError(t, err)
+		runs = append(runs, r)
+	}
+
+	round := func(g *idempotency.Guard, runs ...idempotency.ClaimedRun) func() error {
+		return func() error { return errors.Join(g.CompleteRoundForTest(ctx, runs...)...) }
+	}
+	errs := raceOnBatches(t, b, app, batchA.ID, batchB.ID,
+		round(g1, runs[0], runs[1]), round(g2, runs[2], runs[3]))
+	require.NoError(t, errs[0], "round 1")
+	require.NoError(t, errs[1], "round 2")
+	require.NotContains(t, log.String(), "lock conflict", "the rounds must not deadlock at all, not only get over it")
+	for _, id := range ids {
+		b.waitStatus(t, id, idempotency.StatusSucceeded, time.Second)
+	}
+	requireBatchCounts(t, b, batchA.ID, 2, 2, "complete")
+	requireBatchCounts(t, b, batchB.ID, 2, 2, "complete")
+}
+
+// Two InsertMany calls each add members to batches A and B, one meeting A
+// first, the other B (rows go in in key order): both must commit. And a
+// call of two statements (chunks), the first adding members of B only, the
+// second of A, must lock both batches in the first, or it deadlocks with a
+// call that locks A then B.
+func TestBatchBulkInsertsDoNotDeadlock(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		first, other func(lo, hi string) []idempotency.NewJob
+	}{{
+		name: "one statement each",
+		first: func(lo, hi string) []idempotency.NewJob {
+			return []idempotency.NewJob{memberJob(lo, "k1"), memberJob(hi, "k2")}
+		},
+		other: func(lo, hi string) []idempotency.NewJob {
+			return []idempotency.NewJob{memberJob(lo, "k4"), memberJob(hi, "k3")}
+		},
+	}, {
+		name: "chunks",
+		first: func(lo, hi string) []idempotency.NewJob {
+			jobs := []idempotency.NewJob{memberJob(lo, "k2")}
+			for i := range idempotency.InsertChunkRows {
+				jobs = append(jobs, memberJob(hi, fmt.Sprintf("k1-%04d", i)))
+			}
+			return jobs
+		},
+		other: func(lo, hi string) []idempotency.NewJob {
+			return []idempotency.NewJob{memberJob(lo, "k3"), memberJob(hi, "k4")}
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			pool, app := racePool(t, b)
+			store := idempotency.NewStore(pool)
+			lo, hi := newBareBatch(t, b, "A").ID, newBareBatch(t, b, "B").ID
+			if hi < lo {
+				lo, hi = hi, lo
+			}
+			first, other := tc.first(lo, hi), tc.other(lo, hi)
+			insert := func(jobs []idempotency.NewJob) func() error {
+				return func() error {
+					res, err := store.InsertMany(ctx, pool, jobs, idempotency.InsertOptions{})
+					for _, r := range res {
+						if r.Existed {
+							err = fmt.Errorf("job %s existed", r.Job.BusinessKey)
+						}
+					}
+					return err
+				}
+			}
+			// The chunked call waits for hi with its first statement; let
+			// the other lock lo first.
+			errs := raceOnBatches(t, b, app, lo, hi, insert(first), insert(other))
+			require.NoError(t, errs[0], "insert 1")
+			require.NoError(t, errs[1], "insert 2")
+			members := map[string]int{}
+			for _, j := range append(first, other...) {
+				members[j.BatchID]++
+			}
+			requireBatchCounts(t, b, lo, members[lo], 0, "open")
+			requireBatchCounts(t, b, hi, members[hi], 0, "open")
+		})
+	}
+}
+
+// A round aborted by a deadlock that lock order cannot prevent (here a
+// transaction that holds a batch row and then wants a member's) runs again:
+// nothing of it had happened, and its marks succeed.
+func TestGuardRoundRetriesADeadlock(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	pool, app := racePool(t, b)
+	batch := newBareBatch(t, b, "retry")
+	j, _, err := b.store.Insert(ctx, b.pool, memberJob(batch.ID, "m"))
+	require.NoError(t, err)
+	var log testenv.SyncBuffer
+	g := idempotency.NewGuard(idempotency.NewStore(pool), idempotency.GuardConfig{Holder: "retry", Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	defer g.Close()
+	run, err := g.ClaimForTest(ctx, j.ID)
+	require.NoError(t, err)
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	// The round, waiting first, is the one that finds the deadlock.
+	_, err = tx.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = $1 FOR UPDATE`, batch.ID)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- errors.Join(g.CompleteRoundForTest(ctx, run)...) }()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = $1
+			AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND NOT l.granted)`, app) == 1
+	}, "the round never waited for the batch row")
+	// Returns once the round is aborted and has let the member go.
+	_, err = tx.Exec(ctx, `SELECT 1 FROM keel_jobs WHERE id = $1 FOR UPDATE`, j.ID)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+	require.Contains(t, log.String(), "lock conflict")
+	b.waitStatus(t, j.ID, idempotency.StatusSucceeded, time.Second)
+	requireBatchCounts(t, b, batch.ID, 1, 1, "open")
+}

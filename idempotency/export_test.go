@@ -1,0 +1,35 @@
+package idempotency
+
+import "context"
+
+// ClaimedRun is a job a test claimed through a guard's round.
+type ClaimedRun struct {
+	ID      string
+	Attempt int
+	inBatch bool
+}
+
+// ClaimForTest claims job id through the guard's round, as a delivery does.
+func (g *Guard) ClaimForTest(ctx context.Context, id string) (ClaimedRun, error) {
+	res := g.claim(ctx, id)
+	if res.err == nil && res.outcome != claimed {
+		return ClaimedRun{}, ErrLeaseHeld
+	}
+	return ClaimedRun{ID: id, Attempt: res.attempts, inBatch: res.inBatch}, res.err
+}
+
+// CompleteRoundForTest runs one round that marks runs succeeded, in the
+// order given, as the batcher does when their marks wait together, and
+// returns each mark's result.
+func (g *Guard) CompleteRoundForTest(ctx context.Context, runs ...ClaimedRun) []error {
+	reqs := make([]ledgerReq, len(runs))
+	for i, r := range runs {
+		reqs[i] = ledgerReq{id: r.ID, attempt: r.Attempt, inBatch: r.inBatch, complete: true, doneOut: make(chan error, 1)}
+	}
+	g.runRound(ctx, reqs)
+	errs := make([]error, len(reqs))
+	for i, r := range reqs {
+		errs[i] = <-r.doneOut
+	}
+	return errs
+}
