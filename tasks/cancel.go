@@ -3,8 +3,6 @@ package tasks
 import (
 	"context"
 
-	"github.com/hibiken/asynq"
-
 	"github.com/keeljobs/keel/idempotency"
 )
 
@@ -37,17 +35,13 @@ func CancelNote(note string) CancelOption { return func(c *cancelConfig) { c.not
 // the cancelled job.
 func (c *Client) Cancel(ctx context.Context, id string, opts ...CancelOption) (idempotency.CancelResult, error) {
 	cfg := cancelOptions(opts)
-	insp := asynq.NewInspector(c.redis)
-	defer insp.Close()
-	return c.store.Cancel(ctx, insp, id, cfg.actor, cfg.note)
+	return c.store.Cancel(ctx, c.insp, id, cfg.actor, cfg.note)
 }
 
 // CancelByKey cancels the job of kind with business key; see Cancel.
 func (c *Client) CancelByKey(ctx context.Context, kind, key string, opts ...CancelOption) (idempotency.CancelResult, error) {
 	cfg := cancelOptions(opts)
-	insp := asynq.NewInspector(c.redis)
-	defer insp.Close()
-	return c.store.CancelByKey(ctx, insp, kind, key, cfg.actor, cfg.note)
+	return c.store.CancelByKey(ctx, c.insp, kind, key, cfg.actor, cfg.note)
 }
 
 func cancelOptions(opts []CancelOption) cancelConfig {

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -65,7 +66,10 @@ type Client struct {
 	queues  map[string]bool
 	log     *slog.Logger
 	inserts *batch.Batcher[insertReq]
-	redis   asynq.RedisConnOpt // for Cancel's inspector
+	// rdb is the client's one Redis connection pool: the publisher's and
+	// Cancel's inspector's.
+	rdb  redis.UniversalClient
+	insp *asynq.Inspector
 	// publishing counts the group-commit rounds still publishing.
 	publishing sync.WaitGroup
 	tracer     tracing.Tracer
@@ -91,12 +95,15 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 			return nil, fmt.Errorf("keel: tasks.ClientConfig.Queues: %w", err)
 		}
 	}
+	// Every asynq.RedisConnOpt makes a go-redis universal client.
+	rdb := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	c := &Client{
 		store:  idempotency.NewStore(cfg.Pool).WithTracerProvider(cfg.TracerProvider),
-		pub:    idempotency.NewPublisher(cfg.Redis),
+		pub:    idempotency.NewPublisherOn(rdb),
 		queues: map[string]bool{},
 		log:    cfg.Logger,
-		redis:  cfg.Redis,
+		rdb:    rdb,
+		insp:   asynq.NewInspectorFromRedisClient(rdb),
 		tracer: tracing.New(cfg.TracerProvider),
 	}
 	for _, q := range cfg.Queues {
@@ -111,7 +118,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 func (c *Client) Close() error {
 	c.inserts.Close()
 	c.publishing.Wait()
-	return c.pub.Close()
+	return c.rdb.Close()
 }
 
 // Store is the ledger the client writes to.
