@@ -424,6 +424,31 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// A job that died the same way without effects_committed_at (before
+// migration 0011, or at the hands of an older worker during a rolling
+// deploy: the row an older failedAfterComplete writes) is refused too.
+func TestReplayAfterCompletingInTxIsRefusedWithoutTheColumn(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	j, _, err := b.store.Insert(ctx, b.pool, idempotency.NewJob{Kind: late.Name(), BusinessKey: "old-worker",
+		Queue: "default", Payload: []byte(`{}`), MaxRetry: 3})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', attempts = 1,
+		finished_at = now(), last_error = 'keel: handler failed after its completing InTx committed '
+		|| '(its local effects are in; what came after did not happen; steps must come before the completing InTx): boom'
+		WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+
+	got, err := b.store.Get(ctx, j.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.EffectsCommittedAt)
+	_, err = b.store.Replay(ctx, nil, j.ID, "ops", "try again")
+	require.ErrorIs(t, err, idempotency.ErrEffectsCommitted)
+	got, err = b.store.Get(ctx, j.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusDead, got.Status)
+}
+
 // A second InTx after the completing one does not run, and the job is not
 // reported succeeded without it.
 func TestSecondInTxDoesNotRunAndIsNotASuccess(t *testing.T) {

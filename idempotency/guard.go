@@ -869,6 +869,11 @@ func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) err
 	return nil
 }
 
+// failedAfterCompleteMsg begins the error of a job failedAfterComplete
+// records: scanJob knows such a job by it where effects_committed_at is
+// missing. Keep it as it is.
+const failedAfterCompleteMsg = "keel: handler failed after its completing InTx committed"
+
 // failedAfterComplete handles a handler that failed after its completing
 // InTx committed (a Step called after it, say): the local effects are in,
 // but work the handler counted on did not happen. The job is not reported
@@ -877,7 +882,7 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 	ctx = context.WithoutCancel(ctx)
 	g.cfg.Logger.Error("keel: handler failed after its completing InTx committed; the job goes to the dead letters",
 		"job_id", jc.id, "err", herr)
-	msg := storableText(fmt.Sprintf("keel: handler failed after its completing InTx committed "+
+	msg := storableText(fmt.Sprintf(failedAfterCompleteMsg+" "+
 		"(its local effects are in; what came after did not happen; steps must come before the completing InTx): %v", herr), maxErrorBytes)
 	summary := storableText(g.cfg.Summarize(t.Type(), t.Payload()), maxErrorBytes)
 	var businessKey, traceID string
