@@ -420,6 +420,31 @@ func TestPruneRemovesBatchesWhoseMembersAreGone(t *testing.T) {
 	require.Equal(t, uint64(2), r.Stats().PrunedBatches)
 }
 
+// Jobs pruned are counted and logged even when pruning batches then fails.
+func TestPruneCountsJobsWhenBatchPruneFails(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	store := idempotency.NewStore(b.pool)
+	for i := range 3 {
+		j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("gone-", i), Queue: "default",
+			Payload: []byte(`{}`), MaxRetry: 1})
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now() - interval '45 days' WHERE id = $1`, j.ID)
+		require.NoError(t, err)
+	}
+	_, err := b.pool.Exec(ctx, `ALTER TABLE keel_batches RENAME TO keel_batches_away`)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.pool.Exec(context.Background(), `ALTER TABLE keel_batches_away RENAME TO keel_batches`) }) //nolint:errcheck
+
+	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Retention: 30 * 24 * time.Hour})
+	defer r.Close()
+	n, err := r.Prune(ctx)
+	require.Error(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, uint64(3), r.Stats().Pruned)
+	require.Equal(t, 3, b.count(t, `SELECT coalesce(sum(rows), 0) FROM keel_prune_log`))
+}
+
 // The upkeep queries must stay on their partial indexes as the ledger grows.
 func TestUpkeepQueriesUseIndexes(t *testing.T) {
 	b := setup(t)

@@ -389,16 +389,7 @@ func (r *Reconciler) Prune(ctx context.Context) (int, error) {
 			break
 		}
 	}
-	for ctx.Err() == nil {
-		tag, err := r.pool.Exec(ctx, pruneBatchesSQL, r.cfg.Retention.Milliseconds(), r.cfg.PruneBatch)
-		if err != nil {
-			return total, err
-		}
-		r.prunedBatches.Add(uint64(tag.RowsAffected()))
-		if int(tag.RowsAffected()) < r.cfg.PruneBatch {
-			break
-		}
-	}
+	// The jobs are gone whatever happens to the batches: count them first.
 	if total > 0 {
 		r.pruned.Add(uint64(total))
 		if _, err := r.pool.Exec(ctx, `INSERT INTO keel_prune_log (rows) VALUES ($1)`, total); err != nil {
@@ -406,6 +397,16 @@ func (r *Reconciler) Prune(ctx context.Context) (int, error) {
 		}
 		if _, err := r.pool.Exec(ctx, `DELETE FROM keel_prune_log WHERE at < now() - interval '7 days'`); err != nil {
 			return total, err
+		}
+	}
+	for ctx.Err() == nil {
+		tag, err := r.pool.Exec(ctx, pruneBatchesSQL, r.cfg.Retention.Milliseconds(), r.cfg.PruneBatch)
+		if err != nil {
+			return total, fmt.Errorf("prune batches: %w", err)
+		}
+		r.prunedBatches.Add(uint64(tag.RowsAffected()))
+		if int(tag.RowsAffected()) < r.cfg.PruneBatch {
+			break
 		}
 	}
 	return total, nil
