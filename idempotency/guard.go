@@ -886,9 +886,13 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 		"(its local effects are in; what came after did not happen; steps must come before the completing InTx): %v", herr), maxErrorBytes)
 	summary := storableText(g.cfg.Summarize(t.Type(), t.Payload()), maxErrorBytes)
 	var businessKey, traceID string
-	err := g.store.pool.QueryRow(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2,
-		payload_summary = $3, effects_committed_at = finished_at, updated_at = now() WHERE id = $1 AND status = 'succeeded'
-		RETURNING business_key, coalesce(trace_id, '')`, jc.id, msg, summary).Scan(&businessKey, &traceID)
+	// While the ledger is down this waits for it: given up, the row would
+	// stay succeeded, the failure and its alert lost.
+	err := g.untilLedgerAnswers(jc.id, func() error {
+		return interpretError(g.store.pool.QueryRow(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2,
+			payload_summary = $3, effects_committed_at = finished_at, updated_at = now() WHERE id = $1 AND status = 'succeeded'
+			RETURNING business_key, coalesce(trace_id, '')`, jc.id, msg, summary).Scan(&businessKey, &traceID))
+	})
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Error("keel: could not record a failure after completion", "job_id", jc.id, "err", err)

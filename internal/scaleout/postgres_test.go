@@ -356,3 +356,77 @@ func TestPostgresOutageNeverRetiresAJob(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&effects))
 	require.Equal(t, 1, effects)
 }
+
+var pgAfter = tasks.Define[job]("pgaway:after", tasks.Queue("default"), tasks.MaxRetry(3),
+	tasks.Key(func(j job) string { return fmt.Sprint(j.N) }))
+
+// TestFailureAfterCompletingInTxDuringOutageIsRecorded: a handler fails
+// after its completing InTx committed, and Postgres is down when the guard
+// records that. The record waits for Postgres: the job ends dead with its
+// effects committed (not replayable), with one death alert, instead of
+// staying "succeeded" with the failure lost.
+func TestFailureAfterCompletingInTxDuringOutageIsRecorded(t *testing.T) {
+	serial.Lock()
+	defer serial.Unlock()
+	pg := testenv.StartPostgres(t)
+	rs := testenv.StartRedis(t)
+	opt := asynq.RedisClientOpt{Addr: rs.Addr()}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pg.URL(""))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = idempotency.Migrate(ctx, pool)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE effects (key text PRIMARY KEY)`)
+	require.NoError(t, err)
+
+	committed := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, pgAfter, func(ctx context.Context, j job) error {
+		runs.Add(1)
+		if err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ('after')`)
+			return err
+		}); err != nil {
+			return err
+		}
+		committed <- struct{}{}
+		<-release
+		return fmt.Errorf("the mail after the commit failed")
+	})
+	var deaths atomic.Int32
+	srv := testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 2, ShutdownTimeout: 2 * time.Second,
+		Guard: idempotency.GuardConfig{Lease: time.Second, LedgerRetry: time.Second,
+			OnDead: func(context.Context, idempotency.DeadEvent) { deaths.Add(1) }},
+		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
+		Reconciler: outbox.ReconcilerConfig{Interval: time.Second},
+		Logger:     slog.New(slog.DiscardHandler)}, mux)
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+	res, err := client.Enqueue(ctx, pgAfter.New(job{N: 1}))
+	require.NoError(t, err)
+	<-committed
+
+	pg.Stop()
+	errsBefore := srv.Guard().Stats().LedgerErrors
+	close(release)
+	testenv.Eventually(t, 30*time.Second, func() bool { return srv.Guard().Stats().LedgerErrors > errsBefore },
+		"the failure never met the outage")
+	pg.Start()
+
+	var status string
+	var effectsAt *time.Time
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return pool.QueryRow(ctx, `SELECT status, effects_committed_at FROM keel_jobs WHERE id = $1`, res.Job.ID).
+			Scan(&status, &effectsAt) == nil && status == "dead"
+	}, "the failure after the completing InTx was not recorded")
+	require.NotNil(t, effectsAt)
+	testenv.Eventually(t, 10*time.Second, func() bool { return deaths.Load() == 1 }, "no death alert")
+	require.EqualValues(t, 1, runs.Load())
+	var effects int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&effects))
+	require.Equal(t, 1, effects)
+}
