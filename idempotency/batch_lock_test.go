@@ -38,12 +38,18 @@ func racePool(t *testing.T, b *bundle) (*pgxpool.Pool, string) {
 // rows in opposite orders are sure to deadlock. It returns their errors.
 func raceOnBatches(t *testing.T, b *bundle, app, first, second string, fns ...func() error) []error {
 	t.Helper()
+	return raceOnRows(t, b, app, "keel_batches", first, second, fns...)
+}
+
+// raceOnRows is raceOnBatches on the rows first and second of table.
+func raceOnRows(t *testing.T, b *bundle, app, table, first, second string, fns ...func() error) []error {
+	t.Helper()
 	ctx := context.Background()
 	hold := func(id string) (pgx.Tx, int) {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck
-		_, err = tx.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = $1 FOR UPDATE`, id)
+		_, err = tx.Exec(ctx, `SELECT 1 FROM `+table+` WHERE id = $1 FOR UPDATE`, id)
 		require.NoError(t, err)
 		return tx, int(tx.Conn().PgConn().PID())
 	}
@@ -62,9 +68,9 @@ func raceOnBatches(t *testing.T, b *bundle, app, first, second string, fns ...fu
 	for i, fn := range fns {
 		wg.Go(func() { errs[i] = fn() })
 	}
-	testenv.Eventually(t, 30*time.Second, func() bool { return allWaiting(0) }, "the statements never all waited for the batch rows")
+	testenv.Eventually(t, 30*time.Second, func() bool { return allWaiting(0) }, "the statements never all waited for the rows")
 	require.NoError(t, holdFirst.Commit(ctx))
-	testenv.Eventually(t, 30*time.Second, func() bool { return allWaiting(firstPID) }, "the statements never waited past the first batch")
+	testenv.Eventually(t, 30*time.Second, func() bool { return allWaiting(firstPID) }, "the statements never waited past the first row")
 	require.NoError(t, holdSecond.Commit(ctx))
 	wg.Wait()
 	return errs
@@ -248,4 +254,52 @@ func TestGuardRoundRetriesADeadlock(t *testing.T) {
 	require.Contains(t, log.String(), "lock conflict")
 	b.waitStatus(t, j.ID, idempotency.StatusSucceeded, time.Second)
 	requireBatchCounts(t, b, batch.ID, 1, 1, "open")
+}
+
+// A worker's lease renewal meets a row of its own that is locked (its
+// completion round or an InTx is finishing it): it must not wait, or it
+// could deadlock with a statement locking the same rows in another order.
+// It renews the others, and keeps the locked one as still this run's.
+func TestLeaseRenewalDoesNotWaitForLockedRows(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	g := idempotency.NewGuard(b.store, idempotency.GuardConfig{Holder: "renewing", Logger: slog.New(slog.DiscardHandler)})
+	defer g.Close()
+	var runs []idempotency.ClaimedRun
+	for _, key := range []string{"x", "y"} {
+		j, _, err := b.store.Insert(ctx, b.pool, idempotency.NewJob{Kind: "test:renew_race", BusinessKey: key, Queue: "default",
+			Payload: []byte(`{}`), MaxRetry: 3})
+		require.NoError(t, err)
+		r, err := g.ClaimForTest(ctx, j.ID)
+		require.NoError(t, err)
+		runs = append(runs, r)
+	}
+	leaseOf := func(id string) (until time.Time) {
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT lease_until FROM keel_jobs WHERE id = $1`, id).Scan(&until))
+		return until
+	}
+	before := [2]time.Time{leaseOf(runs[0].ID), leaseOf(runs[1].ID)}
+	hold, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(ctx) //nolint:errcheck
+	_, err = hold.Exec(ctx, `SELECT 1 FROM keel_jobs WHERE id = $1 FOR UPDATE`, runs[0].ID)
+	require.NoError(t, err)
+
+	// A renewal that waited would hold y's row while it waits for x's.
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	kept, err := g.RenewForTest(rctx, runs[0], runs[1])
+	require.NoError(t, err, "the renewal waited for the locked row")
+	require.ElementsMatch(t, []string{runs[0].ID, runs[1].ID}, kept, "both runs are still this worker's")
+	require.NoError(t, hold.Rollback(ctx))
+	require.Equal(t, before[0], leaseOf(runs[0].ID), "the locked row is renewed at the next tick")
+	require.True(t, leaseOf(runs[1].ID).After(before[1]), "the free row was not renewed")
+
+	// A row that is no longer this run's is not kept: the loop stops its
+	// handler.
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET lease_holder = 'someone-else' WHERE id = $1`, runs[1].ID)
+	require.NoError(t, err)
+	kept, err = g.RenewForTest(ctx, runs[0], runs[1])
+	require.NoError(t, err)
+	require.Equal(t, []string{runs[0].ID}, kept)
 }

@@ -33,3 +33,14 @@ func (g *Guard) CompleteRoundForTest(ctx context.Context, runs ...ClaimedRun) []
 	}
 	return errs
 }
+
+// RenewForTest renews the leases of runs, in the order given, as the renew
+// loop does, and returns the ids it renewed.
+func (g *Guard) RenewForTest(ctx context.Context, runs ...ClaimedRun) ([]string, error) {
+	ids := make([]string, len(runs))
+	attempts := make([]int32, len(runs))
+	for i, r := range runs {
+		ids[i], attempts[i] = r.ID, int32(r.Attempt)
+	}
+	return g.renew(ctx, ids, attempts)
+}

@@ -634,14 +634,7 @@ func (g *Guard) renewLoop(ctx context.Context) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
-		rows, err := g.store.pool.Query(rctx, `UPDATE keel_jobs j SET lease_until = now() + $1 * interval '1 millisecond'
-			FROM unnest($2::text[], $3::int[]) AS r(id, attempt)
-			WHERE j.id = r.id AND j.attempts = r.attempt AND j.lease_holder = $4 AND j.status = 'running'
-			RETURNING j.id`, g.cfg.Lease.Milliseconds(), ids, attempts, g.cfg.Holder)
-		var renewed []string
-		if err == nil {
-			renewed, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
+		renewed, err := g.renew(rctx, ids, attempts)
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
@@ -674,6 +667,37 @@ func (g *Guard) renewLoop(ctx context.Context) {
 			jc.cancel(ErrLeaseLost)
 		}
 	}
+}
+
+// renewSQL extends the leases of a worker's running jobs and returns the
+// ids still this run's: renewed, or locked right now (by the worker's own
+// completion round or InTx, say) and, as last committed, still held by it.
+// It never waits for a row lock, so it cannot deadlock with the statements
+// that finish the same rows in another order; a locked row is renewed at
+// the next tick, well inside the lease.
+const renewSQL = `WITH r AS (SELECT * FROM unnest($2::text[], $3::int[]) AS r(id, attempt)),
+mine AS (
+	SELECT j.id FROM keel_jobs j JOIN r ON j.id = r.id
+	WHERE j.attempts = r.attempt AND j.lease_holder = $4 AND j.status = 'running'
+	FOR UPDATE OF j SKIP LOCKED),
+upd AS (
+	UPDATE keel_jobs j SET lease_until = now() + $1 * interval '1 millisecond'
+	FROM mine WHERE j.id = mine.id
+	RETURNING j.id)
+SELECT id FROM upd
+UNION ALL
+SELECT j.id FROM keel_jobs j JOIN r ON j.id = r.id
+WHERE j.attempts = r.attempt AND j.lease_holder = $4 AND j.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM mine WHERE mine.id = j.id)`
+
+// renew extends the leases of the runs ids (with their attempts) and
+// returns the ids still theirs (renewSQL).
+func (g *Guard) renew(ctx context.Context, ids []string, attempts []int32) ([]string, error) {
+	rows, err := g.store.pool.Query(ctx, renewSQL, g.cfg.Lease.Milliseconds(), ids, attempts, g.cfg.Holder)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // Middleware returns the asynq middleware. Install it before the handler and
