@@ -386,6 +386,11 @@ c AS (
 	FROM free WHERE j.id = free.id
 	RETURNING j.id, j.attempts, j.max_retry, j.waited_ms, j.max_wait_ms, j.batch_id)`
 
+// RoundSQL is the statement a guard round runs ($1 holder, $2 lease in
+// milliseconds, $3 ids to claim, $4 ids to complete, $5 their attempts),
+// exported for plan inspection and for timing it on a large ledger.
+func RoundSQL() string { return roundSQL }
+
 // unclaimedSQL reads why jobs could not be claimed (the rare path).
 const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()),
 	attempts > max_retry AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
