@@ -13,7 +13,11 @@
 //     defaults;
 //   - redelivery: how long after its worker was killed with SIGKILL a job
 //     starts again on another worker, with the defaults;
-//   - memory: the resident size of a worker at concurrency 100.
+//   - memory: the resident size of a worker at concurrency 100;
+//   - scale (only when named): the ledger with 10 million finished jobs
+//     against one with a hundredth of them, on a private Postgres:
+//     sizes, the guard's rounds, EnqueueTx, a reconciler pass, pruning
+//     and vacuum.
 //
 // Run runs any of them (`keel bench` calls it); Processing runs the first
 // alone, and BenchmarkLedgerVsPlain runs it under `go test -bench`.
@@ -100,8 +104,8 @@ type Options struct {
 	Progress func(Progress)
 
 	// Parts selects what Run measures, in this order: processing, enqueue,
-	// latency, relay, recovery, redelivery, memory (see AllParts). Empty means all.
-	// Processing ignores it.
+	// latency, relay, recovery, redelivery, memory, scale (see KnownParts).
+	// Empty means AllParts, which leaves scale out. Processing ignores it.
 	Parts []string
 	// EnqueueJobs is how many jobs each enqueue row enqueues. Default 3000,
 	// or 1000 with Quick.
@@ -143,6 +147,31 @@ type Options struct {
 	MemoryJobs int
 	// MemoryConcurrency is the concurrency of those workers. Default 100.
 	MemoryConcurrency int
+	// ScaleFinished is how many finished jobs the scale part's big ledger
+	// holds; its baseline ledger holds a hundredth of them. Default
+	// 10,000,000, or 1,000,000 with Quick.
+	ScaleFinished int
+	// ScaleOpen is how many open jobs both ledgers hold. Default 100,000,
+	// or 20,000 with Quick.
+	ScaleOpen int
+	// ScaleJobs is how many no-op jobs a keel worker runs on each ledger.
+	// Default 20,000, or 5,000 with Quick.
+	ScaleJobs int
+	// ScaleSamples is how many guard rounds and EnqueueTx calls are timed
+	// on each ledger, one at a time. Default 2,000, or 500 with Quick.
+	ScaleSamples int
+	// ScaleDatabaseURL points the scale part at a database (where it
+	// creates and at the end drops the schema Schema+"_scale"). Default: a
+	// private Postgres, initialised in a temporary directory with
+	// DefaultScaleSettings and removed at the end.
+	ScaleDatabaseURL string
+	// ScalePostgresSettings ("name=value") are given to the private
+	// Postgres after DefaultScaleSettings.
+	ScalePostgresSettings []string
+	// ScaleAutovacuumWait bounds how long the scale part waits for a due
+	// autovacuum to start after pruning. Default two autovacuum_naptimes
+	// and 10s.
+	ScaleAutovacuumWait time.Duration
 	// WorkerCommand starts this program as a child worker for the memory
 	// and redelivery parts, which set WorkerEnv in its environment; the
 	// program must then call ServeWorker. Without it the memory part is
@@ -165,6 +194,10 @@ func (o Options) withDefaults() Options {
 	pick(&o.RelayJobs, 20000, 5000)
 	pick(&o.RecoveryJobs, 10000, 3000)
 	pick(&o.MemoryJobs, 10000, 3000)
+	pick(&o.ScaleFinished, DefaultScaleFinished, 1_000_000)
+	pick(&o.ScaleOpen, DefaultScaleOpen, 20_000)
+	pick(&o.ScaleJobs, 20_000, 5000)
+	pick(&o.ScaleSamples, 2000, 500)
 	if o.Concurrency <= 0 {
 		o.Concurrency = DefaultConcurrency
 	}

@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/keeljobs/keel/bench"
+	"github.com/keeljobs/keel/internal/pgserver"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/outbox"
 )
@@ -128,6 +131,11 @@ func tiny(t *testing.T, part string) bench.Options {
 	o.RedeliveryKills = 1
 	o.MemoryJobs = 200
 	o.MemoryConcurrency = 20
+	o.ScaleFinished = 2000
+	o.ScaleOpen = 200
+	o.ScaleJobs = 100
+	o.ScaleSamples = 20
+	o.ScaleAutovacuumWait = time.Millisecond // tiny ledgers: do not wait a naptime
 	o.WorkerCommand = []string{os.Args[0]}
 	return o
 }
@@ -174,7 +182,7 @@ func run(t *testing.T, o bench.Options) bench.Results {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range bench.AllParts() {
+	for _, p := range bench.KnownParts() {
 		if _, ok := back[p]; ok != (p == o.Parts[0]) {
 			t.Fatalf("JSON has part %s: %v, want %v", p, ok, !ok)
 		}
@@ -290,6 +298,83 @@ func TestMemorySmoke(t *testing.T) {
 		if row.IdleMiB <= 0 || row.PeakMiB < row.IdleMiB || row.MeanMiB <= 0 {
 			t.Fatalf("%+v", row)
 		}
+	}
+}
+
+// The scale part on a private Postgres, at tiny sizes: every figure is
+// there and consistent with the ledgers loaded; nothing is timed.
+func TestScaleSmoke(t *testing.T) {
+	if err := pgserver.Available(); err != nil {
+		t.Skip(err)
+	}
+	o := tiny(t, bench.PartScale)
+	checkScale(t, o, run(t, o).Scale)
+}
+
+// Pointed at a database, the scale part drops its schema at the end.
+func TestScaleSmokeOnDatabase(t *testing.T) {
+	o := tiny(t, bench.PartScale)
+	o.Schema = "keel_bench_test_scaledb"
+	o.ScaleDatabaseURL = o.DatabaseURL
+	checkScale(t, o, run(t, o).Scale)
+	conn, err := pgx.Connect(context.Background(), o.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var left bool
+	if err := conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`,
+		o.Schema+"_scale").Scan(&left); err != nil || left {
+		t.Fatalf("schema %s_scale left behind (%v)", o.Schema, err)
+	}
+}
+
+func checkScale(t *testing.T, o bench.Options, rep *bench.ScaleReport) {
+	t.Helper()
+	if rep.Small == nil || rep.Big == nil || len(rep.Settings) == 0 {
+		t.Fatalf("%+v", rep)
+	}
+	for _, l := range []*bench.ScaleLedger{rep.Small, rep.Big} {
+		if l.Open != o.ScaleOpen || l.Loaded.Rows != int64(l.Finished+l.Open) || l.Loaded.TableBytes <= 0 || len(l.Loaded.Indexes) == 0 {
+			t.Fatalf("%s: %d finished, %d open, sizes %+v", l.Name, l.Finished, l.Open, l.Loaded)
+		}
+		if l.Worker.Jobs != o.ScaleJobs || l.Worker.JobsPerSecond <= 0 {
+			t.Fatalf("%s: worker %+v", l.Name, l.Worker)
+		}
+		for _, lat := range []bench.Latency{l.Claim, l.Complete, l.EnqueueTx} {
+			if lat.P50 <= 0 || lat.P99 < lat.P50 {
+				t.Fatalf("%s: latency %+v", l.Name, lat)
+			}
+		}
+		if l.Reconcile.Rows != o.ScaleOpen || l.Reconcile.Republished != 0 || l.Reconcile.AllocMiB <= 0 {
+			t.Fatalf("%s: reconciler pass %+v", l.Name, l.Reconcile)
+		}
+		if len(l.Plans) != 5 {
+			t.Fatalf("%s: %d plans", l.Name, len(l.Plans))
+		}
+		for _, p := range l.Plans {
+			if len(p.Scans) == 0 {
+				t.Fatalf("%s: plan %+v", l.Name, p)
+			}
+		}
+		// A quarter of the finished jobs (less the dead ones) are past the
+		// default retention.
+		pruned := 0
+		for _, p := range l.Prunes {
+			pruned += p.Rows
+		}
+		if len(l.Prunes) != 2 || pruned < l.Finished*24/100 || pruned > l.Finished*26/100+1 {
+			t.Fatalf("%s: pruned %d of %d finished: %+v", l.Name, pruned, l.Finished, l.Prunes)
+		}
+		if l.Vacuum.Vacuumed.Rows != int64(l.Finished+l.Open-pruned) {
+			t.Fatalf("%s: %d rows after vacuum, want %d", l.Name, l.Vacuum.Vacuumed.Rows, l.Finished+l.Open-pruned)
+		}
+	}
+	if rep.Big.Finished != o.ScaleFinished || rep.Small.Finished != o.ScaleFinished/bench.ScaleBaselineDivisor {
+		t.Fatalf("finished: small %d, big %d", rep.Small.Finished, rep.Big.Finished)
+	}
+	if rep.PruneHeadroom <= 0 || !strings.Contains(rep.String(), "pruning by DELETE") {
+		t.Fatalf("no verdict in\n%s", rep)
 	}
 }
 

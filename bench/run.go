@@ -28,14 +28,21 @@ const (
 	PartRecovery   = "recovery"
 	PartRedelivery = "redelivery"
 	PartMemory     = "memory"
+	// PartScale loads millions of rows and takes minutes: it runs only
+	// when named.
+	PartScale = "scale"
 )
 
-// AllParts lists every part in the order Run measures them.
+// AllParts lists the parts Run measures when none is named, in its order.
 func AllParts() []string {
 	return []string{PartProcessing, PartEnqueue, PartLatency, PartRelay, PartRecovery, PartRedelivery, PartMemory}
 }
 
-// selectParts returns the parts named, in Run's order, or all of them.
+// KnownParts lists every part, in the order Run measures them: AllParts,
+// then those that run only when named.
+func KnownParts() []string { return append(AllParts(), PartScale) }
+
+// selectParts returns the parts named, in Run's order, or AllParts.
 func selectParts(names []string) ([]string, error) {
 	if len(names) == 0 {
 		return AllParts(), nil
@@ -46,13 +53,13 @@ func selectParts(names []string) ([]string, error) {
 		if n == "" {
 			continue
 		}
-		if !slices.Contains(AllParts(), n) {
-			return nil, fmt.Errorf("keel bench: unknown part %q (parts: %s)", n, strings.Join(AllParts(), ", "))
+		if !slices.Contains(KnownParts(), n) {
+			return nil, fmt.Errorf("keel bench: unknown part %q (parts: %s)", n, strings.Join(KnownParts(), ", "))
 		}
 		want[n] = true
 	}
 	var parts []string
-	for _, p := range AllParts() {
+	for _, p := range KnownParts() {
 		if want[p] {
 			parts = append(parts, p)
 		}
@@ -114,6 +121,7 @@ type Results struct {
 	Recovery   *RecoveryReport   `json:"recovery,omitempty"`
 	Redelivery *RedeliveryReport `json:"redelivery,omitempty"`
 	Memory     *MemoryReport     `json:"memory,omitempty"`
+	Scale      *ScaleReport      `json:"scale,omitempty"`
 	Errors     []PartError       `json:"errors,omitempty"`
 }
 
@@ -144,6 +152,9 @@ func (r Results) String() string {
 	}
 	if r.Memory != nil {
 		section("memory: worker resident size", r.Memory)
+	}
+	if r.Scale != nil {
+		section("scale: the ledger with millions of finished jobs", r.Scale)
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(&sb, "\n%s: %s\n", e.Part, e.Error)
@@ -236,6 +247,10 @@ func (e *env) runPart(ctx context.Context, p string, res *Results) error {
 	case PartMemory:
 		r, err := e.memory(ctx)
 		res.Memory = &r
+		return err
+	case PartScale:
+		r, err := e.scale(ctx)
+		res.Scale = &r
 		return err
 	}
 	return fmt.Errorf("keel bench: unknown part %q", p)

@@ -36,8 +36,21 @@ func benchCmd(env *cli.Env) *cobra.Command {
   redelivery  a child worker holding a job is killed with SIGKILL: how long
               until another worker (default settings) starts it (5 kills)
   memory      resident size of a worker process at concurrency 100
+  scale       the ledger at scale, only with --only scale (about 15–25 minutes):
+              10,000,000 finished and 100,000 open jobs (--scale-finished,
+              --scale-open) against a ledger with a hundredth of the finished
+              ones: table and index sizes, a keel worker's no-op jobs/s, the
+              guard's claim/complete round and EnqueueTx (p50/p99), a
+              reconciler pass (time, Go heap), pruning rows/s alone and with
+              1,000 jobs/s running, dead tuples, autovacuum and VACUUM. It
+              starts a private Postgres (initdb in a temporary directory, run
+              as the postgres user when root; autovacuum and fsync on,
+              shared_buffers=1GB, max_wal_size=4GB; --scale-pg-setting adds
+              settings) and removes it at the end; --scale-database-url uses
+              an existing database instead (schema <--schema>_scale, dropped
+              at the end)
 
---only picks parts (default all); a full run takes about three minutes,
+--only picks parts (default all but scale); a full run takes about three minutes,
 --quick about two (redelivery waits out a 10s lease per kill). It needs a Redis database whose critical, default and low
 queues are empty (default: database 14 of --redis-url's server; the benchmark
 empties those queues between parts) and drops and recreates the Postgres
@@ -60,7 +73,7 @@ BENCHMARKS.md for what each figure is bounded by.`,
 			}
 			for _, p := range opts.Parts {
 				if !isPart(p) {
-					return cli.UsageError(fmt.Errorf("--only %q: parts are %s", p, strings.Join(bench.AllParts(), ",")))
+					return cli.UsageError(fmt.Errorf("--only %q: parts are %s", p, strings.Join(bench.KnownParts(), ",")))
 				}
 			}
 			opts.RedisAddr, opts.RedisDB, opts.RedisPassword = ro.Addr, ro.DB, ro.Password
@@ -96,7 +109,7 @@ BENCHMARKS.md for what each figure is bounded by.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&opts.Parts, "only", nil, "parts to run, comma-separated: "+strings.Join(bench.AllParts(), ",")+" (default all)")
+	f.StringSliceVar(&opts.Parts, "only", nil, "parts to run, comma-separated: "+strings.Join(bench.KnownParts(), ",")+" (default all but scale)")
 	f.BoolVar(&opts.Quick, "quick", false, "every part at small sizes (about 20 seconds)")
 	f.IntVar(&opts.Jobs, "jobs", 0, "processing: jobs per worker (default 20,000; 5,000 with --quick)")
 	f.IntVar(&opts.Rounds, "rounds", 1, "processing, enqueue and relay: measure this many rounds and report the median round (per row; processing alternates plain/keel)")
@@ -110,6 +123,12 @@ BENCHMARKS.md for what each figure is bounded by.`,
 	f.IntVar(&opts.RedeliveryKills, "redelivery-kills", 5, "redelivery: child workers killed")
 	f.IntVar(&opts.MemoryJobs, "memory-jobs", 0, "memory: backlog per worker (default 10,000; 3,000 with --quick)")
 	f.IntVar(&opts.MemoryConcurrency, "memory-concurrency", 100, "memory: worker concurrency")
+	f.IntVar(&opts.ScaleFinished, "scale-finished", 0, "scale: finished jobs in the big ledger (default 10,000,000; 1,000,000 with --quick)")
+	f.IntVar(&opts.ScaleOpen, "scale-open", 0, "scale: open jobs in both ledgers (default 100,000; 20,000 with --quick)")
+	f.IntVar(&opts.ScaleJobs, "scale-jobs", 0, "scale: no-op jobs a keel worker runs on each ledger (default 20,000; 5,000 with --quick)")
+	f.IntVar(&opts.ScaleSamples, "scale-samples", 0, "scale: guard rounds and EnqueueTx calls timed on each ledger (default 2,000; 500 with --quick)")
+	f.StringVar(&opts.ScaleDatabaseURL, "scale-database-url", "", "scale: use this database instead of a private Postgres")
+	f.StringArrayVar(&opts.ScalePostgresSettings, "scale-pg-setting", nil, "scale: a name=value setting for the private Postgres (repeatable)")
 	f.StringVar(&opts.Schema, "schema", "keel_bench", "Postgres schema to (re)create for the benchmark's ledger")
 	f.StringVar(&jsonOut, "json-out", "", "also write the results as JSON to this file")
 	cmd.AddCommand(benchWorkerCmd())
@@ -131,7 +150,7 @@ func benchWorkerCmd() *cobra.Command {
 }
 
 func isPart(p string) bool {
-	for _, q := range bench.AllParts() {
+	for _, q := range bench.KnownParts() {
 		if strings.EqualFold(strings.TrimSpace(p), q) {
 			return true
 		}
