@@ -36,7 +36,7 @@ func benchCmd(env *cli.Env) *cobra.Command {
   redelivery  a child worker holding a job is killed with SIGKILL: how long
               until another worker (default settings) starts it (5 kills)
   memory      resident size of a worker process at concurrency 100
-  scale       the ledger at scale, only with --only scale (about 15–25 minutes):
+  scale       the ledger at scale, only with --only scale (about 12–20 minutes):
               10,000,000 finished and 100,000 open jobs (--scale-finished,
               --scale-open) against a ledger with a hundredth of the finished
               ones: table and index sizes, a keel worker's no-op jobs/s, the
