@@ -115,9 +115,11 @@ func TestProcessingSmoke(t *testing.T) {
 
 // tiny returns options for a run of part at tiny sizes, in parallel with
 // the other parts' tests: each has a Redis server and a schema of its own.
-func tiny(t *testing.T, part string) bench.Options {
+func tiny(t *testing.T, part string) bench.Options { return tinyIn(t, part, "keel_bench_test_"+part) }
+
+// tinyIn is tiny with the schema named: two tests of one part need two.
+func tinyIn(t *testing.T, part, schema string) bench.Options {
 	t.Parallel()
-	schema := "keel_bench_test_" + part
 	o := bench.Options{Jobs: 100, RedisAddr: testenv.StartRedis(t).Addr(), DatabaseURL: database(t, schema), Schema: schema}
 	o.Parts = []string{part}
 	o.EnqueueJobs = 40
@@ -313,8 +315,7 @@ func TestScaleSmoke(t *testing.T) {
 
 // Pointed at a database, the scale part drops its schema at the end.
 func TestScaleSmokeOnDatabase(t *testing.T) {
-	o := tiny(t, bench.PartScale)
-	o.Schema = "keel_bench_test_scaledb"
+	o := tinyIn(t, bench.PartScale, "keel_bench_test_scaledb")
 	o.ScaleDatabaseURL = o.DatabaseURL
 	checkScale(t, o, run(t, o).Scale)
 	conn, err := pgx.Connect(context.Background(), o.DatabaseURL)
