@@ -266,6 +266,23 @@ func runInBackground(t *testing.T, fn func(context.Context) error) {
 	})
 }
 
+// privateLedger starts a private Postgres, migrated, with an effects table
+// keyed by text, and a private Redis.
+func privateLedger(t *testing.T) (*testenv.PostgresServer, asynq.RedisClientOpt, *pgxpool.Pool) {
+	t.Helper()
+	pg := testenv.StartPostgres(t)
+	rs := testenv.StartRedis(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pg.URL(""))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = idempotency.Migrate(ctx, pool)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE effects (key text PRIMARY KEY)`)
+	require.NoError(t, err)
+	return pg, asynq.RedisClientOpt{Addr: rs.Addr()}, pool
+}
+
 var (
 	pgPlain = tasks.Define[job]("pgaway:plain", tasks.Queue("default"), tasks.MaxRetry(0),
 		tasks.Key(func(j job) string { return fmt.Sprint(j.N) }))
@@ -283,17 +300,8 @@ var (
 func TestPostgresOutageNeverRetiresAJob(t *testing.T) {
 	serial.Lock()
 	defer serial.Unlock()
-	pg := testenv.StartPostgres(t)
-	rs := testenv.StartRedis(t)
-	opt := asynq.RedisClientOpt{Addr: rs.Addr()}
+	pg, opt, pool := privateLedger(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pg.URL(""))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = idempotency.Migrate(ctx, pool)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE effects (key text PRIMARY KEY)`)
-	require.NoError(t, err)
 
 	started := make(chan string, 2)
 	release := make(chan struct{})
@@ -368,17 +376,8 @@ var pgAfter = tasks.Define[job]("pgaway:after", tasks.Queue("default"), tasks.Ma
 func TestFailureAfterCompletingInTxDuringOutageIsRecorded(t *testing.T) {
 	serial.Lock()
 	defer serial.Unlock()
-	pg := testenv.StartPostgres(t)
-	rs := testenv.StartRedis(t)
-	opt := asynq.RedisClientOpt{Addr: rs.Addr()}
+	pg, opt, pool := privateLedger(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pg.URL(""))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = idempotency.Migrate(ctx, pool)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE effects (key text PRIMARY KEY)`)
-	require.NoError(t, err)
 
 	committed := make(chan struct{}, 1)
 	release := make(chan struct{})
