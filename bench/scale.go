@@ -703,7 +703,9 @@ func (s *scaleRun) enqueueTx(ctx context.Context, name string) (Latency, error) 
 	}
 	defer client.Close()
 	ds := make([]time.Duration, 0, n)
-	finish := s.step(name+": EnqueueTx, 1 job/tx", n, func() int { return len(ds) })
+	// The progress line reads the count from its own goroutine.
+	var calls atomic.Int64
+	finish := s.step(name+": EnqueueTx, 1 job/tx", n, func() int { return int(calls.Load()) })
 	prefix := "enq-" + uuid.NewString()[:8] + "-"
 	for i := range n {
 		t0 := time.Now()
@@ -716,6 +718,7 @@ func (s *scaleRun) enqueueTx(ctx context.Context, name string) (Latency, error) 
 			return summarize(ds), err
 		}
 		ds = append(ds, time.Since(t0))
+		calls.Add(1)
 	}
 	finish()
 	// Nothing publishes them: no relay runs.
@@ -767,7 +770,9 @@ func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (Reconc
 	}
 	const passes = 3
 	var runs []ReconcilePass
-	finish = s.step(fmt.Sprintf("%s: reconciler passes over %d open jobs", name, open), passes, func() int { return len(runs) })
+	// The progress line reads the count from its own goroutine.
+	var passed atomic.Int64
+	finish = s.step(fmt.Sprintf("%s: reconciler passes over %d open jobs", name, open), passes, func() int { return int(passed.Load()) })
 	defer finish()
 	for range passes {
 		p := pass
@@ -803,6 +808,7 @@ func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (Reconc
 		p.AllocMiB = float64(after.TotalAlloc-before.TotalAlloc) / (1 << 20)
 		p.PeakHeapMiB = float64(peak-before.HeapInuse) / (1 << 20)
 		runs = append(runs, p)
+		passed.Add(1)
 		if err != nil {
 			return p, err
 		}
