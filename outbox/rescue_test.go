@@ -24,22 +24,6 @@ import (
 	"github.com/keeljobs/keel/tasks"
 )
 
-// asynqDequeue is asynq v0.26's dequeueCmd (internal/rdb/rdb.go), verbatim:
-// it makes the tail of a queue active under a lease that ends at ARGV[1],
-// as a worker's fetch does.
-var asynqDequeue = redis.NewScript(`
-if redis.call("EXISTS", KEYS[2]) == 0 then
-	local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
-	if id then
-		local key = ARGV[2] .. id
-		redis.call("HSET", key, "state", "active")
-		redis.call("HDEL", key, "pending_since")
-		redis.call("ZADD", KEYS[4], ARGV[1], id)
-		return redis.call("HGET", key, "msg")
-	end
-end
-return nil`)
-
 // fetchAsDeadWorker makes the next task of queue default active, as a
 // worker that fetched it (or last extended its asynq lease) ago and then
 // died would have left it.
@@ -47,10 +31,7 @@ func (b *bundle) fetchAsDeadWorker(t *testing.T, ago time.Duration) {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: b.opt.Addr})
 	defer rdb.Close()
-	const p = "asynq:{default}:"
-	err := asynqDequeue.Run(context.Background(), rdb, []string{p + "pending", p + "paused", p + "active", p + "lease"},
-		time.Now().Add(30*time.Second-ago).Unix(), p+"t:").Err()
-	require.NoError(t, err)
+	require.NoError(t, testenv.AsynqFetch(context.Background(), rdb, "default", time.Now().Add(30*time.Second-ago)))
 }
 
 // orphan marks jobs as held by a worker whose ledger lease ran out.

@@ -20,22 +20,6 @@ import (
 	"github.com/keeljobs/keel/tasks"
 )
 
-// asynqDequeue is asynq v0.26's dequeueCmd (internal/rdb/rdb.go): it makes
-// the head of a queue active under a lease ending at ARGV[1], as a worker's
-// fetch does.
-var asynqDequeue = redis.NewScript(`
-if redis.call("EXISTS", KEYS[2]) == 0 then
-	local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
-	if id then
-		local key = ARGV[2] .. id
-		redis.call("HSET", key, "state", "active")
-		redis.call("HDEL", key, "pending_since")
-		redis.call("ZADD", KEYS[4], ARGV[1], id)
-		return redis.call("HGET", key, "msg")
-	end
-end
-return nil`)
-
 var crossSlotStat = regexp.MustCompile(`errorstat_CROSSSLOT:count=(\d+)`)
 
 // noCrossSlot fails if any node of the cluster refused a command for keys
@@ -137,9 +121,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 			}
 			var m made
 			m.active = enqueue()
-			p := "asynq:{" + q + "}:"
-			require.NoError(t, asynqDequeue.Run(ctx, rdb, []string{p + "pending", p + "paused", p + "active", p + "lease"},
-				time.Now().Add(-time.Minute).Unix(), p+"t:").Err())
+			require.NoError(t, testenv.AsynqFetch(ctx, rdb, q, time.Now().Add(-time.Minute)))
 			m.scheduled = enqueue(tasks.Delay(time.Hour))
 			m.archived = enqueue(tasks.Delay(time.Hour))
 			require.NoError(t, insp.ArchiveTask(q, m.archived))
@@ -169,9 +151,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 		for q, m := range byQueue {
 			require.NoError(t, insp.ArchiveTask(q, m.scheduled))
 			require.NoError(t, insp.DeleteTask(q, m.missing))
-			p := "asynq:{" + q + "}:"
-			require.NoError(t, asynqDequeue.Run(ctx, rdb, []string{p + "pending", p + "paused", p + "active", p + "lease"},
-				time.Now().Add(-time.Minute).Unix(), p+"t:").Err())
+			require.NoError(t, testenv.AsynqFetch(ctx, rdb, q, time.Now().Add(-time.Minute)))
 		}
 		_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
 			updated_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids)
