@@ -349,13 +349,13 @@ func TestWaitOnLastTryIsNotStranded(t *testing.T) {
 	}
 }
 
-// A handler that fails after its completing InTx committed is not reported
-// succeeded: the work it counted on after the commit did not happen.
-func TestFailureAfterCompletingInTxIsNotASuccess(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
-	mux := tasks.NewMux()
-	tasks.Handle(mux, late, func(ctx context.Context, o order) error {
+// failAfterInTx is a handler whose completing InTx writes one effect and
+// which then fails; runs, when not nil, counts its runs.
+func failAfterInTx(runs *atomic.Int32) func(ctx context.Context, o order) error {
+	return func(ctx context.Context, o order) error {
+		if runs != nil {
+			runs.Add(1)
+		}
 		if err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
 			id, _ := idempotency.JobID(ctx)
 			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
@@ -364,7 +364,16 @@ func TestFailureAfterCompletingInTxIsNotASuccess(t *testing.T) {
 			return err
 		}
 		return errors.New("the mail after the commit failed")
-	})
+	}
+}
+
+// A handler that fails after its completing InTx committed is not reported
+// succeeded: the work it counted on after the commit did not happen.
+func TestFailureAfterCompletingInTxIsNotASuccess(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	mux := tasks.NewMux()
+	tasks.Handle(mux, late, failAfterInTx(nil))
 	var deaths deadEvents
 	b.startWorker(t, mux, onDead(&deaths))
 	res, err := b.client.Enqueue(ctx, late.New(order{OrderID: "a1"}))
@@ -384,17 +393,7 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 	ctx := context.Background()
 	var runs atomic.Int32
 	mux := tasks.NewMux()
-	tasks.Handle(mux, late, func(ctx context.Context, o order) error {
-		runs.Add(1)
-		if err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
-			id, _ := idempotency.JobID(ctx)
-			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
-			return err
-		}); err != nil {
-			return err
-		}
-		return errors.New("the mail after the commit failed")
-	})
+	tasks.Handle(mux, late, failAfterInTx(&runs))
 	b.startWorker(t, mux, nil)
 	res, err := b.client.Enqueue(ctx, late.New(order{OrderID: "r1"}))
 	require.NoError(t, err)
