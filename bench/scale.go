@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/pgserver"
@@ -668,26 +669,15 @@ func (f *feeder) feed(ctx context.Context, n int) error {
 
 // parallel calls fn(0…n-1) from 32 goroutines and returns the first error.
 func parallel(ctx context.Context, n int, fn func(i int) error) error {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for range min(32, n) {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				if err := fn(i); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(32)
+	for i := range n {
+		if gctx.Err() != nil {
+			break
+		}
+		g.Go(func() error { return fn(i) })
 	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := g.Wait(); err != nil {
 		return err
 	}
 	return ctx.Err()
@@ -816,18 +806,8 @@ func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (Reconc
 			return p, fmt.Errorf("the pass published %d jobs again that Redis holds", n)
 		}
 	}
-	slices.SortFunc(runs, func(a, b ReconcilePass) int { return cmpFloat(a.Seconds, b.Seconds) })
+	slices.SortFunc(runs, func(a, b ReconcilePass) int { return cmp.Compare(a.Seconds, b.Seconds) })
 	return runs[len(runs)/2], nil
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // prune runs the reconciler's Prune (default PruneBatch) with retention;
