@@ -350,7 +350,7 @@ func checkScale(t *testing.T, o bench.Options, rep *bench.ScaleReport) {
 		if l.Reconcile.Rows != o.ScaleOpen || l.Reconcile.Republished != 0 || l.Reconcile.AllocMiB <= 0 {
 			t.Fatalf("%s: reconciler pass %+v", l.Name, l.Reconcile)
 		}
-		if len(l.Plans) != 5 {
+		if len(l.Plans) != 6 {
 			t.Fatalf("%s: %d plans", l.Name, len(l.Plans))
 		}
 		for _, p := range l.Plans {

@@ -328,7 +328,7 @@ func (e *env) runRelays(ctx context.Context, k, n int) (RelayRow, error) {
 		return row, err
 	}
 	var unpublished int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM keel_outbox) + (SELECT count(*) FROM keel_jobs WHERE published_at IS NULL)`).Scan(&unpublished); err != nil {
 		return row, err
 	}
 	insp := asynq.NewInspector(e.redis)

@@ -46,8 +46,10 @@ func ledgerCmd(e *Env) *cobra.Command {
 			if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Rows[status] = n; return nil }); err != nil {
 				return err
 			}
-			err = pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
-				FROM keel_jobs WHERE published_at IS NULL AND status = 'pending'`).Scan(&st.Unpublished, &st.OldestUnpubSecs)
+			// Waiting for the relay: on its outbox, or written unpublished.
+			err = pool.QueryRow(ctx, `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0) FROM (
+				SELECT count(*) AS n, min(run_at) AS since FROM keel_outbox
+				UNION ALL SELECT count(*), min(created_at) FROM keel_jobs WHERE published_at IS NULL AND status = 'pending') w`).Scan(&st.Unpublished, &st.OldestUnpubSecs)
 			if err != nil {
 				return err
 			}

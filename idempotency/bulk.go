@@ -44,7 +44,8 @@ const (
 // bulkInsertSQL writes the rows given as arrays, in order, skipping those
 // whose (kind, business key) exists. $13: write them claimed (published);
 // $14: make sure a relay publishes them after commit, as insertWakeSQL does
-// (notify unless a relay is awake and polling). $15, $16: the rows' trace
+// (due rows go in published, with an outbox row; a relay is notified unless
+// one is awake and polling). $15, $16: the rows' trace
 // contexts, empty arrays when none is traced (unnest pads them with NULLs);
 // $17: the rows' batch ids (empty strings for none); $18: the batches of
 // the whole call, for bulkInsertBatchSQL.
@@ -69,7 +70,7 @@ const bulkInsertCTEs = `WITH ins AS (
 		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id)
 	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
 		coalesce(i.run_at, now()), nullif(i.summary, ''), nullif(i.trace_id, ''), i.max_wait_ms,
-		CASE WHEN $13::bool THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, ''), nullif(i.batch_id, '')
+		CASE WHEN $13::bool OR ($14::bool AND coalesce(i.run_at, now()) <= now()) THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, ''), nullif(i.batch_id, '')
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::int[], $7::bigint[],
 		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[], $17::text[])
 		WITH ORDINALITY AS i(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
@@ -77,6 +78,8 @@ const bulkInsertCTEs = `WITH ins AS (
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns + `),
+outbox AS (INSERT INTO keel_outbox (job_id, run_at) SELECT id, run_at FROM ins
+	WHERE $14::bool AND NOT $13::bool AND published_at IS NOT NULL),
 wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one
 	WHERE $14::bool AND ` + wakeNeeded + `)`
 

@@ -234,14 +234,17 @@ func ReadQueues(insp *asynq.Inspector) ([]QueueState, error) {
 }
 
 // The queries use the ledger's partial indexes (status = 'dead';
-// published_at IS NULL; open batches), so a scrape costs little however large the table.
+// published_at IS NULL; open batches) and the small outbox table, so a scrape costs little however large the table.
 const (
 	deadLettersSQL = `SELECT queue, kind, coalesce(error_class, ''), count(*)
 		FROM keel_jobs WHERE status = 'dead' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
-	// A pending row's updated_at is when it last became unpublished (insert,
-	// replay, or hand-back by a worker), so it measures the relay's lag.
-	outboxSQL = `SELECT count(*), coalesce(extract(epoch FROM now() - min(updated_at)), 0)::float8
-		FROM keel_jobs WHERE published_at IS NULL AND status = 'pending'`
+	// The relay's work: the outbox (a row's run_at is when its job became
+	// due), and the pending rows written unpublished (updated_at: when one
+	// last became unpublished: insert, replay, or hand-back by a worker).
+	// The oldest of them measures the relay's lag.
+	outboxSQL = `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0)::float8 FROM (
+		SELECT count(*) AS n, min(run_at) AS since FROM keel_outbox
+		UNION ALL SELECT count(*), min(updated_at) FROM keel_jobs WHERE published_at IS NULL AND status = 'pending') w`
 	batchesSQL = `SELECT count(*) FILTER (WHERE sealed_at IS NULL), count(*) FILTER (WHERE sealed_at IS NOT NULL)
 		FROM keel_batches WHERE completed_at IS NULL`
 )

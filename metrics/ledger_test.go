@@ -32,8 +32,8 @@ func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
 	ctx := context.Background()
 
 	// Two dead jobs of one kind and class, one of another class; one
-	// committed job the relay has not published yet (backlog); one
-	// published job (not backlog).
+	// committed job the relay has not published yet (backlog) and one on
+	// its outbox (backlog, the oldest); one published job (not backlog).
 	for i, class := range []string{"permanent", "permanent", "transient"} {
 		j := insertJob(t, pool, "critical", "order:send_receipt", "order:"+string(rune('1'+i)))
 		_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = $2, finished_at = now(),
@@ -46,6 +46,9 @@ func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
 	published := insertJob(t, pool, "default", "analytics:sync", "day:2")
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET published_at = now() WHERE id = $1`, published.ID)
 	require.NoError(t, err)
+	_, _, err = idempotency.NewStore(pool).Insert(ctx, pool, idempotency.NewJob{Kind: "analytics:sync", BusinessKey: "day:3",
+		Queue: "default", Payload: []byte(`{}`), MaxRetry: 3, RunAt: time.Now().Add(-2 * time.Minute), WakeRelay: true})
+	require.NoError(t, err)
 
 	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool})
 	s := l.Read(ctx)
@@ -54,8 +57,8 @@ func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
 		{Queue: "critical", Kind: "order:send_receipt", Class: "permanent", N: 2},
 		{Queue: "critical", Kind: "order:send_receipt", Class: "transient", N: 1},
 	}, s.Dead)
-	require.Equal(t, 1, s.OutboxBacklog)
-	require.InDelta(t, 90, s.OutboxLag.Seconds(), 5)
+	require.Equal(t, 2, s.OutboxBacklog)
+	require.InDelta(t, 120, s.OutboxLag.Seconds(), 5)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(l)
@@ -66,7 +69,7 @@ keel_dead_letters{class="permanent",kind="order:send_receipt",queue="critical"} 
 keel_dead_letters{class="transient",kind="order:send_receipt",queue="critical"} 1
 # HELP keel_outbox_backlog Committed jobs the relay has not yet handed to Redis.
 # TYPE keel_outbox_backlog gauge
-keel_outbox_backlog 1
+keel_outbox_backlog 2
 # HELP keel_collector_up 1 when the last scrape could read the source (redis or postgres).
 # TYPE keel_collector_up gauge
 keel_collector_up{source="postgres"} 1

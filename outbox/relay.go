@@ -141,9 +141,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	state := asleep
-	var lastWork time.Time
+	var lastWork, lastLegacy time.Time
 	for {
-		n, err := r.drain(ctx)
+		legacy := state != awake || time.Since(lastLegacy) >= legacyPoll
+		if legacy {
+			lastLegacy = time.Now()
+		}
+		n, err := r.drain(ctx, legacy)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -186,34 +190,63 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// drain publishes batches until one comes back short. It claims the next
-// batch while it publishes one (each claim commits on its own), so the
-// ledger's work and Redis's overlap.
-func (r *Relay) drain(ctx context.Context) (int, error) {
+// legacyPoll is how often the awake relay also claims the rows written
+// unpublished (see idempotency.Store.ClaimUnpublished): none of them is a
+// job a caller just committed for now, so they wait up to this long, and
+// the outbox alone is read every AwakePoll.
+const legacyPoll = 50 * time.Millisecond
+
+// claim takes the next batch off the outbox and, when legacy, of the rows
+// written unpublished; the two full flags say whether each source may hold
+// more.
+func (r *Relay) claim(ctx context.Context, outbox, legacy bool) (jobs []idempotency.Job, outboxFull, legacyFull bool, err error) {
+	if outbox {
+		var taken int
+		jobs, taken, err = r.store.ClaimOutbox(ctx, r.cfg.BatchSize)
+		if err != nil {
+			return nil, false, false, err
+		}
+		outboxFull = taken == r.cfg.BatchSize
+	}
+	if legacy {
+		more, err := r.store.ClaimUnpublished(ctx, r.cfg.BatchSize)
+		if err != nil {
+			return jobs, false, false, err // publish what the outbox gave
+		}
+		jobs, legacyFull = append(jobs, more...), len(more) == r.cfg.BatchSize
+	}
+	return jobs, outboxFull, legacyFull, nil
+}
+
+// drain publishes batches until each source comes back short; legacy: the
+// rows written unpublished too. It claims the next batch while it
+// publishes one (each claim commits on its own), so the ledger's work and
+// Redis's overlap.
+func (r *Relay) drain(ctx context.Context, legacy bool) (int, error) {
 	cctx, stop := context.WithCancel(ctx)
 	defer stop()
 	batches := make(chan []idempotency.Job, 1)
 	claimErr := make(chan error, 1)
 	go func() {
 		defer close(batches)
-		for {
-			jobs, err := r.store.ClaimUnpublished(cctx, r.cfg.BatchSize)
+		outbox := true
+		for outbox || legacy {
+			jobs, outboxFull, legacyFull, err := r.claim(cctx, outbox, legacy)
 			if err != nil {
 				claimErr <- fmt.Errorf("keel relay: %w", err)
+			}
+			if len(jobs) > 0 {
+				select {
+				case batches <- jobs:
+				case <-cctx.Done():
+					r.handBack(ctx, jobs)
+					return
+				}
+			}
+			if err != nil {
 				return
 			}
-			if len(jobs) == 0 {
-				return
-			}
-			select {
-			case batches <- jobs:
-			case <-cctx.Done():
-				r.handBack(ctx, jobs)
-				return
-			}
-			if len(jobs) < r.cfg.BatchSize {
-				return
-			}
+			outbox, legacy = outboxFull, legacyFull
 		}
 	}()
 	total := 0
@@ -275,7 +308,7 @@ func (r *Relay) settle(ctx context.Context, locks *relayLocks) relayState {
 			locks.close()
 		}
 	}()
-	if _, err := r.drain(ctx); err != nil {
+	if _, err := r.drain(ctx, true); err != nil {
 		r.cfg.Logger.Warn("keel relay: publish pass failed", "err", err)
 		return settling
 	}
@@ -418,11 +451,12 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 // PublishBatch publishes one batch of unpublished rows and returns how many
 // it published.
 func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
-	jobs, err := r.store.ClaimUnpublished(ctx, r.cfg.BatchSize)
+	jobs, _, _, err := r.claim(ctx, true, true)
+	n, perr := r.publish(ctx, jobs)
 	if err != nil {
-		return 0, fmt.Errorf("keel relay: %w", err)
+		return n, fmt.Errorf("keel relay: %w", err)
 	}
-	return r.publish(ctx, jobs)
+	return n, perr
 }
 
 // publish publishes claimed jobs, hands back those it could not, and returns

@@ -302,7 +302,9 @@ func TestEnqueueTxFollowsTheTransaction(t *testing.T) {
 	j, err := b.store.Lookup(ctx, "test:send_receipt", "order:committed")
 	require.NoError(t, err)
 	require.Equal(t, res.Job.ID, j.ID)
-	require.Nil(t, j.PublishedAt)
+	var outboxed int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, j.ID).Scan(&outboxed))
+	require.Equal(t, 1, outboxed, "the job waits on the relay's outbox")
 }
 
 func TestEnqueueDelayIsKeptInLedgerAndRedis(t *testing.T) {

@@ -169,3 +169,23 @@ func TestBulkActionsOnSelectedJobs(t *testing.T) {
 	}
 	require.Equal(t, "duplicates", b.audit(t, d1.ID)[0].Note)
 }
+
+// A job on the relay's outbox is the relay's next, though its row is marked
+// published; once in Redis, any worker's.
+func TestJobPageSaysWhoHandlesAPendingJobNext(t *testing.T) {
+	b := setup(t, nil)
+	ctx := t.Context()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	res, err := b.client.EnqueueTx(ctx, tx, tasks.NewRaw("order:send_receipt", []byte(`{"order":"o-1"}`), "order:o-1"))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	id := res.Job.ID
+	v := b.signIn(t, viewerName, viewerPassword)
+	require.Contains(t, v.get(t, "/jobs/"+id).body, "Waiting for the relay to hand it to Redis")
+
+	published, err := b.client.Enqueue(ctx, tasks.NewRaw("order:send_receipt", []byte(`{"order":"o-2"}`), "order:o-2"))
+	require.NoError(t, err)
+	require.True(t, published.Published)
+	require.Contains(t, v.get(t, "/jobs/"+published.Job.ID).body, "In Redis, waiting for any worker")
+}

@@ -349,16 +349,23 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 		}
 	}
 	d.LeaseExpired = j.LeaseUntil != nil && time.Now().After(*j.LeaseUntil)
-	d.Next = nextStep(j, d.InDoubt, d.LeaseExpired)
+	relay := j.PublishedAt == nil
+	if j.Status == idempotency.StatusPending && !relay {
+		if relay, err = s.store.InOutbox(ctx, j.ID); err != nil {
+			s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+			return
+		}
+	}
+	d.Next = nextStep(j, relay, d.InDoubt, d.LeaseExpired)
 	s.render(w, r, status, "job", view{Title: j.Kind + " " + j.BusinessKey, Nav: "jobs", Flash: flash, Error: errMsg, Data: d})
 }
 
 // nextStep says, in a sentence, who handles the job next — the question
-// asked of this page at 3 a.m.
-func nextStep(j idempotency.Job, inDoubt, leaseExpired bool) string {
+// asked of this page at 3 a.m. relay: a relay has still to publish it.
+func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 	switch j.Status {
 	case idempotency.StatusPending:
-		if j.PublishedAt == nil {
+		if relay {
 			return "Waiting for the relay to hand it to Redis; then any worker reading queue " + j.Queue + " runs it."
 		}
 		return "In Redis, waiting for any worker reading queue " + j.Queue + "."

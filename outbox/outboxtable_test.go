@@ -1,0 +1,150 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
+)
+
+// rowVersion is the transaction that wrote the job's row as it is now.
+func (b *bundle) rowVersion(t *testing.T, id string) string {
+	t.Helper()
+	var v string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT xmin::text FROM keel_jobs WHERE id = $1`, id).Scan(&v))
+	return v
+}
+
+// Publishing an EnqueueTx job takes its outbox row and leaves the job's row
+// as the enqueue wrote it: rewriting every job row (and an entry in each of
+// its indexes) once more cost more Postgres work than the insert.
+func TestRelayPublishesWithoutRewritingTheJobRow(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	id := enqueueTx(t, c, b, "untouched", nil)
+	written := b.rowVersion(t, id)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, id))
+
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer relay.Close()
+	n, err := relay.PublishBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.True(t, inRedis(t, insp, id))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
+	require.Equal(t, written, b.rowVersion(t, id), "the relay rewrote the job's row")
+
+	n, err = relay.PublishBatch(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a published job is not published again")
+}
+
+// A relay that took jobs off the outbox and died before publishing them
+// loses nothing: past the grace, the reconciler publishes them. While a job
+// is still on the outbox the reconciler leaves it to the relay, however
+// old it is.
+func TestOutboxJobsAreTheRelaysAndTheReconcilerTakesOverWhatARelayDropped(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	waiting := enqueueTx(t, c, b, "still-on-the-outbox", nil)
+	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	rec := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	defer rec.Close()
+	n, err := rec.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a job on the outbox is the relay's to publish")
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.False(t, inRedis(t, insp, waiting))
+
+	// A relay takes it off the outbox and dies before it reaches Redis.
+	store := idempotency.NewStore(b.pool)
+	jobs, taken, err := store.ClaimOutbox(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, taken)
+	require.Len(t, jobs, 1)
+	require.Equal(t, waiting, jobs[0].ID)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
+
+	n, err = rec.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the reconciler publishes what the dead relay took")
+	require.True(t, inRedis(t, insp, waiting))
+}
+
+// An outbox row whose job was cancelled, or deleted, before a relay got to
+// it is dropped, and nothing reaches Redis for it.
+func TestRelayDropsOutboxRowsOfJobsNoLongerPending(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	kept := enqueueTx(t, c, b, "kept", nil)
+	cancelled := enqueueTx(t, c, b, "cancelled", nil)
+	deleted := enqueueTx(t, c, b, "deleted", nil)
+	res, err := c.Cancel(ctx, cancelled)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusCancelled, res.Job.Status)
+	_, err = b.pool.Exec(ctx, `DELETE FROM keel_jobs WHERE id = $1`, deleted)
+	require.NoError(t, err)
+
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer relay.Close()
+	n, err := relay.PublishBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.True(t, inRedis(t, insp, kept))
+	require.False(t, inRedis(t, insp, cancelled))
+	require.False(t, inRedis(t, insp, deleted))
+}
+
+// Rows written unpublished and off the outbox (by a binary from before the
+// outbox during a rolling deploy, a hand-back, a wait) are still published:
+// by a sleeping relay when their writer notifies, and by an awake relay,
+// which writers do not notify, within its slower poll of them.
+func TestRelayPublishesRowsWrittenOffTheOutbox(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	runRelay(t, relay)
+	store := idempotency.NewStore(b.pool)
+	oldWriter := func(key string, notify bool) string {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		j, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
+			Payload: []byte(`{"id":"` + key + `"}`), MaxRetry: 3})
+		require.NoError(t, err)
+		require.Nil(t, j.PublishedAt)
+		if notify {
+			require.NoError(t, idempotency.NotifyRelay(ctx, tx))
+		}
+		require.NoError(t, tx.Commit(ctx))
+		return j.ID
+	}
+
+	asleep := oldWriter("old-writer-asleep", true)
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, asleep) }, "a sleeping relay did not publish a notified row")
+
+	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.Awake() }, "the relay did not wake")
+	unnotified := oldWriter("old-writer-awake", false)
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, unnotified) }, "an awake relay did not publish a row off the outbox")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
+}
