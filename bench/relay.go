@@ -90,7 +90,7 @@ func (r RelayReport) String() string {
 			fmtRounds(row.RoundRatios))
 	}
 	tw.Flush()
-	fmt.Fprintf(&sb, "\nA relay pass claims up to %d rows (FOR UPDATE SKIP LOCKED), marks them published and commits,\n"+
+	fmt.Fprintf(&sb, "\nA relay pass takes up to %d rows off the outbox (FOR UPDATE SKIP LOCKED, DELETE, commit), reads their jobs,\n"+
 		"then puts them into Redis with one script call per queue (the writes asynq's client makes, %d calls in flight);\n"+
 		"asynq Client.Enqueue, one producer, is the same Redis work one task at a time.\n", r.BatchSize, idempotency.PublishInFlight)
 	if len(r.Commits) > 0 {
