@@ -497,8 +497,8 @@ func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
 	}{
 		{"guard round: 50 claims + 50 completions", idempotency.RoundSQL(),
 			[]any{scaleHolder, int64(10000), claim, done, attempts}},
-		{"relay claim (200)", `SELECT job_id FROM keel_outbox WHERE run_at <= now() ORDER BY run_at LIMIT 200 FOR UPDATE SKIP LOCKED`, nil},
-		{"relay claim, rows written unpublished (200)", `SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' AND run_at <= now() ORDER BY run_at LIMIT 200 FOR UPDATE SKIP LOCKED`, nil},
+		{"relay claim (200)", idempotency.ClaimOutboxSQL(), []any{200}},
+		{"relay claim, rows written unpublished (200)", idempotency.ClaimUnpublishedSQL(), []any{200}},
 		{"reconciler page (1,000)", outbox.ReconcileSQL(), []any{outbox.DefaultGrace.Milliseconds(), "", outbox.DefaultReconcileBatch}},
 		{"rescue page (1,000)", outbox.RescueSQL(), []any{"", outbox.DefaultReconcileBatch}},
 		{"prune batch (1,000)", outbox.PruneSQL(), []any{outbox.DefaultRetention.Milliseconds(), outbox.DefaultPruneBatch}},

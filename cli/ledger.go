@@ -48,8 +48,9 @@ func ledgerCmd(e *Env) *cobra.Command {
 			}
 			// Waiting for the relay: on its outbox, or written unpublished.
 			err = pool.QueryRow(ctx, `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0) FROM (
-				SELECT count(*) AS n, min(run_at) AS since FROM keel_outbox
-				UNION ALL SELECT count(*), min(created_at) FROM keel_jobs WHERE published_at IS NULL AND status = 'pending') w`).Scan(&st.Unpublished, &st.OldestUnpubSecs)
+				SELECT count(*) AS n, min(queued_at) AS since FROM keel_outbox
+				UNION ALL SELECT count(*), min(greatest(updated_at, run_at)) FROM keel_jobs
+					WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()) w`).Scan(&st.Unpublished, &st.OldestUnpubSecs)
 			if err != nil {
 				return err
 			}

@@ -78,7 +78,7 @@ const bulkInsertCTEs = `WITH ins AS (
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns + `),
-outbox AS (INSERT INTO keel_outbox (job_id, run_at) SELECT id, run_at FROM ins
+outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins
 	WHERE $14::bool AND NOT $13::bool AND published_at IS NOT NULL),
 wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one
 	WHERE $14::bool AND ` + wakeNeeded + `)`

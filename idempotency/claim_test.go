@@ -38,6 +38,11 @@ func ledgerRowsRead(t *testing.T, one *pgxpool.Pool) int64 {
 func TestClaimsReadWhatTheyClaimHoweverManyJobsAreOpen(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
+	var version int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version))
+	if version < 150000 {
+		t.Skip("counting a backend's reads needs pg_stat_force_next_flush (Postgres 15)")
+	}
 	cfg := b.pool.Config()
 	cfg.MaxConns = 1
 	one, err := pgxpool.NewWithConfig(ctx, cfg)

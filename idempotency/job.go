@@ -30,17 +30,22 @@ func (s Status) Terminal() bool {
 
 // Job is one ledger row.
 type Job struct {
-	ID             string
-	Kind           string
-	BusinessKey    string
-	Queue          string
-	Payload        []byte
-	Status         Status
-	Attempts       int
-	MaxRetry       int
-	Timeout        time.Duration
-	Deadline       *time.Time
-	RunAt          time.Time
+	ID          string
+	Kind        string
+	BusinessKey string
+	Queue       string
+	Payload     []byte
+	Status      Status
+	Attempts    int
+	MaxRetry    int
+	Timeout     time.Duration
+	Deadline    *time.Time
+	RunAt       time.Time
+	// PublishedAt is when the job was handed over for publishing: to
+	// Redis, or, for a job EnqueueTx or EnqueueManyTx wrote, to the relay's
+	// outbox in the same transaction (the relay publishes it moments after
+	// the commit and leaves the row as it is). Nil: written unpublished (to
+	// run later, handed back, replayed); a relay publishes it when due.
 	PublishedAt    *time.Time
 	LeaseHolder    string
 	LeaseUntil     *time.Time

@@ -143,7 +143,7 @@ const insertWakeSQL = `WITH ins AS (INSERT INTO keel_jobs
 	 nullif($13, ''), nullif($14, ''), nullif($15, ''), CASE WHEN coalesce($9, now()) <= now() THEN now() END)
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + jobColumns + `),
-	outbox AS (INSERT INTO keel_outbox (job_id, run_at) SELECT id, run_at FROM ins WHERE published_at IS NOT NULL),
+	outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE published_at IS NOT NULL),
 	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins WHERE ` + wakeNeeded + `)
 	SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
 
@@ -489,12 +489,30 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 	return j, interpretError(err)
 }
 
-// claimOutboxSQL takes up to $1 due rows off the outbox. By ctid: the rows
+// outboxDueSQL tells whether the outbox holds a row: all an idle poll asks.
+// Every row is due: a job to run later is written unpublished instead.
+const outboxDueSQL = `SELECT EXISTS (SELECT 1 FROM keel_outbox)`
+
+// claimOutboxSQL takes up to $1 rows off the outbox, oldest first. By ctid: the rows
 // are locked, so their ctids hold until the commit, and a TID scan spares a
 // second index look-up per row.
 const claimOutboxSQL = `DELETE FROM keel_outbox WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM keel_outbox WHERE run_at <= now() ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+	SELECT ctid FROM keel_outbox ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING job_id`
+
+// ClaimOutboxSQL and ClaimUnpublishedSQL are the relay's claims, exported
+// for plan inspection.
+func ClaimOutboxSQL() string { return claimOutboxSQL }
+
+// ClaimUnpublishedSQL: see ClaimOutboxSQL.
+func ClaimUnpublishedSQL() string { return claimUnpublishedSQL }
+
+// outboxJobsSQL reads the jobs of the rows taken off the outbox that are
+// still to publish. A job that went back to unpublished since (a wait, a
+// hand-back) belongs to ClaimUnpublished, at its run_at: asynq may still
+// hold its old copy.
+const outboxJobsSQL = `SELECT ` + jobColumns + ` FROM keel_jobs
+	WHERE id = ANY ($1) AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now()`
 
 // claimUnpublishedSQL marks up to $1 due rows written unpublished as
 // published.
@@ -505,39 +523,50 @@ const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = now()
 	RETURNING ` + jobColumns
 
 // A prepared statement's plan is made once for the connection's life,
-// after a few runs, with the table's size at that time: made while the
-// ledger was nearly empty, it could read every open job on each claim
-// (measured: a bitmap scan of keel_jobs_open, 29 ms a poll with 120,000
-// pending jobs). These statements are planned for every run instead, from
-// the table as it is; they run at most a few times a second while rows are
-// claimed.
+// after a few runs, from the table as it was then: made while the ledger
+// was nearly empty, the claim of unpublished rows settled on a plan that
+// read every open job each time (5,006 rows read to claim 2 in
+// TestClaimsReadWhatTheyClaimHoweverManyJobsAreOpen). These statements are
+// planned for every run instead, from the table as it is; they run only
+// when there are rows to take, or every 50 ms.
 const planEachRun = pgx.QueryExecModeExec
 
 // ClaimOutbox takes up to limit due jobs off the outbox, where EnqueueTx
-// and EnqueueManyTx put them, and returns those still pending (a row whose
-// job is gone or no longer pending is dropped). The outbox rows are deleted
-// in a transaction of their own: nothing is locked while the caller talks
-// to Redis, so a worker that receives a job at once can claim it. The
-// caller publishes the jobs and hands back, with Unpublish, any it could
-// not; a caller that dies in between leaves jobs the reconciler
-// republishes after its grace period (their rows are marked published).
-// returned is how many outbox rows it took, which can exceed len(jobs).
+// and EnqueueManyTx put them, and returns those still to publish (a row
+// whose job is gone, no longer pending, or handed back is dropped). It
+// commits before it returns: nothing is locked while the caller talks to
+// Redis, so a worker that receives a job at once can claim it. The caller
+// publishes the jobs and hands back, with Unpublish, any it could not; a
+// caller that dies in between leaves jobs the reconciler republishes after
+// its grace period (their rows are marked published). taken is how many
+// outbox rows it took, which can exceed len(jobs).
 func (s *Store) ClaimOutbox(ctx context.Context, limit int) (jobs []Job, taken int, err error) {
-	rows, err := s.pool.Query(ctx, claimOutboxSQL, limit)
+	var due bool
+	if err := s.pool.QueryRow(ctx, outboxDueSQL).Scan(&due); err != nil || !due {
+		return nil, 0, interpretError(err)
+	}
+	// One transaction: a failure after the delete puts the rows back.
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, claimOutboxSQL, limit)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		taken = len(ids)
+		rows, err = tx.Query(ctx, outboxJobsSQL, planEachRun, ids)
+		if err != nil {
+			return err
+		}
+		jobs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+		return err
+	})
 	if err != nil {
 		return nil, 0, interpretError(err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil || len(ids) == 0 {
-		return nil, 0, interpretError(err)
-	}
-	rows, err = s.pool.Query(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE id = ANY ($1) AND status = 'pending'`,
-		planEachRun, ids)
-	if err != nil {
-		return nil, len(ids), interpretError(err)
-	}
-	jobs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
-	return jobs, len(ids), interpretError(err)
+	return jobs, taken, nil
 }
 
 // ClaimUnpublished marks up to limit committed, unpublished jobs that are

@@ -33,7 +33,8 @@ func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
 
 	// Two dead jobs of one kind and class, one of another class; one
 	// committed job the relay has not published yet (backlog) and one on
-	// its outbox (backlog, the oldest); one published job (not backlog).
+	// its outbox (backlog, the oldest); one published job and two to run
+	// later (not backlog).
 	for i, class := range []string{"permanent", "permanent", "transient"} {
 		j := insertJob(t, pool, "critical", "order:send_receipt", "order:"+string(rune('1'+i)))
 		_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = $2, finished_at = now(),
@@ -47,7 +48,18 @@ func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET published_at = now() WHERE id = $1`, published.ID)
 	require.NoError(t, err)
 	_, _, err = idempotency.NewStore(pool).Insert(ctx, pool, idempotency.NewJob{Kind: "analytics:sync", BusinessKey: "day:3",
-		Queue: "default", Payload: []byte(`{}`), MaxRetry: 3, RunAt: time.Now().Add(-2 * time.Minute), WakeRelay: true})
+		Queue: "default", Payload: []byte(`{}`), MaxRetry: 3, WakeRelay: true})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes'`)
+	require.NoError(t, err)
+	// A job to run in an hour, an hour-old job handed back by a worker to
+	// run in an hour: not the relay's yet, whatever their age.
+	_, _, err = idempotency.NewStore(pool).Insert(ctx, pool, idempotency.NewJob{Kind: "analytics:sync", BusinessKey: "day:4",
+		Queue: "default", Payload: []byte(`{}`), MaxRetry: 3, RunAt: time.Now().Add(time.Hour), WakeRelay: true})
+	require.NoError(t, err)
+	waits := insertJob(t, pool, "default", "analytics:sync", "day:5")
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour', run_at = now() + interval '1 hour'
+		WHERE id = $1`, waits.ID)
 	require.NoError(t, err)
 
 	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool})

@@ -480,8 +480,12 @@ func TestUpkeepQueriesUseIndexes(t *testing.T) {
 	require.NotContains(t, p, "Seq Scan on keel_jobs", p)
 	p = plan(outbox.RescueSQL(), "", 500)
 	require.Contains(t, p, "keel_jobs_running_lease", p)
-	p = plan(`SELECT id FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' ORDER BY run_at LIMIT 200 FOR UPDATE SKIP LOCKED`)
+	p = plan(idempotency.ClaimUnpublishedSQL(), 200)
 	require.Contains(t, p, "keel_jobs_unpublished", p)
+	require.NotContains(t, p, "keel_jobs_open", p)
+	p = plan(idempotency.ClaimOutboxSQL(), 200)
+	require.Contains(t, p, "keel_outbox", p)
+	require.NotContains(t, p, "keel_jobs", p)
 }
 
 // A relay pass while Redis is down hands every claimed row back, so the

@@ -148,3 +148,111 @@ func TestRelayPublishesRowsWrittenOffTheOutbox(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, unnotified) }, "an awake relay did not publish a row off the outbox")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
 }
+
+// A claim that fails after taking rows off the outbox (here: its read of
+// the jobs cannot get at keel_jobs in time) puts them back, and the next
+// pass publishes them; nothing waits for the reconciler.
+func TestOutboxClaimThatFailsPutsTheRowsBack(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	id := enqueueTx(t, c, b, "claim-fails", nil)
+	lock, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lock.Rollback(ctx)
+	_, err = lock.Exec(ctx, `LOCK TABLE keel_jobs IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	store := idempotency.NewStore(b.pool)
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, _, err = store.ClaimOutbox(cctx, 10)
+	cancel()
+	require.Error(t, err)
+	require.NoError(t, lock.Rollback(ctx))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, id), "the failed claim dropped the row")
+
+	// The cancelled claim's backend lets go of its row lock when it sees
+	// the cancel; until then the next pass skips the locked row.
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer relay.Close()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		n, err := relay.PublishBatch(ctx)
+		require.NoError(t, err)
+		return n == 1
+	}, "the row put back was not published")
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.True(t, inRedis(t, insp, id))
+}
+
+// A job that went back to unpublished while its outbox row was still there
+// (published meanwhile by an older binary's reconciler, run, and handed
+// back by a worker to wait) is left to its run_at: asynq may still hold its
+// old copy. One handed back to run now is published once, not from both
+// sources.
+func TestOutboxRowOfAJobHandedBackIsLeftToTheUnpublishedClaim(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	waits := enqueueTx(t, c, b, "waits", nil)
+	due := enqueueTx(t, c, b, "due", nil)
+	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = NULL, run_at = now() + interval '1 hour' WHERE id = $1`, waits)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = NULL WHERE id = $1`, due)
+	require.NoError(t, err)
+
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer relay.Close()
+	n, err := relay.PublishBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the due job, once")
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.True(t, inRedis(t, insp, due))
+	require.False(t, inRedis(t, insp, waits), "a job waiting for its run_at was published")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`), "the waiting job is the unpublished claim's")
+}
+
+// A job whose outbox row no relay has taken for a minute (only older
+// binaries' relays run, mid-deploy, or none) is published by the
+// reconciler.
+func TestReconcilerPublishesOutboxJobsNoRelayTakes(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	id := enqueueTx(t, c, b, "no-relay", nil)
+	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes'`)
+	require.NoError(t, err)
+	rec := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	defer rec.Close()
+	n, err := rec.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.True(t, inRedis(t, insp, id))
+}
+
+// An outbox the relay cannot read (here: gone; in life, say, a role
+// without a grant on it) does not hold up the rows written unpublished.
+func TestABrokenOutboxDoesNotHoldUpRowsWrittenUnpublished(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	store := idempotency.NewStore(b.pool)
+	j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: "unpublished", Queue: "default",
+		Payload: []byte(`{"id":"unpublished"}`), MaxRetry: 3})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_outbox RENAME TO keel_outbox_gone`)
+	require.NoError(t, err)
+
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer relay.Close()
+	n, err := relay.PublishBatch(ctx)
+	require.ErrorContains(t, err, "keel_outbox")
+	require.Equal(t, 1, n)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	require.True(t, inRedis(t, insp, j.ID))
+}

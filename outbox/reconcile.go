@@ -197,12 +197,15 @@ const (
 // reconcileSQL pages through open, published jobs left alone for longer
 // than the grace, by keyset on keel_jobs_open. It reads no payload: most
 // jobs turn out to be in Redis. held: a live lease, so a worker runs it.
-// A job still on the relay's outbox is the relay's to publish, however
-// long the relay takes, as is one written unpublished.
+// A job on the relay's outbox is the relay's to publish (a job written
+// unpublished is never here) until its outbox row is a minute old: then no
+// relay reads the outbox (only older binaries' relays run, mid-deploy, or
+// none), and the reconciler publishes it; a relay that gets to the row
+// later publishes it again, a harmless conflict.
 const reconcileSQL = `SELECT id, queue, coalesce(lease_until > now(), false) FROM keel_jobs
 	WHERE status IN ('pending', 'running', 'failed') AND published_at IS NOT NULL
 	  AND updated_at < now() - $1 * interval '1 millisecond' AND id > $2
-	  AND NOT EXISTS (SELECT 1 FROM keel_outbox o WHERE o.job_id = keel_jobs.id)
+	  AND NOT EXISTS (SELECT 1 FROM keel_outbox o WHERE o.job_id = keel_jobs.id AND o.queued_at > now() - interval '1 minute')
 	ORDER BY id LIMIT $3`
 
 // ReconcileSQL and RescueSQL are the statements a pass and a rescue page

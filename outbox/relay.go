@@ -185,6 +185,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+			// A writer that notifies an awake relay wrote unpublished
+			// rows (a replay, a batch's callback, an older binary).
+			lastLegacy = time.Time{}
 		case <-poll.C:
 		}
 	}
@@ -198,24 +201,20 @@ const legacyPoll = 50 * time.Millisecond
 
 // claim takes the next batch off the outbox and, when legacy, of the rows
 // written unpublished; the two full flags say whether each source may hold
-// more.
+// more. Each source is tried whatever the other does: an outbox the relay
+// cannot read must not hold up waits, hand-backs and replays.
 func (r *Relay) claim(ctx context.Context, outbox, legacy bool) (jobs []idempotency.Job, outboxFull, legacyFull bool, err error) {
 	if outbox {
 		var taken int
 		jobs, taken, err = r.store.ClaimOutbox(ctx, r.cfg.BatchSize)
-		if err != nil {
-			return nil, false, false, err
-		}
-		outboxFull = taken == r.cfg.BatchSize
+		outboxFull = err == nil && taken == r.cfg.BatchSize
 	}
 	if legacy {
-		more, err := r.store.ClaimUnpublished(ctx, r.cfg.BatchSize)
-		if err != nil {
-			return jobs, false, false, err // publish what the outbox gave
-		}
-		jobs, legacyFull = append(jobs, more...), len(more) == r.cfg.BatchSize
+		more, lerr := r.store.ClaimUnpublished(ctx, r.cfg.BatchSize)
+		jobs, legacyFull = append(jobs, more...), lerr == nil && len(more) == r.cfg.BatchSize
+		err = errors.Join(err, lerr)
 	}
-	return jobs, outboxFull, legacyFull, nil
+	return jobs, outboxFull, legacyFull, err
 }
 
 // drain publishes batches until each source comes back short; legacy: the
@@ -448,8 +447,9 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	}
 }
 
-// PublishBatch publishes one batch of unpublished rows and returns how many
-// it published.
+// PublishBatch publishes one batch off the outbox and one of the rows
+// written unpublished (up to BatchSize each) and returns how many it
+// published.
 func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 	jobs, _, _, err := r.claim(ctx, true, true)
 	n, perr := r.publish(ctx, jobs)
