@@ -489,16 +489,23 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 	return j, interpretError(err)
 }
 
-// outboxDueSQL tells whether the outbox holds a row: all an idle poll asks.
-// Every row is due: a job to run later is written unpublished instead.
+// outboxDueSQL tells whether the outbox holds a row: all an idle poll asks,
+// with a plan made once (claimOutboxSQL is planned for each run). Every
+// row is due: a job to run later is written unpublished instead.
 const outboxDueSQL = `SELECT EXISTS (SELECT 1 FROM keel_outbox)`
 
-// claimOutboxSQL takes up to $1 rows off the outbox, oldest first. By ctid: the rows
-// are locked, so their ctids hold until the commit, and a TID scan spares a
-// second index look-up per row.
-const claimOutboxSQL = `DELETE FROM keel_outbox WHERE ctid = ANY (ARRAY (
+// claimOutboxSQL takes up to $1 rows off the outbox, oldest first, and
+// reads the jobs still to publish, in one statement: a failure leaves the
+// rows where they were. By ctid: the rows are locked, so their ctids hold
+// until the commit, and a TID scan spares a second index look-up per row.
+// A job gone or no longer pending is dropped; one that went back to
+// unpublished since (a wait, a hand-back) belongs to ClaimUnpublished, at
+// its run_at: asynq may still hold its old copy.
+const claimOutboxSQL = `WITH o AS (DELETE FROM keel_outbox WHERE ctid = ANY (ARRAY (
 	SELECT ctid FROM keel_outbox ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING job_id`
+	RETURNING job_id)
+SELECT ` + jobColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
+	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now()`
 
 // ClaimOutboxSQL and ClaimUnpublishedSQL are the relay's claims, exported
 // for plan inspection.
@@ -506,13 +513,6 @@ func ClaimOutboxSQL() string { return claimOutboxSQL }
 
 // ClaimUnpublishedSQL: see ClaimOutboxSQL.
 func ClaimUnpublishedSQL() string { return claimUnpublishedSQL }
-
-// outboxJobsSQL reads the jobs of the rows taken off the outbox that are
-// still to publish. A job that went back to unpublished since (a wait, a
-// hand-back) belongs to ClaimUnpublished, at its run_at: asynq may still
-// hold its old copy.
-const outboxJobsSQL = `SELECT ` + jobColumns + ` FROM keel_jobs
-	WHERE id = ANY ($1) AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now()`
 
 // claimUnpublishedSQL marks up to $1 due rows written unpublished as
 // published.
@@ -531,42 +531,25 @@ const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = now()
 // when there are rows to take, or every 50 ms.
 const planEachRun = pgx.QueryExecModeExec
 
-// ClaimOutbox takes up to limit due jobs off the outbox, where EnqueueTx
-// and EnqueueManyTx put them, and returns those still to publish (a row
-// whose job is gone, no longer pending, or handed back is dropped). It
-// commits before it returns: nothing is locked while the caller talks to
-// Redis, so a worker that receives a job at once can claim it. The caller
-// publishes the jobs and hands back, with Unpublish, any it could not; a
-// caller that dies in between leaves jobs the reconciler republishes after
-// its grace period (their rows are marked published). taken is how many
-// outbox rows it took, which can exceed len(jobs).
-func (s *Store) ClaimOutbox(ctx context.Context, limit int) (jobs []Job, taken int, err error) {
-	var due bool
-	if err := s.pool.QueryRow(ctx, outboxDueSQL).Scan(&due); err != nil || !due {
-		return nil, 0, interpretError(err)
+// ClaimOutbox takes up to limit jobs off the outbox, where EnqueueTx and
+// EnqueueManyTx put them, and returns those still to publish (see
+// claimOutboxSQL). It commits before it returns: nothing is locked while
+// the caller talks to Redis, so a worker that receives a job at once can
+// claim it. The caller publishes the jobs and hands back, with Unpublish,
+// any it could not; a caller that dies in between leaves jobs the
+// reconciler republishes after its grace period (their rows are marked
+// published).
+func (s *Store) ClaimOutbox(ctx context.Context, limit int) ([]Job, error) {
+	var queued bool
+	if err := s.pool.QueryRow(ctx, outboxDueSQL).Scan(&queued); err != nil || !queued {
+		return nil, interpretError(err)
 	}
-	// One transaction: a failure after the delete puts the rows back.
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, claimOutboxSQL, limit)
-		if err != nil {
-			return err
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil || len(ids) == 0 {
-			return err
-		}
-		taken = len(ids)
-		rows, err = tx.Query(ctx, outboxJobsSQL, planEachRun, ids)
-		if err != nil {
-			return err
-		}
-		jobs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
-		return err
-	})
+	rows, err := s.pool.Query(ctx, claimOutboxSQL, planEachRun, limit)
 	if err != nil {
-		return nil, 0, interpretError(err)
+		return nil, interpretError(err)
 	}
-	return jobs, taken, nil
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+	return jobs, interpretError(err)
 }
 
 // ClaimUnpublished marks up to limit committed, unpublished jobs that are

@@ -70,9 +70,8 @@ func TestOutboxJobsAreTheRelaysAndTheReconcilerTakesOverWhatARelayDropped(t *tes
 
 	// A relay takes it off the outbox and dies before it reaches Redis.
 	store := idempotency.NewStore(b.pool)
-	jobs, taken, err := store.ClaimOutbox(ctx, 10)
+	jobs, err := store.ClaimOutbox(ctx, 10)
 	require.NoError(t, err)
-	require.Equal(t, 1, taken)
 	require.Len(t, jobs, 1)
 	require.Equal(t, waiting, jobs[0].ID)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
@@ -164,7 +163,7 @@ func TestOutboxClaimThatFailsPutsTheRowsBack(t *testing.T) {
 	require.NoError(t, err)
 	store := idempotency.NewStore(b.pool)
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, _, err = store.ClaimOutbox(cctx, 10)
+	_, err = store.ClaimOutbox(cctx, 10)
 	cancel()
 	require.Error(t, err)
 	require.NoError(t, lock.Rollback(ctx))
