@@ -291,7 +291,7 @@ func (e *env) close() { e.pool.Close() }
 
 // truncate empties the ledger.
 func (e *env) truncate(ctx context.Context) error {
-	_, err := e.pool.Exec(ctx, `TRUNCATE keel_jobs CASCADE`)
+	_, err := e.pool.Exec(ctx, `TRUNCATE keel_jobs, keel_outbox CASCADE`)
 	return err
 }
 

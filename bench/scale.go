@@ -300,7 +300,7 @@ type scaleRun struct {
 // ledger loads a ledger of finished and open jobs and measures it.
 func (s *scaleRun) ledger(ctx context.Context, name string, finished, open int) (ScaleLedger, error) {
 	l := ScaleLedger{Name: name, Finished: finished, Open: open}
-	if _, err := s.pool.Exec(ctx, `TRUNCATE keel_jobs, keel_prune_log CASCADE`); err != nil {
+	if _, err := s.pool.Exec(ctx, `TRUNCATE keel_jobs, keel_outbox, keel_prune_log CASCADE`); err != nil {
 		return l, err
 	}
 	if err := clearQueues(s.redis); err != nil {

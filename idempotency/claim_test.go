@@ -52,7 +52,7 @@ func TestClaimsReadWhatTheyClaimHoweverManyJobsAreOpen(t *testing.T) {
 
 	// On an empty ledger, more runs than Postgres takes to settle on a plan.
 	for range 10 {
-		_, err := store.ClaimOutbox(ctx, 200)
+		_, _, err := store.ClaimOutbox(ctx, 200)
 		require.NoError(t, err)
 		_, err = store.ClaimUnpublished(ctx, 200)
 		require.NoError(t, err)
@@ -70,8 +70,9 @@ func TestClaimsReadWhatTheyClaimHoweverManyJobsAreOpen(t *testing.T) {
 	require.NoError(t, err)
 
 	before := ledgerRowsRead(t, one)
-	jobs, err := store.ClaimOutbox(ctx, 200)
+	jobs, taken, err := store.ClaimOutbox(ctx, 200)
 	require.NoError(t, err)
+	require.Equal(t, 1, taken)
 	require.Len(t, jobs, 1)
 	require.Equal(t, outboxed.ID, jobs[0].ID)
 	jobs, err = store.ClaimUnpublished(ctx, 200)

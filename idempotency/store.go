@@ -498,14 +498,20 @@ const outboxDueSQL = `SELECT EXISTS (SELECT 1 FROM keel_outbox)`
 // reads the jobs still to publish, in one statement: a failure leaves the
 // rows where they were. By ctid: the rows are locked, so their ctids hold
 // until the commit, and a TID scan spares a second index look-up per row.
-// A job gone or no longer pending is dropped; one that went back to
-// unpublished since (a wait, a hand-back) belongs to ClaimUnpublished, at
-// its run_at: asynq may still hold its old copy.
+// A job gone or no longer pending is dropped, as is one that went back to
+// unpublished since (a wait, a hand-back): that one belongs to
+// ClaimUnpublished, at its run_at, since asynq may still hold its old copy.
+// Each result row ends with how many rows were taken; when no job is left
+// to publish, one row of NULL job columns carries it. The jobs are looked
+// up by an array of ids, which the planner always answers from an index; a
+// join on the ids was answered with a scan of the whole table when it
+// expected many.
 const claimOutboxSQL = `WITH o AS (DELETE FROM keel_outbox WHERE ctid = ANY (ARRAY (
 	SELECT ctid FROM keel_outbox ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING job_id)
-SELECT ` + jobColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
-	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now()`
+	RETURNING job_id),
+j AS (SELECT ` + jobColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
+	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now())
+SELECT j.*, (SELECT count(*) FROM o) FROM (SELECT) one LEFT JOIN j ON true`
 
 // ClaimOutboxSQL and ClaimUnpublishedSQL are the relay's claims, exported
 // for plan inspection.
@@ -538,19 +544,46 @@ const planEachRun = pgx.QueryExecModeExec
 // claim it. The caller publishes the jobs and hands back, with Unpublish,
 // any it could not; a caller that dies in between leaves jobs the
 // reconciler republishes after its grace period (their rows are marked
-// published).
-func (s *Store) ClaimOutbox(ctx context.Context, limit int) ([]Job, error) {
+// published). taken is how many outbox rows it took, which can exceed
+// len(jobs).
+func (s *Store) ClaimOutbox(ctx context.Context, limit int) (jobs []Job, taken int, err error) {
 	var queued bool
 	if err := s.pool.QueryRow(ctx, outboxDueSQL).Scan(&queued); err != nil || !queued {
-		return nil, interpretError(err)
+		return nil, 0, interpretError(err)
 	}
 	rows, err := s.pool.Query(ctx, claimOutboxSQL, planEachRun, limit)
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, 0, interpretError(err)
 	}
-	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
-	return jobs, interpretError(err)
+	defer rows.Close()
+	var n int64
+	for rows.Next() {
+		if rows.RawValues()[0] == nil { // no job to publish
+			if err := rows.Scan(append(make([]any, len(rows.RawValues())-1), &n)...); err != nil {
+				return nil, 0, interpretError(err)
+			}
+			continue
+		}
+		j, err := scanJob(withTaken{rows, &n})
+		if err != nil {
+			return nil, 0, interpretError(err)
+		}
+		jobs = append(jobs, j)
+	}
+	taken = int(n)
+	if err := rows.Err(); err != nil {
+		return nil, 0, interpretError(err)
+	}
+	return jobs, taken, nil
 }
+
+// withTaken scans a claimOutboxSQL row: the job, then the count taken.
+type withTaken struct {
+	pgx.Row
+	taken *int64
+}
+
+func (r withTaken) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.taken)...) }
 
 // ClaimUnpublished marks up to limit committed, unpublished jobs that are
 // due as published and returns them, in a transaction of its own, as

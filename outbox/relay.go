@@ -205,9 +205,9 @@ const legacyPoll = 50 * time.Millisecond
 // cannot read must not hold up waits, hand-backs and replays.
 func (r *Relay) claim(ctx context.Context, outbox, legacy bool) (jobs []idempotency.Job, outboxFull, legacyFull bool, err error) {
 	if outbox {
-		jobs, err = r.store.ClaimOutbox(ctx, r.cfg.BatchSize)
-		// Short when rows were dropped too: the next poll takes the rest.
-		outboxFull = err == nil && len(jobs) == r.cfg.BatchSize
+		var taken int
+		jobs, taken, err = r.store.ClaimOutbox(ctx, r.cfg.BatchSize)
+		outboxFull = err == nil && taken == r.cfg.BatchSize
 	}
 	if legacy {
 		more, lerr := r.store.ClaimUnpublished(ctx, r.cfg.BatchSize)
