@@ -14,6 +14,22 @@ import (
 	"github.com/keeljobs/keel/outbox"
 )
 
+// publishBatch runs one pass of a relay with the default settings.
+func (b *bundle) publishBatch(t *testing.T) (int, error) {
+	t.Helper()
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	defer relay.Close()
+	return relay.PublishBatch(context.Background())
+}
+
+// inspector looks at the test's Redis until the test ends.
+func (b *bundle) inspector(t *testing.T) *asynq.Inspector {
+	t.Helper()
+	insp := asynq.NewInspector(b.opt)
+	t.Cleanup(func() { insp.Close() })
+	return insp
+}
+
 // rowVersion is the transaction that wrote the job's row as it is now.
 func (b *bundle) rowVersion(t *testing.T, id string) string {
 	t.Helper()
@@ -27,24 +43,20 @@ func (b *bundle) rowVersion(t *testing.T, id string) string {
 // its indexes) once more cost more Postgres work than the insert.
 func TestRelayPublishesWithoutRewritingTheJobRow(t *testing.T) {
 	b := setup(t)
-	ctx := context.Background()
 	c := b.client(t, b.opt)
 	id := enqueueTx(t, c, b, "untouched", nil)
 	written := b.rowVersion(t, id)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, id))
 
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
-	defer relay.Close()
-	n, err := relay.PublishBatch(ctx)
+	n, err := b.publishBatch(t)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	require.True(t, inRedis(t, insp, id))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
 	require.Equal(t, written, b.rowVersion(t, id), "the relay rewrote the job's row")
 
-	n, err = relay.PublishBatch(ctx)
+	n, err = b.publishBatch(t)
 	require.NoError(t, err)
 	require.Zero(t, n, "a published job is not published again")
 }
@@ -65,8 +77,7 @@ func TestOutboxJobsAreTheRelaysAndTheReconcilerTakesOverWhatARelayDropped(t *tes
 	n, err := rec.Reconcile(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "a job on the outbox is the relay's to publish")
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	require.False(t, inRedis(t, insp, waiting))
 
 	// A relay takes it off the outbox and dies before it reaches Redis.
@@ -99,14 +110,11 @@ func TestRelayDropsOutboxRowsOfJobsNoLongerPending(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `DELETE FROM keel_jobs WHERE id = $1`, deleted)
 	require.NoError(t, err)
 
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
-	defer relay.Close()
-	n, err := relay.PublishBatch(ctx)
+	n, err := b.publishBatch(t)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	require.True(t, inRedis(t, insp, kept))
 	require.False(t, inRedis(t, insp, cancelled))
 	require.False(t, inRedis(t, insp, deleted))
@@ -120,8 +128,7 @@ func TestRelayPublishesRowsWrittenOffTheOutbox(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
 	runRelay(t, relay)
 	store := idempotency.NewStore(b.pool)
@@ -176,13 +183,10 @@ func TestOutboxClaimThatFailsPutsTheRowsBack(t *testing.T) {
 	require.NoError(t, lock.Rollback(ctx))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, id), "the failed claim dropped the row")
 
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
-	defer relay.Close()
-	n, err := relay.PublishBatch(ctx)
+	n, err := b.publishBatch(t)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	require.True(t, inRedis(t, insp, id))
 }
 
@@ -202,13 +206,10 @@ func TestOutboxRowOfAJobHandedBackIsLeftToTheUnpublishedClaim(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = NULL WHERE id = $1`, due)
 	require.NoError(t, err)
 
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
-	defer relay.Close()
-	n, err := relay.PublishBatch(ctx)
+	n, err := b.publishBatch(t)
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the due job, once")
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	require.True(t, inRedis(t, insp, due))
 	require.False(t, inRedis(t, insp, waits), "a job waiting for its run_at was published")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
@@ -232,8 +233,7 @@ func TestReconcilerPublishesOutboxJobsNoRelayTakes(t *testing.T) {
 	n, err := rec.Reconcile(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	require.True(t, inRedis(t, insp, id))
 }
 
@@ -249,13 +249,10 @@ func TestABrokenOutboxDoesNotHoldUpRowsWrittenUnpublished(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_outbox RENAME TO keel_outbox_gone`)
 	require.NoError(t, err)
 
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
-	defer relay.Close()
-	n, err := relay.PublishBatch(ctx)
+	n, err := b.publishBatch(t)
 	require.ErrorContains(t, err, "keel_outbox")
 	require.Equal(t, 1, n)
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	require.True(t, inRedis(t, insp, j.ID))
 }
 
@@ -274,8 +271,7 @@ func TestOutboxRowsOfGoneJobsDoNotHoldUpTheRest(t *testing.T) {
 	runRelay(t, relay)
 	c := b.client(t, b.opt)
 	id := enqueueTx(t, c, b, "behind-the-gone", nil)
-	insp := asynq.NewInspector(b.opt)
-	defer insp.Close()
+	insp := b.inspector(t)
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, id) }, "the job behind the dropped rows was not published")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
 }
