@@ -497,7 +497,7 @@ func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
 	}{
 		{"guard round: 50 claims + 50 completions", idempotency.RoundSQL(),
 			[]any{scaleHolder, int64(10000), claim, done, attempts}},
-		{"relay claim (200)", idempotency.ClaimOutboxSQL(), []any{200}},
+		{"relay claim (200)", idempotency.ClaimOutboxSQL(), []any{200, 0}},
 		{"relay claim, rows written unpublished (200)", idempotency.ClaimUnpublishedSQL(), []any{200}},
 		{"reconciler page (1,000)", outbox.ReconcileSQL(), []any{outbox.DefaultGrace.Milliseconds(), "", outbox.DefaultReconcileBatch}},
 		{"rescue page (1,000)", outbox.RescueSQL(), []any{"", outbox.DefaultReconcileBatch}},

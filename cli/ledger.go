@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/idempotency"
 )
 
 type ledgerStats struct {
@@ -46,11 +48,7 @@ func ledgerCmd(e *Env) *cobra.Command {
 			if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Rows[status] = n; return nil }); err != nil {
 				return err
 			}
-			// Waiting for the relay: on its outbox, or written unpublished.
-			err = pool.QueryRow(ctx, `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0) FROM (
-				SELECT count(*) AS n, min(queued_at) AS since FROM keel_outbox
-				UNION ALL SELECT count(*), min(greatest(updated_at, run_at)) FROM keel_jobs
-					WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()) w`).Scan(&st.Unpublished, &st.OldestUnpubSecs)
+			err = pool.QueryRow(ctx, idempotency.RelayBacklogSQL).Scan(&st.Unpublished, &st.OldestUnpubSecs)
 			if err != nil {
 				return err
 			}

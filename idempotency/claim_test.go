@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,10 +51,14 @@ func TestClaimsReadWhatTheyClaimHoweverManyJobsAreOpen(t *testing.T) {
 	defer one.Close()
 	store := idempotency.NewStore(one)
 
-	// On an empty ledger, more runs than Postgres takes to settle on a plan.
-	for range 10 {
-		_, _, err := store.ClaimOutbox(ctx, 200)
+	// On an empty ledger, more runs than Postgres takes to settle on a plan
+	// (each outbox claim with a row to take, whose job is long gone).
+	for i := range 10 {
+		_, err := one.Exec(ctx, `INSERT INTO keel_outbox (job_id) VALUES ($1)`, fmt.Sprint("gone-", i))
 		require.NoError(t, err)
+		_, taken, err := store.ClaimOutbox(ctx, 200)
+		require.NoError(t, err)
+		require.Equal(t, 1, taken)
 		_, err = store.ClaimUnpublished(ctx, 200)
 		require.NoError(t, err)
 	}

@@ -491,12 +491,16 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 
 // outboxDueSQL tells whether the outbox holds a row: all an idle poll asks,
 // with a plan made once (claimOutboxSQL is planned for each run). Every
-// row is due: a job to run later is written unpublished instead.
-const outboxDueSQL = `SELECT EXISTS (SELECT 1 FROM keel_outbox)`
+// row is due: a job to run later is written unpublished instead. By the
+// index the claim reads too: a scan of the table would step over every row
+// deleted since the last vacuum.
+const outboxDueSQL = `SELECT EXISTS (SELECT 1 FROM keel_outbox ORDER BY queued_at LIMIT 1)`
 
-// claimOutboxSQL takes up to $1 rows off the outbox, oldest first, and
-// reads the jobs still to publish, in one statement: a failure leaves the
-// rows where they were. By ctid: the rows are locked, so their ctids hold
+// claimOutboxSQL takes up to $1 rows at least $2 ms old off the outbox,
+// oldest first, and
+// reads the jobs still to publish, in one statement: a statement that fails
+// leaves the rows where they were (a caller that gives up on one that then
+// commits leaves its jobs to the reconciler, as one that dies does). By ctid: the rows are locked, so their ctids hold
 // until the commit, and a TID scan spares a second index look-up per row.
 // A job gone or no longer pending is dropped, as is one that went back to
 // unpublished since (a wait, a hand-back): that one belongs to
@@ -507,7 +511,8 @@ const outboxDueSQL = `SELECT EXISTS (SELECT 1 FROM keel_outbox)`
 // join on the ids was answered with a scan of the whole table when it
 // expected many.
 const claimOutboxSQL = `WITH o AS (DELETE FROM keel_outbox WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM keel_outbox ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+	SELECT ctid FROM keel_outbox WHERE queued_at <= now() - $2 * interval '1 millisecond'
+	ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING job_id),
 j AS (SELECT ` + jobColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
 	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now())
@@ -551,7 +556,17 @@ func (s *Store) ClaimOutbox(ctx context.Context, limit int) (jobs []Job, taken i
 	if err := s.pool.QueryRow(ctx, outboxDueSQL).Scan(&queued); err != nil || !queued {
 		return nil, 0, interpretError(err)
 	}
-	rows, err := s.pool.Query(ctx, claimOutboxSQL, planEachRun, limit)
+	return s.takeOutbox(ctx, limit, 0)
+}
+
+// TakeOverOutbox is ClaimOutbox for the rows that have waited at least age:
+// the reconciler's, when no relay reads the outbox.
+func (s *Store) TakeOverOutbox(ctx context.Context, limit int, age time.Duration) (jobs []Job, taken int, err error) {
+	return s.takeOutbox(ctx, limit, age)
+}
+
+func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (jobs []Job, taken int, err error) {
+	rows, err := s.pool.Query(ctx, claimOutboxSQL, planEachRun, limit, age.Milliseconds())
 	if err != nil {
 		return nil, 0, interpretError(err)
 	}
@@ -600,6 +615,16 @@ func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) 
 	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
 	return jobs, interpretError(err)
 }
+
+// RelayBacklogSQL reads how many jobs wait for a relay and for how many
+// seconds the oldest has: the outbox, and the due pending rows written
+// unpublished (one waits from when it last became unpublished, its
+// updated_at: insert, replay, or hand-back by a worker, or from its run_at
+// when that is later). A job to run later is not the relay's yet.
+const RelayBacklogSQL = `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0)::float8 FROM (
+	SELECT count(*) AS n, min(queued_at) AS since FROM keel_outbox
+	UNION ALL SELECT count(*), min(greatest(updated_at, run_at)) FROM keel_jobs
+		WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()) w`
 
 // InOutbox tells whether the job waits on the relay's outbox.
 func (s *Store) InOutbox(ctx context.Context, id string) (bool, error) {

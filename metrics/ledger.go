@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keeljobs/keel/idempotency"
 )
 
 // DefaultScrapeTimeout bounds the reads one scrape of a Ledger makes.
@@ -238,15 +240,7 @@ func ReadQueues(insp *asynq.Inspector) ([]QueueState, error) {
 const (
 	deadLettersSQL = `SELECT queue, kind, coalesce(error_class, ''), count(*)
 		FROM keel_jobs WHERE status = 'dead' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
-	// The relay's work: the outbox, and the due pending rows written
-	// unpublished (one waits for the relay from when it last became
-	// unpublished, its updated_at: insert, replay, or hand-back by a
-	// worker, or from its run_at when that is later). The oldest of them
-	// measures the relay's lag; a job to run later is not the relay's yet.
-	outboxSQL = `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0)::float8 FROM (
-		SELECT count(*) AS n, min(queued_at) AS since FROM keel_outbox
-		UNION ALL SELECT count(*), min(greatest(updated_at, run_at)) FROM keel_jobs
-			WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()) w`
+	outboxSQL  = idempotency.RelayBacklogSQL
 	batchesSQL = `SELECT count(*) FILTER (WHERE sealed_at IS NULL), count(*) FILTER (WHERE sealed_at IS NOT NULL)
 		FROM keel_batches WHERE completed_at IS NULL`
 )

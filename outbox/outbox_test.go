@@ -483,7 +483,7 @@ func TestUpkeepQueriesUseIndexes(t *testing.T) {
 	p = plan(idempotency.ClaimUnpublishedSQL(), 200)
 	require.Contains(t, p, "keel_jobs_unpublished", p)
 	require.NotContains(t, p, "keel_jobs_open", p)
-	p = plan(idempotency.ClaimOutboxSQL(), 200)
+	p = plan(idempotency.ClaimOutboxSQL(), 200, 0)
 	require.Contains(t, p, "keel_outbox", p)
 	require.NotContains(t, p, "Seq Scan on keel_jobs", p)
 	require.NotContains(t, p, "Bitmap", p)

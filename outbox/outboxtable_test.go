@@ -218,15 +218,17 @@ func TestOutboxRowOfAJobHandedBackIsLeftToTheUnpublishedClaim(t *testing.T) {
 
 // A job whose outbox row no relay has taken for a minute (only older
 // binaries' relays run, mid-deploy, or none) is published by the
-// reconciler.
+// reconciler, which takes the row as a relay would: one of them publishes
+// it. A younger row is left to the relays.
 func TestReconcilerPublishesOutboxJobsNoRelayTakes(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
 	id := enqueueTx(t, c, b, "no-relay", nil)
+	young := enqueueTx(t, c, b, "young", nil)
 	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes'`)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes' WHERE job_id = $1`, id)
 	require.NoError(t, err)
 	rec := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
 	defer rec.Close()
@@ -235,6 +237,9 @@ func TestReconcilerPublishesOutboxJobsNoRelayTakes(t *testing.T) {
 	require.Equal(t, 1, n)
 	insp := b.inspector(t)
 	require.True(t, inRedis(t, insp, id))
+	require.False(t, inRedis(t, insp, young))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, id), "the reconciler left the row to a relay too")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, young))
 }
 
 // An outbox the relay cannot read (here: gone; in life, say, a role

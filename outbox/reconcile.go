@@ -197,16 +197,20 @@ const (
 // reconcileSQL pages through open, published jobs left alone for longer
 // than the grace, by keyset on keel_jobs_open. It reads no payload: most
 // jobs turn out to be in Redis. held: a live lease, so a worker runs it.
-// A job on the relay's outbox is the relay's to publish (a job written
-// unpublished is never here) until its outbox row is a minute old: then no
-// relay reads the outbox (only older binaries' relays run, mid-deploy, or
-// none), and the reconciler publishes it; a relay that gets to the row
-// later publishes it again, a harmless conflict.
+// A job on the relay's outbox is the relay's to publish, or, past
+// OutboxTakeover, the reconciler's takeover (see takeOverOutbox).
 const reconcileSQL = `SELECT id, queue, coalesce(lease_until > now(), false) FROM keel_jobs
 	WHERE status IN ('pending', 'running', 'failed') AND published_at IS NOT NULL
 	  AND updated_at < now() - $1 * interval '1 millisecond' AND id > $2
-	  AND NOT EXISTS (SELECT 1 FROM keel_outbox o WHERE o.job_id = keel_jobs.id AND o.queued_at > now() - interval '1 minute')
+	  AND NOT EXISTS (SELECT 1 FROM keel_outbox o WHERE o.job_id = keel_jobs.id)
 	ORDER BY id LIMIT $3`
+
+// OutboxTakeover is how long a job may wait on the relay's outbox before a
+// reconciler takes it off and publishes it: that long, no relay reads the
+// outbox (only older binaries' relays run, mid-deploy, or none), or the
+// relays are that far behind, and taking rows as they do, the reconciler
+// only helps them.
+const OutboxTakeover = time.Minute
 
 // ReconcileSQL and RescueSQL are the statements a pass and a rescue page
 // with, exported for plan inspection.
@@ -239,7 +243,10 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), reconcileUnlockSQL, reconcileLock) //nolint:errcheck // dropped with the session anyway
 
-	repaired := 0
+	repaired, err := r.takeOverOutbox(ctx)
+	if err != nil {
+		return repaired, err
+	}
 	cursor := ""
 	for {
 		rows, err := conn.Query(ctx, reconcileSQL, r.cfg.Grace.Milliseconds(), cursor, r.cfg.BatchSize)
@@ -256,6 +263,41 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 		r.repaired.Add(uint64(n))
 		if err != nil || len(page) < r.cfg.BatchSize {
 			return repaired, err
+		}
+	}
+}
+
+// takeOverOutbox publishes the jobs that have waited on the outbox for
+// OutboxTakeover, taking their rows off as a relay does, so each is
+// published by one of them. A job Redis refuses goes back to the relay
+// (Unpublish).
+func (r *Reconciler) takeOverOutbox(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		jobs, taken, err := r.store.TakeOverOutbox(ctx, r.cfg.BatchSize, OutboxTakeover)
+		if err != nil || taken == 0 {
+			return total, err
+		}
+		res, markErr := r.store.PublishMany(ctx, r.pub, jobs)
+		var back []string
+		var pubErr error
+		for i, p := range res {
+			if p.Err != nil {
+				back, pubErr = append(back, jobs[i].ID), p.Err
+				continue
+			}
+			total++
+		}
+		if len(jobs) > 0 {
+			r.cfg.Logger.Warn("keel reconciler: published jobs no relay took off the outbox for a minute; is a relay running?",
+				"jobs", len(jobs)-len(back))
+		}
+		if len(back) > 0 {
+			uerr := r.store.Unpublish(context.WithoutCancel(ctx), back)
+			return total, errors.Join(fmt.Errorf("keel reconciler: %d jobs taken off the outbox not published: %w", len(back), pubErr), uerr)
+		}
+		if markErr != nil || taken < r.cfg.BatchSize {
+			return total, markErr
 		}
 	}
 }

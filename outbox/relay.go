@@ -228,11 +228,15 @@ func (r *Relay) drain(ctx context.Context, legacy bool) (int, error) {
 	claimErr := make(chan error, 1)
 	go func() {
 		defer close(batches)
+		var errs error
+		defer func() { claimErr <- errs }()
 		outbox := true
 		for outbox || legacy {
+			// A source that failed reports itself short: it stops, the
+			// other goes on.
 			jobs, outboxFull, legacyFull, err := r.claim(cctx, outbox, legacy)
 			if err != nil {
-				claimErr <- fmt.Errorf("keel relay: %w", err)
+				errs = errors.Join(errs, fmt.Errorf("keel relay: %w", err))
 			}
 			if len(jobs) > 0 {
 				select {
@@ -241,9 +245,6 @@ func (r *Relay) drain(ctx context.Context, legacy bool) (int, error) {
 					r.handBack(ctx, jobs)
 					return
 				}
-			}
-			if err != nil {
-				return
 			}
 			outbox, legacy = outboxFull, legacyFull
 		}
