@@ -280,3 +280,20 @@ func TestOutboxRowsOfGoneJobsDoNotHoldUpTheRest(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, id) }, "the job behind the dropped rows was not published")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
 }
+
+// A relay that cannot read its outbox still drains the rows written
+// unpublished, batch after batch, in one pass.
+func TestRelayWithABrokenOutboxStillDrainsRowsWrittenUnpublished(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry)
+		SELECT 'unpublished-' || g, $1, 'key-' || g, 'default', '{"id":"x"}', 3 FROM generate_series(1, 450) g`, work.Name())
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_outbox RENAME TO keel_outbox_gone`)
+	require.NoError(t, err)
+	// Its first pass, at start, is the only one before an hour's poll.
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, BatchSize: 200})
+	runRelay(t, relay)
+	testenv.Eventually(t, 10*time.Second, func() bool { return relay.Published() == 450 },
+		"the relay stopped draining when its outbox failed")
+}
