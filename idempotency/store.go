@@ -633,6 +633,25 @@ func (s *Store) InOutbox(ctx context.Context, id string) (bool, error) {
 	return in, interpretError(err)
 }
 
+// PublishClaimed publishes jobs a relay or reconciler took to publish (off
+// the outbox, or claimed unpublished: marked already) and hands back, with
+// Unpublish, those Redis did not take, so that a relay publishes them
+// later. backErr is the hand-back's failure: those jobs wait for the
+// reconciler.
+func (s *Store) PublishClaimed(ctx context.Context, p *Publisher, jobs []Job) (res []Published, backErr error) {
+	res, _ = s.PublishMany(ctx, p, jobs) // nothing to mark
+	var back []string
+	for i, r := range res {
+		if r.Err != nil {
+			back = append(back, jobs[i].ID)
+		}
+	}
+	if len(back) > 0 {
+		backErr = s.Unpublish(context.WithoutCancel(ctx), back)
+	}
+	return res, backErr
+}
+
 // Unpublish hands jobs a publisher could not publish back to the relay.
 func (s *Store) Unpublish(ctx context.Context, ids []string) error {
 	_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = NULL

@@ -278,26 +278,25 @@ func (r *Reconciler) takeOverOutbox(ctx context.Context) (int, error) {
 		if err != nil || taken == 0 {
 			return total, err
 		}
-		res, markErr := r.store.PublishMany(ctx, r.pub, jobs)
-		var back []string
+		res, backErr := r.store.PublishClaimed(ctx, r.pub, jobs)
+		failed := 0
 		var pubErr error
-		for i, p := range res {
+		for _, p := range res {
 			if p.Err != nil {
-				back, pubErr = append(back, jobs[i].ID), p.Err
+				failed, pubErr = failed+1, p.Err
 				continue
 			}
 			total++
 		}
 		if len(jobs) > 0 {
 			r.cfg.Logger.Warn("keel reconciler: published jobs no relay took off the outbox for a minute; is a relay running?",
-				"jobs", len(jobs)-len(back))
+				"jobs", len(jobs)-failed)
 		}
-		if len(back) > 0 {
-			uerr := r.store.Unpublish(context.WithoutCancel(ctx), back)
-			return total, errors.Join(fmt.Errorf("keel reconciler: %d jobs taken off the outbox not published: %w", len(back), pubErr), uerr)
+		if failed > 0 {
+			return total, errors.Join(fmt.Errorf("keel reconciler: %d jobs taken off the outbox not published: %w", failed, pubErr), backErr)
 		}
-		if markErr != nil || taken < r.cfg.BatchSize {
-			return total, markErr
+		if taken < r.cfg.BatchSize {
+			return total, nil
 		}
 	}
 }

@@ -463,23 +463,24 @@ func (r *Relay) PublishBatch(ctx context.Context) (int, error) {
 // publish publishes claimed jobs, hands back those it could not, and returns
 // how many it published; an error when it published none of them.
 func (r *Relay) publish(ctx context.Context, jobs []idempotency.Job) (int, error) {
-	res, _ := r.store.PublishMany(ctx, r.pub, jobs) // claimed rows are marked already
-	n := 0
+	res, backErr := r.store.PublishClaimed(ctx, r.pub, jobs)
+	n, failed := 0, 0
 	var pubErr error
-	var failed []idempotency.Job
 	for i, p := range res {
 		if p.Err == nil {
 			n++
 			continue
 		}
 		pubErr = p.Err
-		failed = append(failed, jobs[i])
+		failed++
 		// One job Redis refuses must not hold up the rest of the batch.
-		if len(failed) <= 3 {
+		if failed <= 3 {
 			r.cfg.Logger.Warn("keel relay: could not publish job", "job_id", jobs[i].ID, "kind", jobs[i].Kind, "err", p.Err)
 		}
 	}
-	r.handBack(ctx, failed)
+	if backErr != nil {
+		r.cfg.Logger.Warn("keel relay: could not hand back unpublished jobs", "jobs", failed, "err", backErr)
+	}
 	r.published.Add(uint64(n))
 	if pubErr != nil && n == 0 {
 		return 0, fmt.Errorf("keel relay: %w", pubErr)

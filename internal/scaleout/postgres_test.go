@@ -109,23 +109,14 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 		})
 	})
 	tasks.Handle(mux, pgTick, func(context.Context, struct{}) error { return nil })
-	logger := slog.New(slog.DiscardHandler)
-	srv := testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 8, ShutdownTimeout: 2 * time.Second,
-		Guard:      idempotency.GuardConfig{Lease: pgLease},
-		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
-		Reconciler: outbox.ReconcilerConfig{Interval: time.Second},
-		Logger:     logger}, mux)
-
-	client, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
-	require.NoError(t, err)
-	t.Cleanup(func() { client.Close() })
-	sched, err := scheduler.New(scheduler.Config{Client: client, Logger: logger,
+	srv, client := outageWorker(t, opt, pool, mux, 8, idempotency.GuardConfig{Lease: pgLease})
+	sched, err := scheduler.New(scheduler.Config{Client: client, Logger: slog.New(slog.DiscardHandler),
 		Entries: []scheduler.Entry{{Name: "pgaway", Spec: "@every 1s", Kind: pgTick.Name()}}})
 	require.NoError(t, err)
 	runInBackground(t, sched.Run)
 
 	dash, err := web.New(web.Config{Addr: "127.0.0.1:0", Redis: opt, Pool: pool, ProxyUserHeader: "X-Forwarded-User",
-		Secret: []byte(strings.Repeat("s", web.MinSecretBytes)), Logger: logger})
+		Secret: []byte(strings.Repeat("s", web.MinSecretBytes)), Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(dash.Close)
 	ts := httptest.NewServer(dash.Handler())
@@ -283,6 +274,22 @@ func privateLedger(t *testing.T) (*testenv.PostgresServer, asynq.RedisClientOpt,
 	return pg, asynq.RedisClientOpt{Addr: rs.Addr()}, pool
 }
 
+// outageWorker runs a keel worker on the private ledger, its relay and
+// reconciler polling fast, until the test ends, and a client for it.
+func outageWorker(t *testing.T, opt asynq.RedisClientOpt, pool *pgxpool.Pool, mux *tasks.Mux, concurrency int,
+	guard idempotency.GuardConfig) (*server.Server, *tasks.Client) {
+	t.Helper()
+	srv := testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: concurrency, ShutdownTimeout: 2 * time.Second,
+		Guard:      guard,
+		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
+		Reconciler: outbox.ReconcilerConfig{Interval: time.Second},
+		Logger:     slog.New(slog.DiscardHandler)}, mux)
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+	return srv, client
+}
+
 var (
 	pgPlain = tasks.Define[job]("pgaway:plain", tasks.Queue("default"), tasks.MaxRetry(0),
 		tasks.Key(func(j job) string { return fmt.Sprint(j.N) }))
@@ -325,14 +332,7 @@ func TestPostgresOutageNeverRetiresAJob(t *testing.T) {
 		})
 	})
 	const lease = time.Second
-	srv := testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 4, ShutdownTimeout: 2 * time.Second,
-		Guard:      idempotency.GuardConfig{Lease: lease, LedgerRetry: time.Second},
-		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
-		Reconciler: outbox.ReconcilerConfig{Interval: time.Second},
-		Logger:     slog.New(slog.DiscardHandler)}, mux)
-	client, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
-	require.NoError(t, err)
-	t.Cleanup(func() { client.Close() })
+	srv, client := outageWorker(t, opt, pool, mux, 4, idempotency.GuardConfig{Lease: lease, LedgerRetry: time.Second})
 	plain, err := client.Enqueue(ctx, pgPlain.New(job{N: 1}))
 	require.NoError(t, err)
 	local, err := client.Enqueue(ctx, pgLocal.New(job{N: 1}))
@@ -396,15 +396,8 @@ func TestFailureAfterCompletingInTxDuringOutageIsRecorded(t *testing.T) {
 		return fmt.Errorf("the mail after the commit failed")
 	})
 	var deaths atomic.Int32
-	srv := testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 2, ShutdownTimeout: 2 * time.Second,
-		Guard: idempotency.GuardConfig{Lease: time.Second, LedgerRetry: time.Second,
-			OnDead: func(context.Context, idempotency.DeadEvent) { deaths.Add(1) }},
-		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
-		Reconciler: outbox.ReconcilerConfig{Interval: time.Second},
-		Logger:     slog.New(slog.DiscardHandler)}, mux)
-	client, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
-	require.NoError(t, err)
-	t.Cleanup(func() { client.Close() })
+	srv, client := outageWorker(t, opt, pool, mux, 2, idempotency.GuardConfig{Lease: time.Second, LedgerRetry: time.Second,
+		OnDead: func(context.Context, idempotency.DeadEvent) { deaths.Add(1) }})
 	res, err := client.Enqueue(ctx, pgAfter.New(job{N: 1}))
 	require.NoError(t, err)
 	<-committed
