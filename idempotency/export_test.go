@@ -44,3 +44,17 @@ func (g *Guard) RenewForTest(ctx context.Context, runs ...ClaimedRun) ([]string,
 	}
 	return g.renew(ctx, ids, attempts)
 }
+
+// SetTestHooks sets what InTx calls after its commit lands and before the
+// run notes it, and what the renew loop calls after each renewal; nil
+// removes a hook.
+func SetTestHooks(inTxCommitted func(jobID string), renewed func()) {
+	inTxCommittedHook.Store(nil)
+	renewedHook.Store(nil)
+	if inTxCommitted != nil {
+		inTxCommittedHook.Store(&inTxCommitted)
+	}
+	if renewed != nil {
+		renewedHook.Store(&renewed)
+	}
+}

@@ -658,21 +658,43 @@ func (g *Guard) renewLoop(ctx context.Context) {
 				lost = append(lost, jc)
 			}
 		}
-		// A job cancelled in the ledger is stopped here even if asynq's
-		// cancel message never reached this worker.
-		cancelled := g.cancelledAmong(ctx, lost)
-		for _, jc := range lost {
-			if cancelled[jc.id] {
-				g.stopCancelled(jc)
-				continue
+		if len(lost) > 0 {
+			fates, err := g.leaseFates(ctx, lost)
+			if err != nil {
+				// Look again at the next renewal; meanwhile the run can
+				// commit nothing without its lease.
+				if ctx.Err() == nil {
+					g.cfg.Logger.Warn("keel: could not read the jobs whose lease renewal failed", "jobs", len(lost), "err", err)
+				}
+				lost = nil
 			}
-			// Another worker took the job over (this one missed its renewals):
-			// stop the handler, nothing it does can commit any more.
-			g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
-			jc.cancel(ErrLeaseLost)
+			for _, jc := range lost {
+				switch fates[jc] {
+				case fateCancelled:
+					// Stopped here even if asynq's cancel message never
+					// reached this worker.
+					g.stopCancelled(jc)
+				case fateLost:
+					// Another worker took the job over (this one missed its
+					// renewals): stop the handler, nothing it does can
+					// commit any more.
+					g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
+					jc.cancel(ErrLeaseLost)
+				}
+			}
+		}
+		if h := renewedHook.Load(); h != nil {
+			(*h)()
 		}
 	}
 }
+
+// Test hooks, nil outside tests: the moment between an InTx's commit and
+// its run noting it, and the end of each renewal.
+var (
+	inTxCommittedHook atomic.Pointer[func(jobID string)]
+	renewedHook       atomic.Pointer[func()]
+)
 
 // renewSQL extends the leases of a worker's running jobs and returns the
 // ids still this run's: renewed, or locked right now (by the worker's own
@@ -1277,6 +1299,9 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		jc.commitInDoubt.Store(true)
 		g.cfg.Logger.Warn("keel: InTx commit in doubt: the connection failed during COMMIT", "job_id", jc.id, "err", err)
 		return fmt.Errorf("keel: job %s: commit in doubt: %w", jc.id, interpretError(err))
+	}
+	if h := inTxCommittedHook.Load(); h != nil {
+		(*h)(jc.id)
 	}
 	jc.completed.Store(true)
 	return nil

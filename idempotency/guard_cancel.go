@@ -11,30 +11,57 @@ import (
 // runs on a context of its own, since the run's may be the one cancelled.
 const cancelCheckTimeout = 5 * time.Second
 
-// cancelledAmong returns which of jcs' jobs the ledger says are cancelled.
-func (g *Guard) cancelledAmong(ctx context.Context, jcs []*jobContext) map[string]bool {
-	if len(jcs) == 0 {
-		return nil
-	}
+// leaseFate is what the ledger says of a run whose lease renewal found it
+// no longer running under this worker.
+type leaseFate int
+
+const (
+	fateLost      leaseFate = iota // another worker holds it, or it was handed back
+	fateCancelled                  // cancelled: its canceller recorded it
+	fateDone                       // this very run's InTx committed it succeeded
+)
+
+// leaseFates reads the fates of runs a renewal did not keep. An InTx that
+// commits just before the renewal reads the row leaves it succeeded at the
+// run's attempt before the run notes it has completed: that run lost
+// nothing. Only a worker that claimed the job again moves attempts on.
+func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobContext]leaseFate, error) {
 	ids := make([]string, len(jcs))
 	for i, jc := range jcs {
 		ids[i] = jc.id
 	}
 	ctx, cancel := context.WithTimeout(ctx, cancelCheckTimeout)
 	defer cancel()
-	rows, err := g.store.pool.Query(ctx, `SELECT id FROM keel_jobs WHERE id = ANY($1) AND status = 'cancelled'`, ids)
+	rows, err := g.store.pool.Query(ctx, `SELECT id, status, attempts FROM keel_jobs WHERE id = ANY($1)`, ids)
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type row struct {
+		ID       string
+		Status   Status
+		Attempts int
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	out := make(map[string]bool, len(found))
-	for _, id := range found {
-		out[id] = true
+	byID := make(map[string]row, len(found))
+	for _, r := range found {
+		byID[r.ID] = r
 	}
-	return out
+	out := make(map[*jobContext]leaseFate, len(jcs))
+	for _, jc := range jcs {
+		r, ok := byID[jc.id]
+		switch {
+		case ok && r.Status == StatusCancelled:
+			out[jc] = fateCancelled
+		case ok && r.Status == StatusSucceeded && r.Attempts == jc.attempt:
+			out[jc] = fateDone
+		default:
+			out[jc] = fateLost
+		}
+	}
+	return out, nil
 }
 
 // isCancelled reports whether the ledger says job id is cancelled; an

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -482,4 +483,86 @@ func TestResolveStepOnlyOnDeadJobs(t *testing.T) {
 	steps, err := b.store.Steps(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Len(t, steps, 1, "the in-flight step's record must stay")
+}
+
+// An InTx whose commit lands just before a lease renewal reads the row
+// leaves it succeeded, no longer running: the renewal must not take that
+// for a lost lease and cancel the handler. Nobody else holds the job; the
+// run is over and the worker was about to note it.
+func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	renewals := make(chan struct{}, 16)
+	idempotency.SetTestHooks(func(string) {
+		// Two renewals end while the commit has landed and the run does
+		// not know yet: the second began after the commit.
+		for range 2 {
+			<-renewals
+		}
+	}, func() {
+		select {
+		case renewals <- struct{}{}:
+		default:
+		}
+	})
+	t.Cleanup(func() { idempotency.SetTestHooks(nil, nil) })
+	var log testenv.SyncBuffer
+	var runs atomic.Int32
+	var cause atomic.Value
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		runs.Add(1)
+		id, _ := idempotency.JobID(ctx)
+		for len(renewals) > 0 {
+			<-renewals // count only renewals from the commit on
+		}
+		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'receipt')`, id)
+			return err
+		})
+		cause.Store(fmt.Sprint(context.Cause(ctx)))
+		return err
+	})
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "renewed-after-commit"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.Guard.Lease = 500 * time.Millisecond
+		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	})
+	testenv.Eventually(t, 10*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
+	require.Equal(t, "<nil>", cause.Load(), "the run was cancelled after its InTx committed")
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 5*time.Second)
+	require.Equal(t, 1, j.Attempts)
+	require.EqualValues(t, 1, runs.Load())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, res.Job.ID))
+	require.NotContains(t, log.String(), "lease lost")
+}
+
+// A run whose job another worker claimed (its lease ran out while it was
+// cut off, say) is stopped by the next renewal, even once that other run
+// has finished the job.
+func TestRenewalStopsARunWhoseJobWasTakenOver(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var cause atomic.Value
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		id, _ := idempotency.JobID(ctx)
+		if _, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL,
+			attempts = attempts + 1, finished_at = now() WHERE id = $1`, id); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			cause.Store(context.Cause(ctx))
+		case <-time.After(10 * time.Second):
+			cause.Store(errors.New("never stopped"))
+		}
+		return nil
+	})
+	_, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "taken-over"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = 500 * time.Millisecond })
+	testenv.Eventually(t, 15*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
+	require.ErrorIs(t, cause.Load().(error), idempotency.ErrLeaseLost)
 }
