@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
 )
 
 func bulkJob(key string) idempotency.NewJob {
@@ -146,4 +148,53 @@ func TestInsertManyConcurrentOverlappingCalls(t *testing.T) {
 	}
 	require.Equal(t, keys, total, "each key is created by exactly one call")
 	require.Equal(t, keys, b.count(t, `SELECT count(*) FROM keel_jobs`))
+}
+
+// What Insert and InsertMany return for a new row is the row as stored,
+// field for field: callers publish from it and show it.
+func TestInsertedJobsAreTheStoredRows(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	batch, err := b.client.NewBatch(ctx, tasks.BatchSpec{Description: "returned rows"})
+	require.NoError(t, err)
+	rich := func(key string, runAt time.Time) idempotency.NewJob {
+		return idempotency.NewJob{Kind: "test:returned", BusinessKey: key, Queue: "critical", Payload: []byte(`{"k":1}`),
+			MaxRetry: 7, Timeout: 1500*time.Millisecond + 999*time.Microsecond, MaxWait: time.Hour,
+			Deadline: time.Now().Add(time.Hour).Add(123 * time.Nanosecond), RunAt: runAt,
+			PayloadSummary: "order " + key, TraceID: "trace-" + key,
+			TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", TraceState: "vendor=x",
+			BatchID: batch.ID}
+	}
+	bare := func(key string) idempotency.NewJob {
+		return idempotency.NewJob{Kind: "test:returned", BusinessKey: key, Queue: "default", MaxRetry: 0}
+	}
+	later := time.Now().Add(time.Hour).Add(456 * time.Nanosecond)
+	check := func(what string, j idempotency.Job) {
+		t.Helper()
+		stored, err := b.store.Get(ctx, j.ID)
+		require.NoError(t, err)
+		require.Equal(t, stored, j, what)
+	}
+	n := 0
+	for _, wake := range []bool{false, true} {
+		for _, nj := range []idempotency.NewJob{rich("", time.Time{}), rich("", later), bare("")} {
+			n++
+			nj.BusinessKey, nj.WakeRelay = fmt.Sprintf("one-%d", n), wake
+			j, existed, err := b.store.Insert(ctx, b.pool, nj)
+			require.NoError(t, err)
+			require.False(t, existed)
+			check(fmt.Sprintf("Insert %s, wake %v", nj.BusinessKey, wake), j)
+		}
+	}
+	for _, opts := range []idempotency.InsertOptions{{}, {Claim: true}, {WakeRelay: true}} {
+		n++
+		jobs := []idempotency.NewJob{rich(fmt.Sprintf("many-%d-a", n), time.Time{}), rich(fmt.Sprintf("many-%d-b", n), later),
+			bare(fmt.Sprintf("many-%d-c", n))}
+		got, err := b.store.InsertMany(ctx, b.pool, jobs, opts)
+		require.NoError(t, err)
+		for i, g := range got {
+			require.False(t, g.Existed)
+			check(fmt.Sprintf("InsertMany %+v, job %d", opts, i), g.Job)
+		}
+	}
 }

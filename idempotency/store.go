@@ -213,6 +213,9 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	if !nj.RunAt.IsZero() {
 		runAt = &nj.RunAt
 	}
+	if nj.Payload == nil {
+		nj.Payload = []byte{} // a task without a payload; the column is NOT NULL
+	}
 	if nj.UniqueWindow > 0 {
 		if p, ok := db.(*pgxpool.Pool); ok {
 			// Superseding and inserting commit together: a failed insert

@@ -328,3 +328,29 @@ func mustJSON(t testing.TB, v any) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// A task without a payload (asynq allows one) is enqueued by every method,
+// and its job keeps an empty payload.
+func TestEnqueueWithoutPayload(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var ids []string
+	res, err := b.client.Enqueue(ctx, tasks.NewRaw("test:empty", nil, "empty-1"))
+	require.NoError(t, err)
+	ids = append(ids, res.Job.ID)
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		res, err := b.client.EnqueueTx(ctx, tx, tasks.NewRaw("test:empty", nil, "empty-2"))
+		if err == nil {
+			ids = append(ids, res.Job.ID)
+		}
+		return err
+	}))
+	many, err := b.client.EnqueueMany(ctx, tasks.NewRaw("test:empty", nil, "empty-3"))
+	require.NoError(t, err)
+	ids = append(ids, many[0].Job.ID)
+	for _, id := range ids {
+		j, err := b.store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Empty(t, j.Payload)
+	}
+}
