@@ -77,7 +77,7 @@ const bulkInsertCTEs = `WITH ins AS (
 			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, batch_id, ord)
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
-	RETURNING ` + jobColumns + `),
+	RETURNING ` + newRowColumns + `),
 outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins
 	WHERE $14::bool AND NOT $13::bool AND published_at IS NOT NULL),
 wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one
@@ -291,7 +291,20 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 	if err != nil {
 		return interpretError(err)
 	}
-	return collectInto(rows, got, false)
+	defer rows.Close()
+	at := make(map[string]int, n)
+	for r, id := range ids {
+		at[id] = idx[r]
+	}
+	for rows.Next() {
+		var row newJobRow
+		if err := row.scan(rows); err != nil {
+			return interpretError(err)
+		}
+		nj := jobs[at[row.id]]
+		got[bulkKey{nj.Kind, nj.BusinessKey}] = Inserted{Job: row.job(nj)}
+	}
+	return interpretError(rows.Err())
 }
 
 func lookupRows(ctx context.Context, db DB, jobs []NewJob, idx []int, got map[bulkKey]Inserted) error {

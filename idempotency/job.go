@@ -97,6 +97,39 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
 	coalesce(batch_id, ''), effects_committed_at`
 
+// newRowColumns are what an insert returns of a row it wrote: the values
+// Postgres chose (times are the server's, kept to the microsecond). The
+// rest of the row is the NewJob as given (newJobRow), so an insert does
+// not send back every column of every row.
+const newRowColumns = `id, run_at, published_at, deadline, created_at`
+
+// newJobRow is the Job of a row just written from nj: scan fills in the
+// newRowColumns.
+type newJobRow struct {
+	id          string
+	runAt       time.Time
+	publishedAt *time.Time
+	deadline    *time.Time
+	createdAt   time.Time
+}
+
+func (r *newJobRow) scan(row pgx.Row) error {
+	return row.Scan(&r.id, &r.runAt, &r.publishedAt, &r.deadline, &r.createdAt)
+}
+
+// job is the row as stored: what insertSQL and bulkInsertSQL write of nj.
+func (r *newJobRow) job(nj NewJob) Job {
+	payload := nj.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	return Job{ID: r.id, Kind: nj.Kind, BusinessKey: nj.BusinessKey, Queue: nj.Queue, Payload: payload,
+		Status: StatusPending, MaxRetry: nj.MaxRetry, Timeout: time.Duration(nj.Timeout.Milliseconds()) * time.Millisecond,
+		Deadline: r.deadline, RunAt: r.runAt, PublishedAt: r.publishedAt, TraceID: nj.TraceID,
+		PayloadSummary: nj.PayloadSummary, CreatedAt: r.createdAt, UpdatedAt: r.createdAt,
+		TraceParent: nj.TraceParent, TraceState: nj.TraceState, BatchID: nj.BatchID}
+}
+
 func scanJob(row pgx.Row) (Job, error) {
 	var j Job
 	var timeoutMS int64

@@ -129,7 +129,7 @@ const insertSQL = `INSERT INTO keel_jobs
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
 	 nullif($13, ''), nullif($14, ''), nullif($15, ''))
 	ON CONFLICT (kind, business_key) DO NOTHING
-	RETURNING ` + jobColumns
+	RETURNING ` + newRowColumns
 
 // insertWakeSQL is insertSQL for a row the relay publishes: a due row goes
 // in marked published with its place in the relay's work list (keel_outbox),
@@ -142,7 +142,7 @@ const insertWakeSQL = `WITH ins AS (INSERT INTO keel_jobs
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
 	 nullif($13, ''), nullif($14, ''), nullif($15, ''), CASE WHEN coalesce($9, now()) <= now() THEN now() END)
 	ON CONFLICT (kind, business_key) DO NOTHING
-	RETURNING ` + jobColumns + `),
+	RETURNING ` + newRowColumns + `),
 	outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE published_at IS NOT NULL),
 	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins WHERE ` + wakeNeeded + `)
 	SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
@@ -237,11 +237,12 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 		if nj.WakeRelay {
 			sql = insertWakeSQL
 		}
-		job, err = scanJob(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
+		var row newJobRow
+		err = row.scan(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
 			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID, nj.MaxWait.Milliseconds(),
 			nj.TraceParent, nj.TraceState, nj.BatchID))
 		if err == nil {
-			return job, false, nil
+			return row.job(nj), false, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Job{}, false, interpretError(err)
