@@ -497,8 +497,9 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 // with a plan made once (claimOutboxSQL is planned for each run). Every
 // row is due: a job to run later is written unpublished instead. By the
 // index the claim reads too: a scan of the table would step over every row
-// deleted since the last vacuum.
-const outboxDueSQL = `SELECT EXISTS (SELECT 1 FROM keel_outbox ORDER BY queued_at LIMIT 1)`
+// deleted since the last vacuum. Not EXISTS: Postgres drops the ORDER BY
+// and LIMIT of an EXISTS subquery, and then scans the table.
+const outboxDueSQL = `SELECT (SELECT queued_at FROM keel_outbox ORDER BY queued_at LIMIT 1) IS NOT NULL`
 
 // claimOutboxSQL takes up to $1 rows at least $2 ms old off the outbox,
 // oldest first, and
@@ -525,6 +526,9 @@ SELECT j.*, (SELECT count(*) FROM o) FROM (SELECT) one LEFT JOIN j ON true`
 // ClaimOutboxSQL and ClaimUnpublishedSQL are the relay's claims, exported
 // for plan inspection.
 func ClaimOutboxSQL() string { return claimOutboxSQL }
+
+// OutboxDueSQL: see ClaimOutboxSQL.
+func OutboxDueSQL() string { return outboxDueSQL }
 
 // ClaimUnpublishedSQL: see ClaimOutboxSQL.
 func ClaimUnpublishedSQL() string { return claimUnpublishedSQL }

@@ -487,6 +487,11 @@ func TestUpkeepQueriesUseIndexes(t *testing.T) {
 	require.Contains(t, p, "keel_outbox", p)
 	require.NotContains(t, p, "Seq Scan on keel_jobs", p)
 	require.NotContains(t, p, "Bitmap", p)
+	// The idle poll's probe reads the index: a scan of the table would step
+	// over every row deleted since it was last vacuumed.
+	p = plan(idempotency.OutboxDueSQL())
+	require.Contains(t, p, "keel_outbox_queued_at", p)
+	require.NotContains(t, p, "Seq Scan", p)
 }
 
 // A relay pass while Redis is down hands every claimed row back, so the

@@ -297,3 +297,30 @@ func TestRelayWithABrokenOutboxStillDrainsRowsWrittenUnpublished(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return relay.Published() == 450 },
 		"the relay stopped draining when its outbox failed")
 }
+
+// A writer of an unpublished row that notifies (a replay, a batch's
+// callback, an older binary) has it published at once by the awake relay,
+// not at the relay's next look at such rows (an hour here).
+func TestAwakeRelayClaimsANotifiedUnpublishedRowAtOnce(t *testing.T) {
+	outbox.SetLegacyPollForTest(t, time.Hour)
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	insp := b.inspector(t)
+	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	runRelay(t, relay)
+	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.Awake() }, "the relay did not wake")
+
+	store := idempotency.NewStore(b.pool)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	j, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: "notified", Queue: "default",
+		Payload: []byte(`{"id":"notified"}`), MaxRetry: 3})
+	require.NoError(t, err)
+	require.Nil(t, j.PublishedAt)
+	require.NoError(t, idempotency.NotifyRelay(ctx, tx))
+	require.NoError(t, tx.Commit(ctx))
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, j.ID) }, "the awake relay left a notified row to its next look")
+}

@@ -197,7 +197,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // unpublished (see idempotency.Store.ClaimUnpublished): none of them is a
 // job a caller just committed for now, so they wait up to this long, and
 // the outbox alone is read every AwakePoll.
-const legacyPoll = 50 * time.Millisecond
+var legacyPoll = 50 * time.Millisecond // a variable for tests only
 
 // claim takes the next batch off the outbox and, when legacy, of the rows
 // written unpublished; the two full flags say whether each source may hold
