@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 	"unicode/utf8"
@@ -189,7 +190,22 @@ func validateNewJob(nj NewJob) error {
 	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
 		return fmt.Errorf("payload summary and trace id must be valid UTF-8")
 	}
+	if err := validateMaxRetry(nj.MaxRetry); err != nil {
+		return err
+	}
 	return validateTraceContext(nj)
+}
+
+// MaxRetryLimit is the largest retry budget a job can have: the ledger
+// counts attempts in a 32-bit column, and asynq is given
+// AsynqRetryHeadroom tries more.
+const MaxRetryLimit = math.MaxInt32 - AsynqRetryHeadroom - 1
+
+func validateMaxRetry(n int) error {
+	if n < 0 || n > MaxRetryLimit {
+		return fmt.Errorf("max retry %d is outside 0…%d", n, MaxRetryLimit)
+	}
+	return nil
 }
 
 // chunkJobs splits the indexes in uniq into runs of at most InsertChunkRows

@@ -169,6 +169,7 @@ func TestInsertedJobsAreTheStoredRows(t *testing.T) {
 		return idempotency.NewJob{Kind: "test:returned", BusinessKey: key, Queue: "default", MaxRetry: 0}
 	}
 	later := time.Now().Add(time.Hour).Add(456 * time.Nanosecond)
+	earlier := time.Now().Add(-time.Minute).Add(789 * time.Nanosecond)
 	check := func(what string, j idempotency.Job) {
 		t.Helper()
 		stored, err := b.store.Get(ctx, j.ID)
@@ -177,7 +178,7 @@ func TestInsertedJobsAreTheStoredRows(t *testing.T) {
 	}
 	n := 0
 	for _, wake := range []bool{false, true} {
-		for _, nj := range []idempotency.NewJob{rich("", time.Time{}), rich("", later), bare("")} {
+		for _, nj := range []idempotency.NewJob{rich("", time.Time{}), rich("", later), rich("", earlier), bare("")} {
 			n++
 			nj.BusinessKey, nj.WakeRelay = fmt.Sprintf("one-%d", n), wake
 			j, existed, err := b.store.Insert(ctx, b.pool, nj)
@@ -189,7 +190,7 @@ func TestInsertedJobsAreTheStoredRows(t *testing.T) {
 	for _, opts := range []idempotency.InsertOptions{{}, {Claim: true}, {WakeRelay: true}} {
 		n++
 		jobs := []idempotency.NewJob{rich(fmt.Sprintf("many-%d-a", n), time.Time{}), rich(fmt.Sprintf("many-%d-b", n), later),
-			bare(fmt.Sprintf("many-%d-c", n))}
+			bare(fmt.Sprintf("many-%d-c", n)), rich(fmt.Sprintf("many-%d-d", n), earlier)}
 		got, err := b.store.InsertMany(ctx, b.pool, jobs, opts)
 		require.NoError(t, err)
 		for i, g := range got {
@@ -197,4 +198,31 @@ func TestInsertedJobsAreTheStoredRows(t *testing.T) {
 			check(fmt.Sprintf("InsertMany %+v, job %d", opts, i), g.Job)
 		}
 	}
+	// The returned payload is the row's, not the caller's buffer.
+	buf := []byte(`{"k":1}`)
+	nj := rich("own-buffer", time.Time{})
+	nj.Payload = buf
+	j, _, err := b.store.Insert(ctx, b.pool, nj)
+	require.NoError(t, err)
+	nj.BusinessKey, nj.Payload = "own-buffer-many", buf
+	got, err := b.store.InsertMany(ctx, b.pool, []idempotency.NewJob{nj}, idempotency.InsertOptions{})
+	require.NoError(t, err)
+	copy(buf, "XXXXXXX")
+	require.Equal(t, `{"k":1}`, string(j.Payload))
+	require.Equal(t, `{"k":1}`, string(got[0].Job.Payload))
+}
+
+// A retry budget over what the ledger's 32-bit column holds is refused by
+// Insert and InsertMany alike, naming the job, and nothing is written.
+func TestInsertRefusesAMaxRetryTheLedgerCannotHold(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	huge := bulkJob("huge")
+	huge.MaxRetry = 1 << 31
+	_, _, err := b.store.Insert(ctx, b.pool, huge)
+	require.ErrorContains(t, err, "max retry 2147483648")
+	_, err = b.store.InsertMany(ctx, b.pool, []idempotency.NewJob{bulkJob("fine"), huge}, idempotency.InsertOptions{})
+	require.ErrorContains(t, err, "job 1 (test:bulk, key \"huge\")")
+	require.ErrorContains(t, err, "max retry 2147483648")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
 }

@@ -622,69 +622,75 @@ func (g *Guard) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		g.mu.Lock()
-		jcs := make([]*jobContext, 0, len(g.running))
-		ids := make([]string, 0, len(g.running))
-		attempts := make([]int32, 0, len(g.running))
-		for jc := range g.running {
-			if jc.completed.Load() {
-				continue // its InTx ended the lease
-			}
-			jcs = append(jcs, jc)
-			ids = append(ids, jc.id)
-			attempts = append(attempts, int32(jc.attempt))
-		}
-		g.mu.Unlock()
-		if len(ids) == 0 {
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
-		renewed, err := g.renew(rctx, ids, attempts)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				g.stats.ledgerErrs.Add(1)
-				g.cfg.Logger.Warn("keel: lease renewal failed", "jobs", len(ids), "err", err)
-			}
-			continue
-		}
-		kept := make(map[string]bool, len(renewed))
-		for _, id := range renewed {
-			kept[id] = true
-		}
-		var lost []*jobContext
-		for _, jc := range jcs {
-			if !kept[jc.id] && !jc.completed.Load() && jc.state.Load() == runLive {
-				lost = append(lost, jc)
-			}
-		}
-		if len(lost) > 0 {
-			fates, err := g.leaseFates(ctx, lost)
-			if err != nil {
-				// Look again at the next renewal; meanwhile the run can
-				// commit nothing without its lease.
-				if ctx.Err() == nil {
-					g.cfg.Logger.Warn("keel: could not read the jobs whose lease renewal failed", "jobs", len(lost), "err", err)
-				}
-				lost = nil
-			}
-			for _, jc := range lost {
-				switch fates[jc] {
-				case fateCancelled:
-					// Stopped here even if asynq's cancel message never
-					// reached this worker.
-					g.stopCancelled(jc)
-				case fateLost:
-					// Another worker took the job over (this one missed its
-					// renewals): stop the handler, nothing it does can
-					// commit any more.
-					g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
-					jc.cancel(ErrLeaseLost)
-				}
-			}
-		}
+		g.renewRunning(ctx)
 		if h := renewedHook.Load(); h != nil {
 			(*h)()
+		}
+	}
+}
+
+// renewRunning renews the leases of the runs in progress and stops those
+// that lost theirs.
+func (g *Guard) renewRunning(ctx context.Context) {
+	g.mu.Lock()
+	jcs := make([]*jobContext, 0, len(g.running))
+	ids := make([]string, 0, len(g.running))
+	attempts := make([]int32, 0, len(g.running))
+	for jc := range g.running {
+		if jc.completed.Load() {
+			continue // its InTx ended the lease
+		}
+		jcs = append(jcs, jc)
+		ids = append(ids, jc.id)
+		attempts = append(attempts, int32(jc.attempt))
+	}
+	g.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
+	renewed, err := g.renew(rctx, ids, attempts)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			g.stats.ledgerErrs.Add(1)
+			g.cfg.Logger.Warn("keel: lease renewal failed", "jobs", len(ids), "err", err)
+		}
+		return
+	}
+	kept := make(map[string]bool, len(renewed))
+	for _, id := range renewed {
+		kept[id] = true
+	}
+	var lost []*jobContext
+	for _, jc := range jcs {
+		if !kept[jc.id] && !jc.completed.Load() && jc.state.Load() == runLive {
+			lost = append(lost, jc)
+		}
+	}
+	if len(lost) > 0 {
+		fates, err := g.leaseFates(ctx, lost)
+		if err != nil {
+			// Look again at the next renewal; meanwhile the run can
+			// commit nothing without its lease.
+			if ctx.Err() == nil {
+				g.cfg.Logger.Warn("keel: could not read the jobs whose lease renewal failed", "jobs", len(lost), "err", err)
+			}
+			lost = nil
+		}
+		for _, jc := range lost {
+			switch fates[jc] {
+			case fateCancelled:
+				// Stopped here even if asynq's cancel message never
+				// reached this worker.
+				g.stopCancelled(jc)
+			case fateLost:
+				// Another worker took the job over (this one missed its
+				// renewals): stop the handler, nothing it does can
+				// commit any more.
+				g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
+				jc.cancel(ErrLeaseLost)
+			}
 		}
 	}
 }
@@ -1180,8 +1186,12 @@ type jobContext struct {
 	kind, queue   string
 	completed     atomic.Bool
 	commitInDoubt atomic.Bool
-	state         atomic.Int32
-	cancel        context.CancelCauseFunc
+	// committing: its InTx sent COMMIT and it may have landed; until the
+	// run notes it completed, a renewal finding the job succeeded at this
+	// attempt knows it was this run's (see leaseFates).
+	committing atomic.Bool
+	state      atomic.Int32
+	cancel     context.CancelCauseFunc
 }
 
 // usable refuses ledger work from a run keel has given up (timed out,
@@ -1290,8 +1300,10 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	if tag.RowsAffected() == 0 {
 		return jc.refused(ctx, ErrLeaseLost)
 	}
+	jc.committing.Store(true)
 	if err := tx.Commit(ctx); err != nil {
 		if errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {
+			jc.committing.Store(false)
 			return interpretError(err) // rolled back, or COMMIT never left
 		}
 		// The connection went during COMMIT: it may or may not have landed.

@@ -119,10 +119,8 @@ func (r *newJobRow) scan(row pgx.Row) error {
 
 // job is the row as stored: what insertSQL and bulkInsertSQL write of nj.
 func (r *newJobRow) job(nj NewJob) Job {
-	payload := nj.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
+	// A copy, as a row read back would be: the caller may reuse its buffer.
+	payload := append([]byte{}, nj.Payload...)
 	return Job{ID: r.id, Kind: nj.Kind, BusinessKey: nj.BusinessKey, Queue: nj.Queue, Payload: payload,
 		Status: StatusPending, MaxRetry: nj.MaxRetry, Timeout: time.Duration(nj.Timeout.Milliseconds()) * time.Millisecond,
 		Deadline: r.deadline, RunAt: r.runAt, PublishedAt: r.publishedAt, TraceID: nj.TraceID,

@@ -493,11 +493,20 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	renewals := make(chan struct{}, 16)
+	var missed atomic.Bool
 	idempotency.SetTestHooks(func(string) {
 		// Two renewals end while the commit has landed and the run does
 		// not know yet: the second began after the commit.
-		for range 2 {
+		for len(renewals) > 0 {
 			<-renewals
+		}
+		for range 2 {
+			select {
+			case <-renewals:
+			case <-time.After(10 * time.Second):
+				missed.Store(true)
+				return
+			}
 		}
 	}, func() {
 		select {
@@ -513,9 +522,6 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
 		runs.Add(1)
 		id, _ := idempotency.JobID(ctx)
-		for len(renewals) > 0 {
-			<-renewals // count only renewals from the commit on
-		}
 		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'receipt')`, id)
 			return err
@@ -529,7 +535,8 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 		c.Guard.Lease = 500 * time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	})
-	testenv.Eventually(t, 10*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
+	testenv.Eventually(t, 30*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
+	require.False(t, missed.Load(), "no lease renewal ran while the commit was unnoted")
 	require.Equal(t, "<nil>", cause.Load(), "the run was cancelled after its InTx committed")
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 5*time.Second)
 	require.Equal(t, 1, j.Attempts)
@@ -561,6 +568,37 @@ func TestRenewalStopsARunWhoseJobWasTakenOver(t *testing.T) {
 		return nil
 	})
 	_, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "taken-over"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = 500 * time.Millisecond })
+	testenv.Eventually(t, 15*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
+	require.ErrorIs(t, cause.Load().(error), idempotency.ErrLeaseLost)
+}
+
+// A run cut off long enough for its job to be taken over, die, be replayed
+// (attempts start again from 0) and succeed elsewhere at the same attempt
+// number is still stopped: the job is succeeded at its attempt, but not by
+// its InTx.
+func TestRenewalStopsARunWhoseJobWasReplayedAndSucceededElsewhere(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var cause atomic.Value
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		id, _ := idempotency.JobID(ctx)
+		// What takeover, death, replay and another run's success leave.
+		if _, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL, lease_until = NULL,
+			last_holder = 'another-worker', finished_at = now() WHERE id = $1`, id); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			cause.Store(context.Cause(ctx))
+		case <-time.After(10 * time.Second):
+			cause.Store(errors.New("never stopped"))
+		}
+		return nil
+	})
+	_, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "replayed-elsewhere"}))
 	require.NoError(t, err)
 	b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = 500 * time.Millisecond })
 	testenv.Eventually(t, 15*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")

@@ -202,6 +202,9 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	if err := validateTraceContext(nj); err != nil {
 		return Job{}, false, err
 	}
+	if err := validateMaxRetry(nj.MaxRetry); err != nil {
+		return Job{}, false, fmt.Errorf("keel: %w", err)
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Job{}, false, err

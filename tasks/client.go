@@ -232,6 +232,9 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if maxRetry < 0 {
 		return idempotency.NewJob{}, fmt.Errorf("%w: negative max retry %d", ErrInvalidTask, maxRetry)
 	}
+	if maxRetry > idempotency.MaxRetryLimit {
+		return idempotency.NewJob{}, fmt.Errorf("%w: max retry %d is over the limit of %d", ErrInvalidTask, maxRetry, idempotency.MaxRetryLimit)
+	}
 	if t.s.timeout < 0 {
 		return idempotency.NewJob{}, fmt.Errorf("%w: negative timeout %s", ErrInvalidTask, t.s.timeout)
 	}

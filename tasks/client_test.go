@@ -222,6 +222,20 @@ func TestEnqueueRefusesInvalidTasks(t *testing.T) {
 	_, err = b.client.Enqueue(ctx, tasks.NewRaw("", []byte(`{}`), "k"))
 	require.ErrorIs(t, err, tasks.ErrInvalidTask)
 
+	// A budget the ledger cannot hold (a 32-bit column) is refused, by
+	// every method, rather than stored wrapped around.
+	huge := sendReceipt.New(receipt{OrderID: "huge"}, tasks.MaxRetry(1<<31))
+	_, err = b.client.Enqueue(ctx, huge)
+	require.ErrorIs(t, err, tasks.ErrInvalidTask)
+	require.ErrorContains(t, err, "2147483648")
+	_, err = b.client.EnqueueMany(ctx, huge)
+	require.ErrorIs(t, err, tasks.ErrInvalidTask)
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := b.client.EnqueueTx(ctx, tx, huge)
+		require.ErrorIs(t, err, tasks.ErrInvalidTask)
+		return nil
+	}))
+
 	// Zero retries is a valid budget.
 	res, err := b.client.Enqueue(ctx, sendReceipt.New(receipt{OrderID: "zero"}, tasks.MaxRetry(0)))
 	require.NoError(t, err)
