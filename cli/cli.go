@@ -159,7 +159,46 @@ func New(app App) *cobra.Command {
 	if app.Commands != nil {
 		root.AddCommand(app.Commands(e)...)
 	}
+	markUsageErrors(root)
 	return root
+}
+
+// markUsageErrors makes the mistakes cobra finds in a command line usage
+// errors (exit status 2), as keel's own checks are: a flag it does not know
+// or cannot parse, arguments a command does not take, an unknown command.
+func markUsageErrors(root *cobra.Command) {
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		switch {
+		case c.HasSubCommands() && c.Args == nil && c.Run == nil && c.RunE == nil:
+			// A group such as `dead`: bare, it prints its help; a word
+			// after it that names none of its commands is a mistake.
+			c.Args = func(cmd *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					return nil
+				}
+				msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+				if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+					msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, ", "))
+				}
+				return usageError{errors.New(msg)}
+			}
+			c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		case c.Args != nil:
+			check := c.Args
+			c.Args = func(cmd *cobra.Command, args []string) error {
+				if err := check(cmd, args); err != nil {
+					return usageError{err}
+				}
+				return nil
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
 }
 
 // Main runs the program with os.Args, stops it on SIGTERM or SIGINT, prints

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -163,9 +164,39 @@ func TestEnqueueInputs(t *testing.T) {
 		"enqueue", "--from", "-")
 	require.ErrorIs(t, err, tasks.ErrUnknownQueue)
 	require.ErrorContains(t, err, "- line 2: ")
-	require.ErrorContains(t, err, "the 0 job(s) before line 1 were enqueued")
+	require.ErrorContains(t, err, "nothing was enqueued")
+	require.True(t, cli.IsUsageError(err))
 	_, err = store.Lookup(ctx, "cli:greet", "greet:q1")
 	require.ErrorIs(t, err, idempotency.ErrNotFound)
+
+	// Every line is checked before the first is written, against what the
+	// client checks too, however many batches the file makes; a dry run
+	// checks the same.
+	var lines1001 strings.Builder
+	for i := range 1001 {
+		fmt.Fprintf(&lines1001, `{"kind": "cli:greet", "payload": {"name": "many%d"}}`+"\n", i)
+	}
+	for _, bad := range []string{`"max_retry": -1`, `"queue": "nope"`, `"key": "` + strings.Repeat("k", 1025) + `"`} {
+		input := lines1001.String() + `{"kind": "cli:greet", "payload": {"name": "last"}, ` + bad + `}` + "\n"
+		for _, dry := range []bool{true, false} {
+			args := []string{"enqueue", "--from", "-"}
+			if dry {
+				args = append(args, "--dry-run")
+			}
+			_, _, err = greeter(t, input, args...)
+			require.ErrorContains(t, err, "- line 1002: ", bad)
+			require.ErrorContains(t, err, "nothing was enqueued", bad)
+			require.True(t, cli.IsUsageError(err), bad)
+		}
+	}
+	_, err = store.Lookup(ctx, "cli:greet", "greet:many0")
+	require.ErrorIs(t, err, idempotency.ErrNotFound, "the first batch went in before the bad line was seen")
+
+	// Queues named in KEEL_QUEUES, as the worker takes them, are known.
+	t.Setenv("KEEL_QUEUES", "reports:1,default:1")
+	out, _, err = greeter(t, `{"kind": "cli:greet", "payload": {"name": "rep"}, "queue": "reports"}`, "enqueue", "--from", "-")
+	require.NoError(t, err)
+	require.Contains(t, out, "1 created")
 
 	// A single job's dry run says so and enqueues nothing.
 	out, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "gus"}`, "--dry-run")
@@ -314,4 +345,93 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	out, _, err = greeter(t, "", "healthcheck", "--json")
 	require.NoError(t, err)
 	require.JSONEq(t, `{"ok": true, "ledger_schema": `+itoa(idempotency.SchemaVersion())+`}`, out)
+}
+
+// Every mistake in the command line is a usage error (exit status 2), the
+// ones cobra finds too: an unknown command or flag, a flag value of the
+// wrong type, arguments a command does not take.
+func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--bogus"},
+		{"nosuchcmd"},
+		{"dead", "ls", "--limit", "abc"},
+		{"ledger", "extra"},
+		{"dead", "nosuchsub"},
+	} {
+		root := cli.New(cli.App{Name: "keel"})
+		root.SetOut(&bytes.Buffer{})
+		root.SetErr(&bytes.Buffer{})
+		root.SetArgs(args)
+		err := root.ExecuteContext(context.Background())
+		require.Error(t, err, "%v", args)
+		require.True(t, cli.IsUsageError(err), "%v: %v", args, err)
+	}
+	root := cli.New(cli.App{Name: "keel"})
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs(nil)
+	require.NoError(t, root.ExecuteContext(context.Background()), "the bare command prints its help")
+	require.Contains(t, out.String(), "Available Commands")
+}
+
+// A dead job with a step in doubt is settled from the command line: the
+// person says whether the call happened, then replays it.
+func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	store := idempotency.NewStore(pool)
+	var ids []string
+	for _, name := range []string{"doubt1", "doubt2"} {
+		out, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "`+name+`"}`, "--json")
+		require.NoError(t, err)
+		var j jobOut
+		require.NoError(t, json.Unmarshal([]byte(out), &j))
+		_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now(),
+			last_error = 'in doubt: needs a person' WHERE id = $1`, j.ID)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'charge', 'started')`, j.ID)
+		require.NoError(t, err)
+		ids = append(ids, j.ID)
+	}
+
+	_, stderr, err := greeter(t, "", "dead", "replay", ids[0])
+	require.Error(t, err)
+	require.Contains(t, stderr, "keel dead resolve")
+	out, _, err := greeter(t, "", "dead", "show", ids[0])
+	require.NoError(t, err)
+	require.Contains(t, out, "in doubt")
+	require.Contains(t, out, "keel dead resolve "+ids[0]+" charge")
+
+	for _, args := range [][]string{
+		{"dead", "resolve", ids[0], "charge"},
+		{"dead", "resolve", ids[0], "charge", "--happened", "--not-happened"},
+		{"dead", "resolve", ids[0]},
+		{"dead", "resolve", "not-an-id", "charge", "--happened"},
+	} {
+		_, _, err := greeter(t, "", args...)
+		require.True(t, cli.IsUsageError(err), "%v: %v", args, err)
+	}
+	_, _, err = greeter(t, "", "dead", "resolve", ids[0], "refund", "--happened")
+	require.ErrorContains(t, err, `no step "refund" in doubt`)
+
+	out, _, err = greeter(t, "", "dead", "resolve", ids[0], "charge", "--not-happened", "--note", "no charge at the provider", "--actor", "ops")
+	require.NoError(t, err)
+	require.Contains(t, out, "did not happen")
+	steps, err := store.Steps(ctx, ids[0])
+	require.NoError(t, err)
+	require.Empty(t, steps, "a call that did not happen is forgotten: the replay calls again")
+	out, _, err = greeter(t, "", "dead", "resolve", ids[1], "charge", "--happened", "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"happened": true`)
+	steps, err = store.Steps(ctx, ids[1])
+	require.NoError(t, err)
+	require.Equal(t, "done", steps[0].Status, "a call that happened is done: the replay skips it")
+	audit, err := store.Audit(ctx, ids[0])
+	require.NoError(t, err)
+	require.Equal(t, "step-not-happened:charge", audit[len(audit)-1].Action)
+	require.Equal(t, "ops", audit[len(audit)-1].Actor)
+
+	_, _, err = greeter(t, "", "dead", "replay", ids[0], ids[1])
+	require.NoError(t, err)
 }

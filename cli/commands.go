@@ -460,7 +460,15 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	row("resolution", j.ResolutionNote)
 	row("resolved by", j.ResolvedBy)
 	for _, s := range steps {
-		row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s, finished %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339), ts(s.FinishedAt)))
+		switch {
+		case s.Status == "started" && j.Status == idempotency.StatusDead:
+			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s); say which with: keel dead resolve %s %s --happened | --not-happened",
+				s.Calls, s.StartedAt.Format(time.RFC3339), j.ID, s.Name))
+		case s.FinishedAt == nil:
+			row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339)))
+		default:
+			row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s, finished %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339), ts(s.FinishedAt)))
+		}
 	}
 	tw.Flush()
 }

@@ -105,7 +105,64 @@ func deadCmd(e *Env) *cobra.Command {
 		Use:   "dead",
 		Short: "See, replay and discard dead jobs (kept in the ledger until a person closes them)",
 	}
-	cmd.AddCommand(deadLsCmd(e), deadShowCmd(e), deadActionCmd(e, "replay"), deadActionCmd(e, "discard"))
+	cmd.AddCommand(deadLsCmd(e), deadShowCmd(e), deadActionCmd(e, "replay"), deadActionCmd(e, "discard"), deadResolveCmd(e))
+	return cmd
+}
+
+// deadResolveCmd records a person's verdict on a dead job's step in doubt,
+// as the dashboard's job page does.
+func deadResolveCmd(e *Env) *cobra.Command {
+	var actor, note string
+	var happened, notHappened bool
+	cmd := &cobra.Command{
+		Use:   "resolve JOB_ID STEP (--happened | --not-happened)",
+		Short: "Say whether a dead job's step in doubt happened, so that it can be replayed",
+		Long: `Say whether the call of a dead job's step in doubt happened: its worker died
+mid-call, or the call failed in a way that may come after its effect. Check
+the other side first (the step's idempotency key is JOB_ID:STEP).
+
+  --happened      the step is done: a replay skips it
+  --not-happened  the step is forgotten: a replay calls it again, with the same key
+
+Then replay the job (keel dead replay JOB_ID).`,
+		Example: "  keel dead resolve 01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f charge --not-happened --note \"no charge at the provider\"",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkJobID(args[0]); err != nil {
+				return err
+			}
+			if happened == notHappened {
+				return usageError{errors.New("say whether the step's call happened: --happened or --not-happened")}
+			}
+			if strings.TrimSpace(actor) == "" {
+				return usageError{idempotency.ErrActorRequired}
+			}
+			ctx := cmd.Context()
+			pool, err := e.Ledger(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := idempotency.NewStore(pool).ResolveStep(ctx, args[0], args[1], happened, actor, note); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if e.JSON() {
+				return printJSON(out, map[string]any{"id": args[0], "step": args[1], "happened": happened})
+			}
+			verdict := "did not happen: a replay calls it again, with the same key"
+			if happened {
+				verdict = "happened: a replay skips it"
+			}
+			fmt.Fprintf(out, "job %s step %s %s\n", args[0], args[1], verdict)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&happened, "happened", false, "the call happened: mark the step done")
+	f.BoolVar(&notHappened, "not-happened", false, "the call did not happen: forget the step")
+	f.StringVar(&actor, "actor", defaultActor(), "who is deciding (kept in the audit log)")
+	f.StringVar(&note, "note", "", "why (kept in the audit log)")
 	return cmd
 }
 

@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -131,6 +134,23 @@ first job is enqueued.`,
 				}
 				jobs, lines = []*tasks.Task{t}, []int{0}
 			}
+			queues, err := enqueueQueues()
+			if err != nil {
+				return err
+			}
+			// What only the client checks (the queue, the retry budget, the
+			// key's and payload's limits), for every job before the first
+			// batch goes in.
+			if err := tasks.CheckTasks(queues, jobs...); err != nil {
+				var te *tasks.TaskError
+				if from == "" || !errors.As(err, &te) {
+					if errors.As(err, &te) {
+						err = te.Err
+					}
+					return usageError{err}
+				}
+				return usageError{fmt.Errorf("%s line %d: %w; nothing was enqueued", from, lines[te.Index], te.Err)}
+			}
 			out := cmd.OutOrStdout()
 			if dryRun {
 				return printDryRun(e, out, jobs, lines)
@@ -145,7 +165,7 @@ first job is enqueued.`,
 				return err
 			}
 			defer pool.Close()
-			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: e.Logger()})
+			client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool, Logger: e.Logger(), Queues: queues})
 			if err != nil {
 				return err
 			}
@@ -170,11 +190,15 @@ first job is enqueued.`,
 						}
 						return err
 					}
+					done := "nothing was enqueued"
+					if start > 0 {
+						done = fmt.Sprintf("the %d job(s) before line %d were enqueued", start, lines[start])
+					}
 					var te *tasks.TaskError
 					if errors.As(err, &te) {
-						return fmt.Errorf("%s line %d: %w (the %d job(s) before line %d were enqueued)", from, lines[start+te.Index], te.Err, start, lines[start])
+						return fmt.Errorf("%s line %d: %w (%s)", from, lines[start+te.Index], te.Err, done)
 					}
-					return fmt.Errorf("%s: %w (the %d job(s) before line %d were enqueued)", from, err, start, lines[start])
+					return fmt.Errorf("%s: %w (%s)", from, err, done)
 				}
 				for i, r := range res {
 					if !r.Existed {
@@ -214,9 +238,31 @@ first job is enqueued.`,
 	fl.StringVar(&from, "from", "", "enqueue many jobs: a file of JSON lines (- for stdin), see above")
 	fl.StringVar(&queue, "queue", "", "queue (default: the kind's queue, or default)")
 	fl.DurationVar(&delay, "delay", 0, "run no earlier than this from now")
-	fl.IntVar(&maxRetry, "max-retry", tasks.DefaultMaxRetry, "retry budget (default: the kind's)")
+	fl.IntVar(&maxRetry, "max-retry", 0, "retry budget (default: the kind's, or "+strconv.Itoa(tasks.DefaultMaxRetry)+")")
 	fl.BoolVar(&dryRun, "dry-run", false, "check the jobs and print them; enqueue nothing")
 	return cmd
+}
+
+// enqueueQueues are the queues enqueue accepts besides a declared kind's
+// own: tasks.DefaultQueues and those KEEL_QUEUES gives the workers.
+func enqueueQueues() ([]string, error) {
+	qs := slices.Clone(tasks.DefaultQueues)
+	v := os.Getenv("KEEL_QUEUES")
+	if v == "" {
+		return qs, nil
+	}
+	parsed, err := server.ParseQueues(v)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("KEEL_QUEUES: %w", err)}
+	}
+	var more []string
+	for q := range parsed {
+		if !slices.Contains(qs, q) {
+			more = append(more, q)
+		}
+	}
+	slices.Sort(more)
+	return append(qs, more...), nil
 }
 
 // newTask checks a job given on the command line or in a --from line: a

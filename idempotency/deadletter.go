@@ -21,7 +21,7 @@ var (
 	ErrActorRequired = errors.New("keel: operator actions need an actor (who did it)")
 	// ErrStepsInDoubt means a replay was refused because a step of the job is
 	// in doubt: a person must first say whether its call happened.
-	ErrStepsInDoubt = errors.New("keel: job has steps in doubt; resolve them first (ResolveStep)")
+	ErrStepsInDoubt = errors.New("keel: job has steps in doubt; say first whether each call happened (on its dashboard page, with `keel dead resolve`, or Store.ResolveStep)")
 	// ErrEffectsCommitted means a replay was refused because the job's
 	// completing InTx committed before its handler failed: its local
 	// effects are in, and running the handler again would repeat them.

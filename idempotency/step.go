@@ -38,9 +38,10 @@ func StepKey(jobID, name string) string { return jobID + ":" + name }
 //   - A step that finished in an earlier attempt is skipped.
 //   - fn returning an error leaves the call in doubt, unless the error says
 //     the call never reached the other side (marked with NotSent) or the
-//     other side answered that it failed (a *retry.HTTPError other than a
-//     gateway's 502 or 504, as StepHTTP and DoHTTP return): only then may
-//     the step run again, with the same key, on the next attempt.
+//     other side refused it (a *retry.HTTPError with a 4xx status, or a 503
+//     with Retry-After, as StepHTTP and DoHTTP return; any other 5xx may
+//     come after the effect): only then may the step run again, with the
+//     same key, on the next attempt.
 //   - A step in doubt, from an error or because the process died mid-call,
 //     is never called again blindly: its Verify function decides on the next
 //     attempt, and without one the job goes to the dead letters with

@@ -59,8 +59,9 @@ func StepHTTP(ctx context.Context, name string, client *http.Client, newReq func
 //     failure, a write that failed): NotSent, so the step calls again;
 //   - a response arrived: a status of 400 or more is a *retry.HTTPError
 //     classified by retry.FromResponse (4xx permanent; 408, 425, 429 and
-//     5xx transient, honouring Retry-After) and not in doubt, except a
-//     gateway's 502 or 504, which is; a 307 or 308 redirect is not followed
+//     5xx transient, honouring Retry-After); a 4xx, or a 503 with
+//     Retry-After, is not in doubt, any other 5xx is (the server may have
+//     failed after its effect); a 307 or 308 redirect is not followed
 //     (it would send the request again) and is a permanent error; below 300
 //     (and a 301, 302 or 303 that the client followed) the call is done and
 //     the response is returned for the caller to read and close;

@@ -90,6 +90,29 @@ func (c *Client) enqueueManyTx(ctx context.Context, tx pgx.Tx, ts []*Task, span 
 	return results(njs, ins), nil
 }
 
+// Check reports whether Enqueue, EnqueueTx and EnqueueMany would accept
+// every task, without writing anything: the first they would refuse comes
+// back as a *TaskError that names it. A caller that enqueues in several
+// calls can check the whole lot before the first.
+func (c *Client) Check(ts ...*Task) error {
+	_, err := c.validateAll(ts, enqueueSpan{})
+	return err
+}
+
+// CheckTasks is Check for a client whose ClientConfig.Queues are queues
+// (nil: DefaultQueues), without one: for a dry run that connects to
+// nothing.
+func CheckTasks(queues []string, ts ...*Task) error {
+	if len(queues) == 0 {
+		queues = DefaultQueues
+	}
+	c := &Client{queues: map[string]bool{}}
+	for _, q := range queues {
+		c.queues[q] = true
+	}
+	return c.Check(ts...)
+}
+
 func (c *Client) validateAll(ts []*Task, span enqueueSpan) ([]idempotency.NewJob, error) {
 	njs := make([]idempotency.NewJob, len(ts))
 	for i, t := range ts {

@@ -376,3 +376,29 @@ func TestEnqueueAfterCloseIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, tasks.ErrClientClosed)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
 }
+
+// Check and CheckTasks refuse what EnqueueMany would, naming the task, and
+// write nothing.
+func TestCheckRefusesWhatEnqueueWould(t *testing.T) {
+	b := setup(t)
+	good := tasks.NewRaw("test:check", []byte(`{}`), "good")
+	bad := []*tasks.Task{
+		tasks.NewRaw("test:check", []byte(`{}`), "q", tasks.Queue("reports")),
+		tasks.NewRaw("test:check", []byte(`{}`), "r", tasks.MaxRetry(-1)),
+		tasks.NewRaw("test:check", make([]byte, tasks.MaxPayloadBytes+1), "p"),
+		tasks.NewRaw("test:check", []byte(`{}`), ""),
+		nil,
+	}
+	require.NoError(t, b.client.Check(good))
+	for i, t1 := range bad {
+		err := b.client.Check(good, t1)
+		var te *tasks.TaskError
+		require.ErrorAs(t, err, &te, "task %d", i)
+		require.Equal(t, 1, te.Index)
+		_, enqErr := b.client.EnqueueMany(context.Background(), good, t1)
+		require.Error(t, enqErr, "Check and EnqueueMany disagree on task %d", i)
+	}
+	require.NoError(t, tasks.CheckTasks([]string{"reports"}, bad[0]))
+	require.ErrorIs(t, tasks.CheckTasks(nil, bad[0]), tasks.ErrUnknownQueue)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
+}
