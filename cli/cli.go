@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -213,7 +214,7 @@ func Main(app App) {
 	}
 	name := app.name()
 	msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
-	msg = strings.TrimPrefix(msg, "keel: ")
+	msg = visible.Text(strings.TrimPrefix(msg, "keel: "))
 	fmt.Fprintln(os.Stderr, name+": "+msg)
 	if IsUsageError(err) {
 		os.Exit(2)

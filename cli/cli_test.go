@@ -355,6 +355,7 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 		{"--bogus"},
 		{"nosuchcmd"},
 		{"dead", "ls", "--limit", "abc"},
+		{"dead", "ls", "--limit", "5000"},
 		{"ledger", "extra"},
 		{"dead", "nosuchsub"},
 	} {
@@ -434,4 +435,52 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 
 	_, _, err = greeter(t, "", "dead", "replay", ids[0], ids[1])
 	require.NoError(t, err)
+}
+
+// Text from a job (its error, key, notes) cannot drive the operator's
+// terminal or reorder what it shows: escape sequences and bidirectional
+// overrides are printed as codes.
+func TestJobTextCannotDriveTheTerminal(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	out, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "esc"}`, "--json")
+	require.NoError(t, err)
+	var j jobOut
+	require.NoError(t, json.Unmarshal([]byte(out), &j))
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now(),
+		last_error = $2 WHERE id = $1`, j.ID, "boom \x1b[2J\x1b]0;owned\x07 \u202edesrever")
+	require.NoError(t, err)
+	for _, args := range [][]string{{"dead", "ls"}, {"dead", "show", j.ID}, {"status", "--id", j.ID}} {
+		out, _, err := greeter(t, "", args...)
+		require.NoError(t, err, "%v", args)
+		require.NotContains(t, out, "\x1b", "%v", args)
+		require.NotContains(t, out, "\x07", "%v", args)
+		require.NotContains(t, out, "\u202e", "%v", args)
+		require.Contains(t, out, "[U+001B]", "%v", args)
+		require.Contains(t, out, "[U+202E]", "%v", args)
+	}
+}
+
+// enqueue says when a job it did not create keeps another payload, or is
+// dead and stays so.
+func TestEnqueueSaysWhatExistingJobsKeep(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	in := `{"kind": "cli:greet", "key": "k1", "payload": {"name": "a"}}` + "\n" + `{"kind": "cli:greet", "key": "k1", "payload": {"name": "b"}}` + "\n"
+	out, _, err := greeter(t, in, "enqueue", "--from", "-")
+	require.NoError(t, err)
+	require.Contains(t, out, "1 created, 1 already existed")
+	require.Contains(t, out, "1 of them existed with another payload, which the job keeps")
+
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', finished_at = now() WHERE business_key = 'k1'`)
+	require.NoError(t, err)
+	out, _, err = greeter(t, "", "enqueue", "cli:greet", "k1", "--payload", `{"name": "a"}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "already existed (status dead")
+	require.Contains(t, out, "keel dead replay")
+	out, _, err = greeter(t, `{"kind": "cli:greet", "key": "k1", "payload": {"name": "a"}}`, "enqueue", "--from", "-")
+	require.NoError(t, err)
+	require.Contains(t, out, "1 of them are dead jobs, which stay dead")
 }

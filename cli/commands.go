@@ -18,6 +18,7 @@ import (
 
 	"github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -421,7 +422,7 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+			fmt.Fprintf(tw, "%s\t%s\n", visible.Text(k), visible.Text(v))
 		}
 	}
 	ts := func(t *time.Time) string {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -173,6 +174,9 @@ func deadLsCmd(e *Env) *cobra.Command {
 		Short: "List dead jobs, newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if d.limit < 1 || d.limit > 1000 {
+				return usageError{fmt.Errorf("--limit %d: between 1 and 1000", d.limit)}
+			}
 			f, err := d.filter()
 			if err != nil {
 				return err
@@ -221,7 +225,7 @@ func deadLsCmd(e *Env) *cobra.Command {
 }
 
 func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = visible.Text(strings.Join(strings.Fields(s), " "))
 	if r := []rune(s); len(r) > max {
 		return string(r[:max-1]) + "…"
 	}
@@ -275,7 +279,7 @@ func deadShowCmd(e *Env) *cobra.Command {
 			}
 			printStatus(out, j, steps)
 			for _, x := range audit {
-				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), x.Action, x.Actor, x.Note)
+				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), visible.Text(x.Action), visible.Text(x.Actor), visible.Text(x.Note))
 			}
 			return nil
 		},

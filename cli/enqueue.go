@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -226,9 +227,27 @@ first job is enqueued.`,
 					state += " with another payload, which it keeps"
 				}
 				fmt.Fprintf(out, "job %s %s (status %s, queue %s, business key %s)\n", r.ID, state, r.Status, r.Queue, r.BusinessKey)
+				if r.Existed && r.Status == string(idempotency.StatusDead) {
+					fmt.Fprintf(out, "it is dead: keel dead show %s says why, keel dead replay %s runs it again\n", r.ID, r.ID)
+				}
 				return nil
 			}
 			fmt.Fprintf(out, "%d job(s) from %s: %d created, %d already existed\n", len(results), from, created, len(results)-created)
+			var differs, dead int
+			for _, r := range results {
+				if r.PayloadDiffers {
+					differs++
+				}
+				if r.Existed && r.Status == string(idempotency.StatusDead) {
+					dead++
+				}
+			}
+			if differs > 0 {
+				fmt.Fprintf(out, "%d of them existed with another payload, which the job keeps (--json names them)\n", differs)
+			}
+			if dead > 0 {
+				fmt.Fprintf(out, "%d of them are dead jobs, which stay dead: keel dead replay runs them again\n", dead)
+			}
 			return nil
 		},
 	}

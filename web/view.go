@@ -10,7 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/keeljobs/keel/internal/visible"
 )
 
 //go:embed templates/*.html
@@ -97,40 +98,7 @@ var funcs = template.FuncMap{
 	"clip":    clip,
 	"add":     func(a, b int) int { return a + b },
 	"bytestr": func(b []byte) string { return clip(string(b), 200) },
-	"vis":     visible,
-}
-
-// visible shows the characters that would hide or rearrange text as
-// visible codes: bidirectional overrides and isolates (a key with U+202E
-// would reverse the rest of the line), zero-width characters and control
-// characters other than tab and newline. Job-supplied text goes through it.
-func visible(s string) string {
-	if !strings.ContainsFunc(s, hidden) {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		if hidden(r) {
-			fmt.Fprintf(&b, "[U+%04X]", r)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-func hidden(r rune) bool {
-	switch {
-	case r == '\t' || r == '\n':
-		return false
-	case r < 0x20, r >= 0x7f && r < 0xa0:
-		return true
-	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
-		return true // bidirectional marks, embeddings, overrides and isolates
-	case r >= 0x200b && r <= 0x200d, r == 0x2060, r == 0xfeff, r == utf8.RuneError:
-		return true
-	}
-	return false
+	"vis":     visible.Text,
 }
 
 func ago(t time.Time) string {

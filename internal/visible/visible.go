@@ -1,0 +1,45 @@
+// Package visible shows text from jobs (errors, keys, notes) to people
+// without letting it act on their screen: characters that would hide or
+// rearrange text, or drive a terminal, become visible codes.
+package visible
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Text returns s with every Hidden character written as [U+XXXX]:
+// bidirectional overrides and isolates (a key with U+202E would reverse the
+// rest of the line), zero-width characters, invalid UTF-8 and control
+// characters other than tab and newline (an ESC starts a terminal's escape
+// sequence).
+func Text(s string) string {
+	if !strings.ContainsFunc(s, Hidden) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if Hidden(r) {
+			fmt.Fprintf(&b, "[U+%04X]", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// Hidden reports whether Text writes r as a code.
+func Hidden(r rune) bool {
+	switch {
+	case r == '\t' || r == '\n':
+		return false
+	case r < 0x20, r >= 0x7f && r < 0xa0:
+		return true
+	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true // bidirectional marks, embeddings, overrides and isolates
+	case r >= 0x200b && r <= 0x200d, r == 0x2060, r == 0xfeff, r == utf8.RuneError:
+		return true
+	}
+	return false
+}

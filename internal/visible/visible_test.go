@@ -1,0 +1,23 @@
+package visible_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/internal/visible"
+)
+
+func TestTextShowsWhatWouldActOnTheScreen(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain text, tabs\tand\nnewlines": "plain text, tabs\tand\nnewlines",
+		"ünïcödé 注文":                      "ünïcödé 注文",
+		"red \x1b[31m bell \x07":          "red [U+001B][31m bell [U+0007]",
+		"\u202edesrever":                  "[U+202E]desrever",
+		"zero\u200bwidth\ufeff":           "zero[U+200B]width[U+FEFF]",
+		"bad \xff byte":                   "bad [U+FFFD] byte",
+		"c1 \u0085 control":               "c1 [U+0085] control",
+	} {
+		require.Equal(t, want, visible.Text(in), "%q", in)
+	}
+}
