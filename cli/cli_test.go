@@ -484,3 +484,21 @@ func TestEnqueueSaysWhatExistingJobsKeep(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "1 of them are dead jobs, which stay dead")
 }
+
+// healthcheck --json answers on stdout when it fails too.
+func TestHealthcheckJSONSaysWhatFailed(t *testing.T) {
+	root := cli.New(cli.App{Name: "keel"})
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&bytes.Buffer{})
+	root.SetArgs([]string{"--redis-url", "redis://127.0.0.1:1/0", "healthcheck", "--json", "--timeout", "2s"})
+	err := root.ExecuteContext(context.Background())
+	require.Error(t, err)
+	var got struct {
+		OK    bool   `json:"ok"`
+		Error string `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &got), out.String())
+	require.False(t, got.OK)
+	require.Contains(t, got.Error, "127.0.0.1:1")
+}

@@ -176,12 +176,20 @@ use. For container health checks: the image needs no shell.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			if _, err := e.Redis(ctx); err != nil {
+			failed := func(err error) error {
+				if e.JSON() {
+					// A script reading stdout gets an answer too; the exit
+					// status and the line on stderr are as without --json.
+					_ = printJSON(cmd.OutOrStdout(), map[string]any{"ok": false, "error": visible.Text(err.Error())})
+				}
 				return err
+			}
+			if _, err := e.Redis(ctx); err != nil {
+				return failed(err)
 			}
 			pool, err := e.Ledger(ctx)
 			if err != nil {
-				return err
+				return failed(err)
 			}
 			pool.Close()
 			if e.JSON() {

@@ -364,7 +364,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				fmt.Fprintf(cmd.ErrOrStderr(), "type %d to %s them: ", len(ids), action)
 				line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
 				if strings.TrimSpace(line) != strconv.Itoa(len(ids)) {
-					return fmt.Errorf("not confirmed; nothing changed")
+					return fmt.Errorf("not confirmed; nothing changed (--yes skips the question)")
 				}
 			}
 			insp := asynq.NewInspector(redisconn.Follow(redis))
