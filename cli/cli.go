@@ -212,14 +212,25 @@ func Main(app App) {
 	if err == nil {
 		return
 	}
-	name := app.name()
-	msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
-	msg = visible.Text(strings.TrimPrefix(msg, "keel: "))
-	fmt.Fprintln(os.Stderr, name+": "+msg)
+	fmt.Fprintln(os.Stderr, ErrorLine(app.name(), err))
 	if IsUsageError(err) {
 		os.Exit(2)
 	}
 	os.Exit(1)
+}
+
+// ErrorLine is how Main prints err: one line, prefixed with the program's
+// name, with job-supplied text made visible. A line the error repeats (pgx
+// lists each attempt to connect, and it tries TLS, then plain) is printed
+// once.
+func ErrorLine(name string, err error) string {
+	var parts []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if l = strings.Join(strings.Fields(l), " "); l != "" && !slices.Contains(parts, l) {
+			parts = append(parts, l)
+		}
+	}
+	return name + ": " + visible.Text(strings.TrimPrefix(strings.Join(parts, " "), "keel: "))
 }
 
 // usageError is a mistake in the command line or the environment: exit

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -501,4 +502,13 @@ func TestHealthcheckJSONSaysWhatFailed(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out.Bytes(), &got), out.String())
 	require.False(t, got.OK)
 	require.Contains(t, got.Error, "127.0.0.1:1")
+}
+
+// The error line says each thing once, on one line.
+func TestErrorLine(t *testing.T) {
+	// As pgx words a failed connection: one line per attempt (TLS, then plain).
+	attempt := "127.0.0.1:1 (127.0.0.1): dial error: connection refused"
+	err := errors.New("keel: Postgres at x is not answering: failed to connect to `user=postgres`:\n\t" + attempt + "\n\t" + attempt)
+	require.Equal(t, "keel: Postgres at x is not answering: failed to connect to `user=postgres`: "+attempt, cli.ErrorLine("keel", err))
+	require.Equal(t, "greeter: bad [U+001B] text", cli.ErrorLine("greeter", errors.New("keel: bad \x1b  text")))
 }
