@@ -148,6 +148,9 @@ func New(app App) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Annotations[groupAnnotation] != "" {
+				return nil // it only prints its help, or names a mistake
+			}
 			return e.prepare(cmd)
 		},
 	}
@@ -164,6 +167,9 @@ func New(app App) *cobra.Command {
 	return root
 }
 
+// groupAnnotation marks a command that only groups others (markUsageErrors).
+const groupAnnotation = "keel:group"
+
 // markUsageErrors makes the mistakes cobra finds in a command line usage
 // errors (exit status 2), as keel's own checks are: a flag it does not know
 // or cannot parse, arguments a command does not take, an unknown command.
@@ -175,13 +181,22 @@ func markUsageErrors(root *cobra.Command) {
 		case c.HasSubCommands() && c.Args == nil && c.Run == nil && c.RunE == nil:
 			// A group such as `dead`: bare, it prints its help; a word
 			// after it that names none of its commands is a mistake.
+			if c.Annotations == nil {
+				c.Annotations = map[string]string{}
+			}
+			c.Annotations[groupAnnotation] = "true"
 			c.Args = func(cmd *cobra.Command, args []string) error {
 				if len(args) == 0 {
 					return nil
 				}
 				msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
-				if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-					msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, ", "))
+				if !cmd.DisableSuggestions {
+					if cmd.SuggestionsMinimumDistance <= 0 {
+						cmd.SuggestionsMinimumDistance = 2 // cobra's own default
+					}
+					if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+						msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, ", "))
+					}
 				}
 				return usageError{errors.New(msg)}
 			}

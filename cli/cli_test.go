@@ -368,12 +368,24 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 		require.Error(t, err, "%v", args)
 		require.True(t, cli.IsUsageError(err), "%v: %v", args, err)
 	}
+	// A typo gets cobra's suggestion.
 	root := cli.New(cli.App{Name: "keel"})
-	var out bytes.Buffer
-	root.SetOut(&out)
-	root.SetArgs(nil)
-	require.NoError(t, root.ExecuteContext(context.Background()), "the bare command prints its help")
-	require.Contains(t, out.String(), "Available Commands")
+	root.SetArgs([]string{"daed"})
+	require.ErrorContains(t, root.ExecuteContext(context.Background()), "did you mean dead?")
+	root = cli.New(cli.App{Name: "keel"})
+	root.SetArgs([]string{"dead", "shw"})
+	require.ErrorContains(t, root.ExecuteContext(context.Background()), "did you mean show?")
+
+	// A bare group prints its help, whatever else is wrong.
+	t.Setenv("KEEL_LOG_LEVEL", "verbose")
+	for _, args := range [][]string{nil, {"dead"}} {
+		root = cli.New(cli.App{Name: "keel"})
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetArgs(args)
+		require.NoError(t, root.ExecuteContext(context.Background()), "%v prints its help", args)
+		require.Contains(t, out.String(), "Available Commands")
+	}
 }
 
 // A dead job with a step in doubt is settled from the command line: the
@@ -452,6 +464,9 @@ func TestJobTextCannotDriveTheTerminal(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now(),
 		last_error = $2 WHERE id = $1`, j.ID, "boom \x1b[2J\x1b]0;owned\x07 \u202edesrever")
 	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, $2, 'started'), ($1, 'two words', 'started')`,
+		j.ID, "pay\x1b[2J")
+	require.NoError(t, err)
 	for _, args := range [][]string{{"dead", "ls"}, {"dead", "show", j.ID}, {"status", "--id", j.ID}} {
 		out, _, err := greeter(t, "", args...)
 		require.NoError(t, err, "%v", args)
@@ -461,6 +476,25 @@ func TestJobTextCannotDriveTheTerminal(t *testing.T) {
 		require.Contains(t, out, "[U+001B]", "%v", args)
 		require.Contains(t, out, "[U+202E]", "%v", args)
 	}
+	out, _, err = greeter(t, "", "dead", "show", j.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "say which on the job's dashboard page", "a step name that would drive the terminal is not offered as a command")
+	require.Contains(t, out, "keel dead resolve "+j.ID+" 'two words' --happened")
+
+	// What enqueue prints of a key comes from its input.
+	for _, dry := range []bool{false, true} {
+		args := []string{"enqueue", "--from", "-"}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		out, _, err := greeter(t, `{"kind": "cli:greet", "key": "k\u001b[2Jk", "payload": {"name": "x"}}`, args...)
+		require.NoError(t, err)
+		require.NotContains(t, out, "\x1b")
+	}
+	out, _, err = greeter(t, "", "enqueue", "cli:greet", "k\x1b[2Jk", "--payload", `{"name": "x"}`)
+	require.NoError(t, err)
+	require.NotContains(t, out, "\x1b")
+	require.Contains(t, out, "k[U+001B][2Jk")
 }
 
 // enqueue says when a job it did not create keeps another payload, or is

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -471,8 +472,12 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	for _, s := range steps {
 		switch {
 		case s.Status == "started" && j.Status == idempotency.StatusDead:
-			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s); say which with: keel dead resolve %s %s --happened | --not-happened",
-				s.Calls, s.StartedAt.Format(time.RFC3339), j.ID, s.Name))
+			how := fmt.Sprintf("say which with: keel dead resolve %s %s --happened | --not-happened", j.ID, shellWord(s.Name))
+			if visible.Text(s.Name) != s.Name {
+				how = "say which on the job's dashboard page (the step's name has characters a terminal would act on)"
+			}
+			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s); %s",
+				s.Calls, s.StartedAt.Format(time.RFC3339), how))
 		case s.FinishedAt == nil:
 			row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339)))
 		default:
@@ -480,6 +485,16 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 		}
 	}
 	tw.Flush()
+}
+
+// shellWord quotes s for a POSIX shell unless it needs no quoting.
+func shellWord(s string) string {
+	if s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.:/@%+=,", r))
+	}) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // nextRetry is when a job waiting to retry runs again: the ledger's run_at

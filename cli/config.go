@@ -19,6 +19,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -72,6 +73,11 @@ func (e *Env) prepare(cmd *cobra.Command) error {
 		return err
 	}
 	e.log = log
+	if !e.asJSON {
+		// Commands print job-supplied text (errors, keys, notes): it must
+		// not drive the operator's terminal. JSON is for scripts, as is.
+		cmd.SetOut(visible.NewWriter(cmd.OutOrStdout()))
+	}
 	// Handlers that log through slog's default logger follow the flags too.
 	slog.SetDefault(log)
 	redis.SetLogger(redisLogger{log})

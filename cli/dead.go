@@ -145,6 +145,9 @@ Then replay the job (keel dead replay JOB_ID).`,
 			}
 			defer pool.Close()
 			if err := idempotency.NewStore(pool).ResolveStep(ctx, args[0], args[1], happened, actor, note); err != nil {
+				if errors.Is(err, idempotency.ErrNotFound) && !strings.Contains(err.Error(), args[0]) {
+					return fmt.Errorf("no job with id %s: %w", args[0], err)
+				}
 				return err
 			}
 			out := cmd.OutOrStdout()

@@ -101,7 +101,7 @@ type bulkKey struct{ kind, key string }
 // runs in a transaction of its own, so it is all or nothing either way.
 func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts InsertOptions) ([]Inserted, error) {
 	for i, nj := range jobs {
-		if err := validateNewJob(nj); err != nil {
+		if err := ValidateNewJob(nj); err != nil {
 			return nil, fmt.Errorf("keel: job %d (%s, key %q): %w", i, nj.Kind, nj.BusinessKey, err)
 		}
 	}
@@ -180,7 +180,10 @@ func supersedeChunk(ctx context.Context, db DB, jobs []NewJob, idx []int) error 
 	return supersede(ctx, db, kinds, keys, windows)
 }
 
-func validateNewJob(nj NewJob) error {
+// ValidateNewJob is what Insert and InsertMany check of a job before they
+// write anything: its kind and business key, UTF-8 text, its retry budget
+// and trace context.
+func ValidateNewJob(nj NewJob) error {
 	if err := ValidateKey("kind", nj.Kind); err != nil {
 		return err
 	}

@@ -108,6 +108,9 @@ func CheckTasks(queues []string, ts ...*Task) error {
 	}
 	c := &Client{queues: map[string]bool{}}
 	for _, q := range queues {
+		if err := idempotency.ValidateQueue(q); err != nil {
+			return fmt.Errorf("keel: tasks.ClientConfig.Queues: %w", err)
+		}
 		c.queues[q] = true
 	}
 	return c.Check(ts...)

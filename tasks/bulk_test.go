@@ -387,6 +387,7 @@ func TestCheckRefusesWhatEnqueueWould(t *testing.T) {
 		tasks.NewRaw("test:check", []byte(`{}`), "r", tasks.MaxRetry(-1)),
 		tasks.NewRaw("test:check", make([]byte, tasks.MaxPayloadBytes+1), "p"),
 		tasks.NewRaw("test:check", []byte(`{}`), ""),
+		tasks.NewRaw("test:check", []byte(`{}`), "t", tasks.TraceID("bad \xff utf-8")),
 		nil,
 	}
 	require.NoError(t, b.client.Check(good))
@@ -399,6 +400,7 @@ func TestCheckRefusesWhatEnqueueWould(t *testing.T) {
 		require.Error(t, enqErr, "Check and EnqueueMany disagree on task %d", i)
 	}
 	require.NoError(t, tasks.CheckTasks([]string{"reports"}, bad[0]))
+	require.ErrorContains(t, tasks.CheckTasks([]string{"bad/queue"}, good), "bad/queue")
 	require.ErrorIs(t, tasks.CheckTasks(nil, bad[0]), tasks.ErrUnknownQueue)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
 }

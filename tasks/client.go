@@ -244,7 +244,7 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if t.s.unique < 0 {
 		return idempotency.NewJob{}, fmt.Errorf("%w: negative unique window %s", ErrInvalidTask, t.s.unique)
 	}
-	return idempotency.NewJob{
+	nj := idempotency.NewJob{
 		Kind:           t.kind,
 		BusinessKey:    t.s.key,
 		Queue:          t.s.queue,
@@ -258,7 +258,13 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 		TraceID:        t.s.traceID,
 		UniqueWindow:   t.s.unique,
 		BatchID:        t.s.batchID,
-	}, nil
+	}
+	// And what the ledger checks (a summary or trace id that is not UTF-8),
+	// so that Check refuses all the insert would.
+	if err := idempotency.ValidateNewJob(nj); err != nil {
+		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+	}
+	return nj, nil
 }
 
 // enqueueError names the task validate refused.

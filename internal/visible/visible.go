@@ -5,6 +5,7 @@ package visible
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"unicode/utf8"
 )
@@ -42,4 +43,34 @@ func Hidden(r rune) bool {
 		return true
 	}
 	return false
+}
+
+// Writer passes what is written to it through Text on its way to w, a
+// whole rune at a time (a rune split between two writes waits for its
+// end). For text meant for a terminal; not for JSON, which scripts parse.
+type Writer struct {
+	w       io.Writer
+	pending []byte
+}
+
+// NewWriter returns a Writer onto w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
+
+func (v *Writer) Write(p []byte) (int, error) {
+	buf := append(v.pending, p...)
+	cut := len(buf)
+	// The last rune's first byte is among the last utf8.UTFMax bytes.
+	for i := len(buf) - 1; i >= 0 && i >= len(buf)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(buf[i]) {
+			if !utf8.FullRune(buf[i:]) {
+				cut = i
+			}
+			break
+		}
+	}
+	v.pending = append([]byte(nil), buf[cut:]...)
+	if _, err := io.WriteString(v.w, Text(string(buf[:cut]))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

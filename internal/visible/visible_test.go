@@ -1,6 +1,7 @@
 package visible_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,4 +21,18 @@ func TestTextShowsWhatWouldActOnTheScreen(t *testing.T) {
 	} {
 		require.Equal(t, want, visible.Text(in), "%q", in)
 	}
+}
+
+func TestWriterKeepsRunesWhole(t *testing.T) {
+	var out strings.Builder
+	w := visible.NewWriter(&out)
+	in := "a\x1b[2Jb é\u202e注"
+	// One byte at a time: no rune arrives whole in one write.
+	for i := range len(in) {
+		n, err := w.Write([]byte{in[i]})
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	require.Equal(t, visible.Text(in), out.String())
+	require.Equal(t, "a[U+001B][2Jb é[U+202E]注", out.String())
 }
