@@ -68,6 +68,9 @@ type GuardConfig struct {
 	// secrets are redacted. Default: the payload's first 512 bytes as text.
 	Summarize func(kind string, payload []byte) string
 	// OnDead is called after a job is marked dead (alerts hook in here).
+	// Left nil, server.New logs each death at Error level ("keel: job
+	// died"); one set here replaces that line (alert.Alerter.JobDied logs it
+	// too).
 	OnDead func(ctx context.Context, j DeadEvent)
 	// OnCancelled is called when the guard stops a run because its job was
 	// cancelled (metrics hook in here).

@@ -130,6 +130,17 @@ func (c Config) WithDefaults() Config {
 	if c.Guard.Logger == nil {
 		c.Guard.Logger = c.Logger
 	}
+	if c.Guard.OnDead == nil {
+		// A death is logged at Error level however keel is run; an alerter
+		// set here logs the same line itself.
+		log := c.Guard.Logger
+		c.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) {
+			log.LogAttrs(ctx, slog.LevelError, "keel: job died",
+				slog.String("job_id", e.JobID), slog.String("kind", e.Kind), slog.String("queue", e.Queue),
+				slog.String("business_key", e.BusinessKey), slog.String("class", e.Class),
+				slog.Int("attempts", e.Attempts), slog.String("err", e.Error))
+		}
+	}
 	if c.Relay.Logger == nil {
 		c.Relay.Logger = c.Logger
 	}
@@ -405,6 +416,15 @@ type asynqLogger struct{ l *slog.Logger }
 
 func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "source", "asynq") }
 func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "source", "asynq") }
-func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "source", "asynq") }
+func (a asynqLogger) Warn(args ...any) {
+	msg := fmt.Sprint(args...)
+	if strings.HasPrefix(msg, "Retry exhausted for task") {
+		// asynq archiving its copy of a job keel has recorded dead (and
+		// logged, "keel: job died"): nothing more for a person.
+		a.l.Debug(msg, "source", "asynq")
+		return
+	}
+	a.l.Warn(msg, "source", "asynq")
+}
 func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "source", "asynq") }
 func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...), "source", "asynq") }

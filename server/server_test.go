@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -328,4 +331,27 @@ func TestRunRefusesUnmigratedLedger(t *testing.T) {
 	err = srv.Run(runCtx)
 	require.ErrorContains(t, err, "keel migrate")
 	require.NoError(t, runCtx.Err(), "Run must refuse at once, not wait for the context")
+}
+
+// A death is one ERROR line ("keel: job died", with the class and error)
+// and the attempt's own line; asynq's "Retry exhausted" for the copy it
+// archives says nothing more and is kept to debug.
+func TestAJobsDeathIsLoggedOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var log testenv.SyncBuffer
+	mux := tasks.NewMux()
+	mux.HandleTask("test:dies", asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return retry.Permanent(errors.New("no such mailbox"))
+	}))
+	res, err := b.client.Enqueue(ctx, tasks.NewRaw("test:dies", []byte(`{}`), "dies-1"))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
+	testenv.WaitStatus(t, b.store, res.Job.ID, idempotency.StatusDead, 10*time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err := b.insp.GetTaskInfo("default", res.Job.ID)
+		return err == nil && info.State == asynq.TaskStateArchived
+	}, "asynq did not archive its copy")
+	require.Equal(t, 1, strings.Count(log.String(), "keel: job died"), log.String())
+	require.NotContains(t, log.String(), "Retry exhausted", "asynq's line at info level or above")
 }
