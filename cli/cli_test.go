@@ -64,6 +64,16 @@ func greeter(t *testing.T, stdin string, args ...string) (stdout, stderr string,
 	return out.String(), errb.String(), err
 }
 
+// enqueueGreet enqueues the greeting of name and returns its job.
+func enqueueGreet(t *testing.T, name string) jobOut {
+	t.Helper()
+	out, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "`+name+`"}`, "--json")
+	require.NoError(t, err)
+	var j jobOut
+	require.NoError(t, json.Unmarshal([]byte(out), &j))
+	return j
+}
+
 type jobOut struct {
 	Line        int    `json:"line"`
 	ID          string `json:"id"`
@@ -397,11 +407,8 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	store := idempotency.NewStore(pool)
 	var ids []string
 	for _, name := range []string{"doubt1", "doubt2"} {
-		out, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "`+name+`"}`, "--json")
-		require.NoError(t, err)
-		var j jobOut
-		require.NoError(t, json.Unmarshal([]byte(out), &j))
-		_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now(),
+		j := enqueueGreet(t, name)
+		_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now(),
 			last_error = 'in doubt: needs a person' WHERE id = $1`, j.ID)
 		require.NoError(t, err)
 		_, err = pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'charge', 'started')`, j.ID)
@@ -457,11 +464,8 @@ func TestJobTextCannotDriveTheTerminal(t *testing.T) {
 	testenv.Redis(t, testenv.DBCmd)
 	pool := testenv.Pool(t, schema)
 	ctx := context.Background()
-	out, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "esc"}`, "--json")
-	require.NoError(t, err)
-	var j jobOut
-	require.NoError(t, json.Unmarshal([]byte(out), &j))
-	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now(),
+	j := enqueueGreet(t, "esc")
+	_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now(),
 		last_error = $2 WHERE id = $1`, j.ID, "boom \x1b[2J\x1b]0;owned\x07 \u202edesrever")
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, $2, 'started'), ($1, 'two words', 'started')`,
@@ -476,7 +480,7 @@ func TestJobTextCannotDriveTheTerminal(t *testing.T) {
 		require.Contains(t, out, "[U+001B]", "%v", args)
 		require.Contains(t, out, "[U+202E]", "%v", args)
 	}
-	out, _, err = greeter(t, "", "dead", "show", j.ID)
+	out, _, err := greeter(t, "", "dead", "show", j.ID)
 	require.NoError(t, err)
 	require.Contains(t, out, "say which on the job's dashboard page", "a step name that would drive the terminal is not offered as a command")
 	require.Contains(t, out, "keel dead resolve "+j.ID+" 'two words' --happened")

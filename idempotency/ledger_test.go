@@ -547,60 +547,39 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 
 // A run whose job another worker claimed (its lease ran out while it was
 // cut off, say) is stopped by the next renewal, even once that other run
-// has finished the job.
+// has finished the job: at a later attempt, or at the same attempt number
+// after a replay (attempts start again from 0), but not by this run's InTx.
 func TestRenewalStopsARunWhoseJobWasTakenOver(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
-	var cause atomic.Value
-	mux := tasks.NewMux()
-	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
-		id, _ := idempotency.JobID(ctx)
-		if _, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL,
-			attempts = attempts + 1, finished_at = now() WHERE id = $1`, id); err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			cause.Store(context.Cause(ctx))
-		case <-time.After(10 * time.Second):
-			cause.Store(errors.New("never stopped"))
-		}
-		return nil
-	})
-	_, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "taken-over"}))
-	require.NoError(t, err)
-	b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = 500 * time.Millisecond })
-	testenv.Eventually(t, 15*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
-	require.ErrorIs(t, cause.Load().(error), idempotency.ErrLeaseLost)
-}
-
-// A run cut off long enough for its job to be taken over, die, be replayed
-// (attempts start again from 0) and succeed elsewhere at the same attempt
-// number is still stopped: the job is succeeded at its attempt, but not by
-// its InTx.
-func TestRenewalStopsARunWhoseJobWasReplayedAndSucceededElsewhere(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
-	var cause atomic.Value
-	mux := tasks.NewMux()
-	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
-		id, _ := idempotency.JobID(ctx)
+	for name, took := range map[string]string{
+		"succeeded at a later attempt": `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL,
+			attempts = attempts + 1, finished_at = now() WHERE id = $1`,
 		// What takeover, death, replay and another run's success leave.
-		if _, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL, lease_until = NULL,
-			last_holder = 'another-worker', finished_at = now() WHERE id = $1`, id); err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			cause.Store(context.Cause(ctx))
-		case <-time.After(10 * time.Second):
-			cause.Store(errors.New("never stopped"))
-		}
-		return nil
-	})
-	_, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "replayed-elsewhere"}))
-	require.NoError(t, err)
-	b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = 500 * time.Millisecond })
-	testenv.Eventually(t, 15*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
-	require.ErrorIs(t, cause.Load().(error), idempotency.ErrLeaseLost)
+		"replayed and succeeded elsewhere at the same attempt": `UPDATE keel_jobs SET status = 'succeeded',
+			lease_holder = NULL, lease_until = NULL, last_holder = 'another-worker', finished_at = now() WHERE id = $1`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			var cause atomic.Value
+			mux := tasks.NewMux()
+			tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+				id, _ := idempotency.JobID(ctx)
+				if _, err := b.pool.Exec(ctx, took, id); err != nil {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					cause.Store(context.Cause(ctx))
+				case <-time.After(10 * time.Second):
+					cause.Store(errors.New("never stopped"))
+				}
+				return nil
+			})
+			_, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "taken-over"}))
+			require.NoError(t, err)
+			b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = 500 * time.Millisecond })
+			testenv.Eventually(t, 15*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
+			require.ErrorIs(t, cause.Load().(error), idempotency.ErrLeaseLost)
+		})
+	}
 }

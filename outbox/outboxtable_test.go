@@ -126,26 +126,11 @@ func TestRelayDropsOutboxRowsOfJobsNoLongerPending(t *testing.T) {
 // which writers do not notify, within its slower poll of them.
 func TestRelayPublishesRowsWrittenOffTheOutbox(t *testing.T) {
 	b := setup(t)
-	ctx := context.Background()
 	c := b.client(t, b.opt)
 	insp := b.inspector(t)
 	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
 	runRelay(t, relay)
-	store := idempotency.NewStore(b.pool)
-	oldWriter := func(key string, notify bool) string {
-		tx, err := b.pool.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx)
-		j, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
-			Payload: []byte(`{"id":"` + key + `"}`), MaxRetry: 3})
-		require.NoError(t, err)
-		require.Nil(t, j.PublishedAt)
-		if notify {
-			require.NoError(t, idempotency.NotifyRelay(ctx, tx))
-		}
-		require.NoError(t, tx.Commit(ctx))
-		return j.ID
-	}
+	oldWriter := func(key string, notify bool) string { return writeUnpublished(t, b, key, notify) }
 
 	asleep := oldWriter("old-writer-asleep", true)
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, asleep) }, "a sleeping relay did not publish a notified row")
@@ -304,7 +289,6 @@ func TestRelayWithABrokenOutboxStillDrainsRowsWrittenUnpublished(t *testing.T) {
 func TestAwakeRelayClaimsANotifiedUnpublishedRowAtOnce(t *testing.T) {
 	outbox.SetLegacyPollForTest(t, time.Hour)
 	b := setup(t)
-	ctx := context.Background()
 	c := b.client(t, b.opt)
 	insp := b.inspector(t)
 	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
@@ -312,15 +296,25 @@ func TestAwakeRelayClaimsANotifiedUnpublishedRowAtOnce(t *testing.T) {
 	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.Awake() }, "the relay did not wake")
 
-	store := idempotency.NewStore(b.pool)
+	id := writeUnpublished(t, b, "notified", true)
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, id) }, "the awake relay left a notified row to its next look")
+}
+
+// writeUnpublished commits a job as an older binary (or a replay) writes
+// one: unpublished, off the outbox, notifying the relays if notify.
+func writeUnpublished(t *testing.T, b *bundle, key string, notify bool) string {
+	t.Helper()
+	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-	j, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: "notified", Queue: "default",
-		Payload: []byte(`{"id":"notified"}`), MaxRetry: 3})
+	j, _, err := idempotency.NewStore(b.pool).Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
+		Payload: []byte(`{"id":"` + key + `"}`), MaxRetry: 3})
 	require.NoError(t, err)
 	require.Nil(t, j.PublishedAt)
-	require.NoError(t, idempotency.NotifyRelay(ctx, tx))
+	if notify {
+		require.NoError(t, idempotency.NotifyRelay(ctx, tx))
+	}
 	require.NoError(t, tx.Commit(ctx))
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, j.ID) }, "the awake relay left a notified row to its next look")
+	return j.ID
 }
