@@ -193,8 +193,8 @@ func ValidateNewJob(nj NewJob) error {
 	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
 		return fmt.Errorf("payload summary and trace id must be valid UTF-8")
 	}
-	if err := validateMaxRetry(nj.MaxRetry); err != nil {
-		return err
+	if nj.MaxRetry < 0 || nj.MaxRetry > MaxRetryLimit {
+		return fmt.Errorf("max retry %d is outside 0…%d", nj.MaxRetry, MaxRetryLimit)
 	}
 	return validateTraceContext(nj)
 }
@@ -203,13 +203,6 @@ func ValidateNewJob(nj NewJob) error {
 // counts attempts in a 32-bit column, and asynq is given
 // AsynqRetryHeadroom tries more.
 const MaxRetryLimit = math.MaxInt32 - AsynqRetryHeadroom - 1
-
-func validateMaxRetry(n int) error {
-	if n < 0 || n > MaxRetryLimit {
-		return fmt.Errorf("max retry %d is outside 0…%d", n, MaxRetryLimit)
-	}
-	return nil
-}
 
 // chunkJobs splits the indexes in uniq into runs of at most InsertChunkRows
 // jobs and, unless one job alone is bigger, InsertChunkBytes of payload.

@@ -123,26 +123,27 @@ func ValidateQueue(q string) error {
 	return nil
 }
 
-const insertSQL = `INSERT INTO keel_jobs
+// insertRow writes one job with ON CONFLICT DO NOTHING; insertSQL and
+// insertWakeSQL differ only in its published_at.
+const (
+	insertRowHead = `INSERT INTO keel_jobs
 	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
-	 traceparent, tracestate, batch_id)
+	 traceparent, tracestate, batch_id, published_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
-	 nullif($13, ''), nullif($14, ''), nullif($15, ''))
+	 nullif($13, ''), nullif($14, ''), nullif($15, ''), `
+	insertRowTail = `)
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + newRowColumns
+)
+
+const insertSQL = insertRowHead + `NULL` + insertRowTail
 
 // insertWakeSQL is insertSQL for a row the relay publishes: a due row goes
 // in marked published with its place in the relay's work list (keel_outbox),
 // and a relay is woken in the same round trip unless one is awake (see
 // RelayAwakeLock). A row to run later goes in unpublished, for
 // ClaimUnpublished at its run_at.
-const insertWakeSQL = `WITH ins AS (INSERT INTO keel_jobs
-	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
-	 traceparent, tracestate, batch_id, published_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
-	 nullif($13, ''), nullif($14, ''), nullif($15, ''), CASE WHEN coalesce($9, now()) <= now() THEN now() END)
-	ON CONFLICT (kind, business_key) DO NOTHING
-	RETURNING ` + newRowColumns + `),
+const insertWakeSQL = `WITH ins AS (` + insertRowHead + `CASE WHEN coalesce($9, now()) <= now() THEN now() END` + insertRowTail + `),
 	outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE published_at IS NOT NULL),
 	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins WHERE ` + wakeNeeded + `)
 	SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
@@ -190,19 +191,7 @@ const wakeNeeded = `CASE WHEN NOT pg_try_advisory_xact_lock_shared(` + RelaySett
 // (kind, business key) already exists it is returned with existed = true and
 // nothing is written: one business action, one job.
 func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed bool, err error) {
-	if err := ValidateKey("kind", nj.Kind); err != nil {
-		return Job{}, false, err
-	}
-	if err := ValidateKey("business key", nj.BusinessKey); err != nil {
-		return Job{}, false, err
-	}
-	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
-		return Job{}, false, errors.New("keel: payload summary and trace id must be valid UTF-8")
-	}
-	if err := validateTraceContext(nj); err != nil {
-		return Job{}, false, err
-	}
-	if err := validateMaxRetry(nj.MaxRetry); err != nil {
+	if err := ValidateNewJob(nj); err != nil {
 		return Job{}, false, fmt.Errorf("keel: %w", err)
 	}
 	id, err := uuid.NewV7()

@@ -103,17 +103,11 @@ func (c *Client) Check(ts ...*Task) error {
 // (nil: DefaultQueues), without one: for a dry run that connects to
 // nothing.
 func CheckTasks(queues []string, ts ...*Task) error {
-	if len(queues) == 0 {
-		queues = DefaultQueues
+	set, err := queueSet(queues)
+	if err != nil {
+		return err
 	}
-	c := &Client{queues: map[string]bool{}}
-	for _, q := range queues {
-		if err := idempotency.ValidateQueue(q); err != nil {
-			return fmt.Errorf("keel: tasks.ClientConfig.Queues: %w", err)
-		}
-		c.queues[q] = true
-	}
-	return c.Check(ts...)
+	return (&Client{queues: set}).Check(ts...)
 }
 
 func (c *Client) validateAll(ts []*Task, span enqueueSpan) ([]idempotency.NewJob, error) {

@@ -84,33 +84,42 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("keel: tasks.ClientConfig.Pool is required")
 	}
-	if len(cfg.Queues) == 0 {
-		cfg.Queues = DefaultQueues
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	for _, q := range cfg.Queues {
-		if err := idempotency.ValidateQueue(q); err != nil {
-			return nil, fmt.Errorf("keel: tasks.ClientConfig.Queues: %w", err)
-		}
+	queues, err := queueSet(cfg.Queues)
+	if err != nil {
+		return nil, err
 	}
 	// Every asynq.RedisConnOpt makes a go-redis universal client.
 	rdb := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	c := &Client{
 		store:  idempotency.NewStore(cfg.Pool).WithTracerProvider(cfg.TracerProvider),
 		pub:    idempotency.NewPublisherOn(rdb),
-		queues: map[string]bool{},
+		queues: queues,
 		log:    cfg.Logger,
 		rdb:    rdb,
 		insp:   asynq.NewInspectorFromRedisClient(rdb),
 		tracer: tracing.New(cfg.TracerProvider),
 	}
-	for _, q := range cfg.Queues {
-		c.queues[q] = true
-	}
 	c.inserts = batch.New(insertLoops, maxInsertBatch, ErrClientClosed, c.insertBatch)
 	return c, nil
+}
+
+// queueSet checks the names of ClientConfig.Queues (nil: DefaultQueues)
+// and returns them as a set.
+func queueSet(qs []string) (map[string]bool, error) {
+	if len(qs) == 0 {
+		qs = DefaultQueues
+	}
+	set := make(map[string]bool, len(qs))
+	for _, q := range qs {
+		if err := idempotency.ValidateQueue(q); err != nil {
+			return nil, fmt.Errorf("keel: tasks.ClientConfig.Queues: %w", err)
+		}
+		set[q] = true
+	}
+	return set, nil
 }
 
 // Close stops the client's group commit and releases its Redis connections.
@@ -231,9 +240,6 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	}
 	if maxRetry < 0 {
 		return idempotency.NewJob{}, fmt.Errorf("%w: negative max retry %d", ErrInvalidTask, maxRetry)
-	}
-	if maxRetry > idempotency.MaxRetryLimit {
-		return idempotency.NewJob{}, fmt.Errorf("%w: max retry %d is over the limit of %d", ErrInvalidTask, maxRetry, idempotency.MaxRetryLimit)
 	}
 	if t.s.timeout < 0 {
 		return idempotency.NewJob{}, fmt.Errorf("%w: negative timeout %s", ErrInvalidTask, t.s.timeout)
