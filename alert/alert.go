@@ -221,10 +221,7 @@ func New(cfg Config) (*Alerter, error) {
 // webhook. It never waits for the webhook, so it is safe to call from the
 // worker's hot path: it has the shape of idempotency.GuardConfig.OnDead.
 func (a *Alerter) JobDied(ctx context.Context, e idempotency.DeadEvent) {
-	a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "keel: job died",
-		slog.String("job_id", e.JobID), slog.String("kind", e.Kind), slog.String("queue", e.Queue),
-		slog.String("business_key", e.BusinessKey), slog.String("class", e.Class),
-		slog.Int("attempts", e.Attempts), slog.String("err", e.Error))
+	e.LogDied(ctx, a.cfg.Logger)
 	a.dead.WithLabelValues(e.Kind, e.Queue, e.Class).Inc()
 	if a.cfg.WebhookURL == "" {
 		return

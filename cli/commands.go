@@ -181,7 +181,7 @@ use. For container health checks: the image needs no shell.`,
 				if e.JSON() {
 					// A script reading stdout gets an answer too; the exit
 					// status and the line on stderr are as without --json.
-					_ = printJSON(cmd.OutOrStdout(), map[string]any{"ok": false, "error": visible.Text(err.Error())})
+					_ = printJSON(cmd.OutOrStdout(), map[string]any{"ok": false, "error": err.Error()})
 				}
 				return err
 			}
@@ -431,7 +431,7 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", visible.Text(k), visible.Text(v))
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
 		}
 	}
 	ts := func(t *time.Time) string {
@@ -473,7 +473,7 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 		switch {
 		case s.Status == "started" && j.Status == idempotency.StatusDead:
 			how := fmt.Sprintf("say which with: keel dead resolve %s %s --happened | --not-happened", j.ID, shellWord(s.Name))
-			if visible.Text(s.Name) != s.Name {
+			if strings.ContainsFunc(s.Name, visible.Hidden) {
 				how = "say which on the job's dashboard page (the step's name has characters a terminal would act on)"
 			}
 			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s); %s",

@@ -20,7 +20,6 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
-	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -228,7 +227,7 @@ func deadLsCmd(e *Env) *cobra.Command {
 }
 
 func oneLine(s string, max int) string {
-	s = visible.Text(strings.Join(strings.Fields(s), " "))
+	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > max {
 		return string(r[:max-1]) + "…"
 	}
@@ -282,7 +281,7 @@ func deadShowCmd(e *Env) *cobra.Command {
 			}
 			printStatus(out, j, steps)
 			for _, x := range audit {
-				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), visible.Text(x.Action), visible.Text(x.Actor), visible.Text(x.Note))
+				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), x.Action, x.Actor, x.Note)
 			}
 			return nil
 		},

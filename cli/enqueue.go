@@ -144,11 +144,11 @@ first job is enqueued.`,
 			// batch goes in.
 			if err := tasks.CheckTasks(queues, jobs...); err != nil {
 				var te *tasks.TaskError
-				if from == "" || !errors.As(err, &te) {
-					if errors.As(err, &te) {
-						err = te.Err
-					}
+				switch {
+				case !errors.As(err, &te):
 					return usageError{err}
+				case from == "":
+					return usageError{te.Err}
 				}
 				return usageError{fmt.Errorf("%s line %d: %w; nothing was enqueued", from, lines[te.Index], te.Err)}
 			}

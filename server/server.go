@@ -134,12 +134,7 @@ func (c Config) WithDefaults() Config {
 		// A death is logged at Error level however keel is run; an alerter
 		// set here logs the same line itself.
 		log := c.Guard.Logger
-		c.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) {
-			log.LogAttrs(ctx, slog.LevelError, "keel: job died",
-				slog.String("job_id", e.JobID), slog.String("kind", e.Kind), slog.String("queue", e.Queue),
-				slog.String("business_key", e.BusinessKey), slog.String("class", e.Class),
-				slog.Int("attempts", e.Attempts), slog.String("err", e.Error))
-		}
+		c.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) { e.LogDied(ctx, log) }
 	}
 	if c.Relay.Logger == nil {
 		c.Relay.Logger = c.Logger
