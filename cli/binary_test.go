@@ -40,9 +40,14 @@ func welcomeBinary(t *testing.T) string {
 			return
 		}
 		// Embed the VCS revision whatever GOFLAGS says, when there is one.
+		// go build stamps only a checkout whose .git is a directory: not a
+		// git worktree's, where .git is a file.
 		vcs := "-buildvcs=auto"
 		if head, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
-			vcs, buildHead = "-buildvcs=true", strings.TrimSpace(string(head))
+			top, _ := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+			if fi, err := os.Stat(filepath.Join(strings.TrimSpace(string(top)), ".git")); err == nil && fi.IsDir() {
+				vcs, buildHead = "-buildvcs=true", strings.TrimSpace(string(head))
+			}
 		}
 		out, err := exec.Command("go", "build", vcs, "-o", buildDir, "../examples/welcome").CombinedOutput()
 		if err != nil {

@@ -237,7 +237,8 @@ func Main(app App) {
 // ErrorLine is how Main prints err: one line, prefixed with the program's
 // name, with job-supplied text made visible. A line the error repeats (pgx
 // lists each attempt to connect, and it tries TLS, then plain) is printed
-// once.
+// once, and a prefix that already names the program ("keel web: …") is not
+// doubled.
 func ErrorLine(name string, err error) string {
 	var parts []string
 	for _, l := range strings.Split(err.Error(), "\n") {
@@ -245,7 +246,12 @@ func ErrorLine(name string, err error) string {
 			parts = append(parts, l)
 		}
 	}
-	return name + ": " + visible.Text(strings.TrimPrefix(strings.Join(parts, " "), "keel: "))
+	msg := strings.TrimPrefix(strings.Join(parts, " "), "keel: ")
+	if w := strings.SplitN(msg, " ", 3); len(w) == 3 && w[0] == name && strings.HasSuffix(w[1], ":") {
+		// Already the program's own prefix ("keel web: …").
+		return visible.Text(msg)
+	}
+	return name + ": " + visible.Text(msg)
 }
 
 // usageError is a mistake in the command line or the environment: exit

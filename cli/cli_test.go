@@ -549,4 +549,9 @@ func TestErrorLine(t *testing.T) {
 	err := errors.New("keel: Postgres at x is not answering: failed to connect to `user=postgres`:\n\t" + attempt + "\n\t" + attempt)
 	require.Equal(t, "keel: Postgres at x is not answering: failed to connect to `user=postgres`: "+attempt, cli.ErrorLine("keel", err))
 	require.Equal(t, "greeter: bad [U+001B] text", cli.ErrorLine("greeter", errors.New("keel: bad \x1b  text")))
+	// A package's own prefix that already names the program is not doubled.
+	require.Equal(t, "keel web: the password is empty", cli.ErrorLine("keel", errors.New("keel web: the password is empty")))
+	require.Equal(t, "keel web: x", cli.ErrorLine("keel", errors.New("keel: keel web: x")))
+	require.Equal(t, "greeter: keel web: x", cli.ErrorLine("greeter", errors.New("keel web: x")))
+	require.Equal(t, "keel: keelhaul failed", cli.ErrorLine("keel", errors.New("keelhaul failed")))
 }
