@@ -57,7 +57,8 @@ func (m *meter) stop(p *Phase) {
 		return
 	}
 	redis, pg = redis-m.redis, pg-m.pg
-	// Processes that exit meanwhile take their time with them: never below 0.
+	// A server that exits meanwhile (a private redis-server) takes its time
+	// with it: never below 0.
 	p.RedisCPUms = max(0, ms(redis))
 	p.PostgresCPUms = max(0, ms(pg))
 	if host, ok := hostCPU(); ok && m.hostViable && wall > 0 {
@@ -108,9 +109,11 @@ func hostCPU() (time.Duration, bool) {
 const clockTick = 100
 
 // serverCPU sums the CPU time of the redis-server and postgres processes
-// visible in /proc (all of them: other clients' work is counted too). It reports ok = false where there is no /proc or neither
-// server runs on this host. Backends that exit in between are not counted,
-// which the benchmark's long-lived pool connections make rare.
+// visible in /proc (all of them: other clients' work is counted too),
+// with that of the children they reaped: a backend that exits (a pool
+// closed before the meter stops) takes its time to the postmaster's
+// children's time, not out of the total. It reports ok = false where there
+// is no /proc or neither server runs on this host.
 func serverCPU() (redis, pg time.Duration, ok bool) {
 	dirs, err := filepath.Glob("/proc/[0-9]*/stat")
 	if err != nil || len(dirs) == 0 {
@@ -137,16 +140,24 @@ func serverCPU() (redis, pg time.Duration, ok bool) {
 			continue
 		}
 		fields := strings.Fields(s[end+1:])
-		// After the comm: state is field 3; utime and stime are 14 and 15.
-		if len(fields) < 13 {
+		// After the comm: state is field 3; utime and stime are 14 and
+		// 15, then the times of reaped children, cutime and cstime.
+		if len(fields) < 15 {
 			continue
 		}
-		ut, err1 := strconv.ParseInt(fields[11], 10, 64)
-		st, err2 := strconv.ParseInt(fields[12], 10, 64)
-		if err1 != nil || err2 != nil {
+		var ticks int64
+		for _, f := range fields[11:15] {
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				ticks = -1
+				break
+			}
+			ticks += n
+		}
+		if ticks < 0 {
 			continue
 		}
-		*into += time.Duration(ut+st) * time.Second / clockTick
+		*into += time.Duration(ticks) * time.Second / clockTick
 		ok = true
 	}
 	return redis, pg, ok
