@@ -152,6 +152,10 @@ func TestEnqueueInputs(t *testing.T) {
 	out, _, err = greeter(t, `{"kind": "cli:greet", "payload": {"name": "eve"}}`+"\n", "enqueue", "--from", "-")
 	require.NoError(t, err)
 	require.Contains(t, out, "1 job(s) from -: 1 created, 0 already existed")
+	// A file saved with a byte-order mark.
+	out, _, err = greeter(t, "\ufeff"+`{"kind": "cli:greet", "payload": {"name": "bom"}}`+"\n", "enqueue", "--from", "-")
+	require.NoError(t, err)
+	require.Contains(t, out, "1 job(s) from -: 1 created, 0 already existed")
 
 	for _, tc := range []struct{ input, want string }{
 		{`{"kind": "cli:greet", "payload": {"name": "fay"}}` + "\n" + `{"kind": "cli:nope", "payload": {}}`, `- line 2: greeter does not declare the kind "cli:nope"`},
@@ -160,6 +164,11 @@ func TestEnqueueInputs(t *testing.T) {
 		{`{"kind": "cli:greet", "payload": {"name": "x"}, "delay": "soon"}`, `- line 1: delay "soon"`},
 		{`{"payload": {}}`, "- line 1: no kind"},
 		{"\n# nothing\n", "holds no jobs"},
+		// One job a line: a second value on the line is not dropped unseen.
+		{`{"kind": "cli:greet", "payload": {"name": "fay"}}{"kind": "cli:greet", "payload": {"name": "gus"}}`, "- line 1: more than one JSON value"},
+		{`{"kind": "cli:greet", "payload": {"name": "fay"}} trailing`, "- line 1: more than one JSON value"},
+		// A line over the limit is named too.
+		{`{"kind": "cli:greet", "payload": {"name": "fay"}}` + "\n" + strings.Repeat("x", 4*tasks.MaxPayloadBytes+1), "- line 2: longer than"},
 	} {
 		_, _, err := greeter(t, tc.input, "enqueue", "--from", "-")
 		require.ErrorContains(t, err, tc.want, tc.input)

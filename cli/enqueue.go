@@ -324,8 +324,12 @@ func readJobLines(app App, r io.Reader, name string) ([]*tasks.Task, []int, erro
 	sc.Buffer(make([]byte, 64*1024), maxInputBytes)
 	var jobs []*tasks.Task
 	var lines []int
-	for n := 1; sc.Scan(); n++ {
+	n := 1
+	for ; sc.Scan(); n++ {
 		text := bytes.TrimSpace(sc.Bytes())
+		if n == 1 {
+			text = bytes.TrimPrefix(text, []byte("\ufeff")) // a byte-order mark
+		}
 		if len(text) == 0 || text[0] == '#' {
 			continue
 		}
@@ -337,6 +341,10 @@ func readJobLines(app App, r io.Reader, name string) ([]*tasks.Task, []int, erro
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&l); err != nil {
 			return nil, nil, fail("not a job (want {\"kind\", \"key\", \"payload\", \"queue\", \"delay\", \"max_retry\"}): %v", err)
+		}
+		if dec.InputOffset() != int64(len(text)) {
+			// Decode stops after the first value: the rest would be lost.
+			return nil, nil, fail("more than one JSON value (one job a line)")
 		}
 		if l.Kind == "" {
 			return nil, nil, fail("no kind")
@@ -362,7 +370,9 @@ func readJobLines(app App, r io.Reader, name string) ([]*tasks.Task, []int, erro
 		jobs = append(jobs, t)
 		lines = append(lines, n)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, nil, usageError{fmt.Errorf("%s line %d: longer than %d bytes; nothing was enqueued", name, n, maxInputBytes)}
+	} else if err != nil {
 		return nil, nil, usageError{fmt.Errorf("%s: %w", name, err)}
 	}
 	if len(jobs) == 0 {
