@@ -393,11 +393,9 @@ func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idem
 	if err := r.rdb.SAdd(ctx, idempotency.AsynqQueuesKey, qs...).Err(); err != nil {
 		return 0, fmt.Errorf("keel reconciler: list queues %v: %w", qs, err)
 	}
-	for i, j := range jobs {
-		if j.Status == idempotency.StatusFailed {
-			jobs[i].RunAt = time.Now() // its retry time was in the lost Redis entry
-		}
-	}
+	// A failed job goes back for its retry at the time the ledger recorded
+	// (a time already past, as rows from before that was recorded have,
+	// publishes it at once).
 	res, markErr := r.store.PublishMany(ctx, r.pub, jobs)
 	n, failed := 0, 0
 	var pubErr error

@@ -3,6 +3,7 @@ package retry
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/hibiken/asynq"
 )
@@ -67,9 +68,33 @@ func (p Policy) middleware(c *Classifier, retryCount func(context.Context) (int,
 			if class == ClassPermanent || retried >= p.Budget(t.Type(), class) {
 				return &skipRetry{err: err, class: class}
 			}
-			return err
+			// Decided once, here: the ledger records the retry's time
+			// (DecidedDelay) and asynq schedules it (RetryDelayFunc).
+			return &decided{err: err, delay: p.Delay(t.Type(), retried, err)}
 		})
 	}
+}
+
+// decided is a failure to retry after delay, as the middleware chose it.
+type decided struct {
+	err   error
+	delay time.Duration
+}
+
+func (e *decided) Error() string { return e.err.Error() }
+
+func (e *decided) Unwrap() error { return e.err }
+
+// DecidedDelay is the delay Middleware chose for a failure it passed on to
+// be retried: what asynq waits (RetryDelayFunc returns it as is) and what
+// keel's ledger records as the job's next run. ok is false for any other
+// error.
+func DecidedDelay(err error) (d time.Duration, ok bool) {
+	var e *decided
+	if errors.As(err, &e) {
+		return e.delay, true
+	}
+	return 0, false
 }
 
 // skipRetry is a failure that asynq must not retry.

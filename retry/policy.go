@@ -261,9 +261,13 @@ func (p Policy) Budget(kind string, class Class) int {
 }
 
 // RetryDelayFunc adapts Delay for asynq.Config.RetryDelayFunc; the kind is
-// the task's type.
+// the task's type. A delay Middleware decided (DecidedDelay) is returned as
+// is, so that the retry happens when the ledger says it does.
 func (p Policy) RetryDelayFunc() asynq.RetryDelayFunc {
 	return func(n int, err error, t *asynq.Task) time.Duration {
+		if d, ok := DecidedDelay(err); ok {
+			return d
+		}
 		var kind string
 		if t != nil {
 			kind = t.Type()

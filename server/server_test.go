@@ -355,3 +355,30 @@ func TestAJobsDeathIsLoggedOnce(t *testing.T) {
 	require.Equal(t, 1, strings.Count(log.String(), "keel: job died"), log.String())
 	require.NotContains(t, log.String(), "Retry exhausted", "asynq's line at info level or above")
 }
+
+// A failed job's ledger row says when it runs again, and that is when
+// asynq retries it: `keel status` and the dashboard read run_at.
+func TestAFailedJobsNextRetryIsInTheLedger(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	mux := tasks.NewMux()
+	tasks.Handle(mux, charge, func(ctx context.Context, o order) error {
+		return retry.Transient(errors.New("provider down"))
+	})
+	res, err := b.client.Enqueue(ctx, charge.New(order{OrderID: "retries-later"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.Logger = quietLogger()
+		c.Retry.Base, c.Retry.Cap = time.Hour, 2*time.Hour // far from now, and from the enqueue's run_at
+	})
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusFailed, 20*time.Second)
+	var info *asynq.TaskInfo
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err = b.insp.GetTaskInfo("critical", res.Job.ID)
+		return err == nil && info.State == asynq.TaskStateRetry
+	}, "asynq should hold the job for a retry")
+	// Backoff from one hour, jittered by up to a fifth either way.
+	require.Greater(t, time.Until(j.RunAt), 30*time.Minute, "the ledger's run_at is the retry's time")
+	// asynq keeps whole seconds.
+	require.WithinDuration(t, info.NextProcessAt, j.RunAt, 2*time.Second, "the ledger and asynq agree on the retry's time")
+}
