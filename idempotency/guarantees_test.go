@@ -160,6 +160,44 @@ func TestPoisonJobRetires(t *testing.T) {
 	}
 }
 
+type customer struct{ Email string }
+
+type orderFor struct {
+	OrderID  string    `json:"order_id"`
+	Customer *customer `json:"customer"`
+}
+
+// A Summary that redacts the customer's address, and panics on an order
+// without one: its own bug, on the very payloads that fail.
+var summaryPanics = tasks.Define[orderFor]("test:summary_panics", tasks.MaxRetry(0),
+	tasks.Key(func(o orderFor) string { return o.OrderID }),
+	tasks.Summary(func(o orderFor) string { return "order " + o.OrderID + " for " + o.Customer.Email[:1] + "…" }))
+
+// A kind's Summary that panics does not stop a death being recorded: the
+// poison job is dead once, with a summary that says what went wrong and
+// shows nothing of the payload, instead of running, failing and panicking
+// again for ever.
+func TestAPanickingSummaryDoesNotKeepAPoisonJobAlive(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, summaryPanics, func(ctx context.Context, o orderFor) error {
+		runs.Add(1)
+		return retry.Permanent(errors.New("order has no customer"))
+	})
+	b.startWorker(t, mux, nil)
+	// Raw JSON, as keel enqueue, a cron entry or another language enqueues it.
+	res, err := b.client.Enqueue(ctx, tasks.NewRaw(summaryPanics.Name(), []byte(`{"order_id":"no-customer","secret":"s3cret"}`), "no-customer"))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
+	require.Equal(t, string(retry.ClassPermanent), j.ErrorClass)
+	require.Contains(t, j.LastError, "order has no customer")
+	require.Contains(t, j.PayloadSummary, "panicked")
+	require.NotContains(t, j.PayloadSummary, "s3cret", "a Summary that failed must not leave the payload unredacted")
+	require.EqualValues(t, 1, runs.Load())
+}
+
 // SIGTERM with a 1 s shutdown timeout in the middle of a MaxRetry(0) job:
 // the run does not count, makes no dead letter and no alert, and the job's
 // lease is released at once, so the next worker starts it without waiting

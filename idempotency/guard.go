@@ -160,6 +160,20 @@ func defaultSummary(_ string, payload []byte) string {
 	return string([]rune(string(s))) // drops invalid UTF-8 so Postgres accepts it
 }
 
+// summarize is the kind's Summarize, which is the application's code: one
+// that panics must not stop the guard recording a death (the panic would
+// leave the job running, to be run, fail and panic again for ever). Its
+// summary is then a note, not the payload it was there to redact.
+func (g *Guard) summarize(t *asynq.Task) (s string) {
+	defer func() {
+		if p := recover(); p != nil {
+			g.cfg.Logger.Error("keel: the payload summary panicked; the dead job keeps a note instead", "kind", t.Type(), "panic", p)
+			s = fmt.Sprintf("(no summary: the kind's Summary panicked: %v)", p)
+		}
+	}()
+	return g.cfg.Summarize(t.Type(), t.Payload())
+}
+
 // GuardStats are counters since the guard started.
 type GuardStats struct {
 	Claimed, Succeeded, Failed, Dead, DuplicatesSkipped, LeaseBusy, LedgerErrors uint64
@@ -917,7 +931,7 @@ const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'c
 // is dead in the ledger, with the same alert and counters as any death).
 func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) error {
 	ctx = context.WithoutCancel(ctx)
-	summary := storableText(g.cfg.Summarize(t.Type(), t.Payload()), maxErrorBytes)
+	summary := storableText(g.summarize(t), maxErrorBytes)
 	var businessKey, traceID, msg string
 	var attempts int
 	err := g.store.pool.QueryRow(ctx, retireCrashedSQL, id, summary).Scan(&businessKey, &traceID, &msg, &attempts)
@@ -953,7 +967,7 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 		"job_id", jc.id, "err", herr)
 	msg := storableText(fmt.Sprintf(failedAfterCompleteMsg+" "+
 		"(its local effects are in; what came after did not happen; steps must come before the completing InTx): %v", herr), maxErrorBytes)
-	summary := storableText(g.cfg.Summarize(t.Type(), t.Payload()), maxErrorBytes)
+	summary := storableText(g.summarize(t), maxErrorBytes)
 	var businessKey, traceID string
 	// While the ledger is down this waits for it: given up, the row would
 	// stay succeeded, the failure and its alert lost.
@@ -1118,7 +1132,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	}
 	summary := ""
 	if status == StatusDead {
-		summary = g.cfg.Summarize(t.Type(), t.Payload())
+		summary = g.summarize(t)
 	}
 	// When asynq retries it, as the retry middleware decided: the ledger's
 	// run_at says so (keel status, the dashboard). -1: not known here.
