@@ -407,6 +407,11 @@ func TestDoHTTPMarksOutcomes(t *testing.T) {
 			_, _ = io.WriteString(w, "done")
 		case "/redirect":
 			http.Redirect(w, r, "/ok", http.StatusTemporaryRedirect)
+		case "/see-other":
+			// Done; the result is read elsewhere, and that read fails.
+			http.Redirect(w, r, "/429", http.StatusSeeOther)
+		case "/moved":
+			http.Redirect(w, r, "/404", http.StatusFound)
 		case "/slow":
 			<-release
 		default:
@@ -453,6 +458,14 @@ func TestDoHTTPMarksOutcomes(t *testing.T) {
 	require.ErrorIs(t, err, retry.ErrPermanent)
 	require.ErrorContains(t, err, "not followed")
 	require.Equal(t, 1, hit("/ok"), "a 307 must not send the request again")
+
+	// A redirect the client followed answered the request itself: a
+	// failure of its target says nothing of the request's effect.
+	for _, path := range []string{"/see-other", "/moved"} {
+		_, err = do(client, srv.URL+path)
+		require.ErrorIs(t, err, idempotency.ErrInDoubt, path)
+		require.ErrorContains(t, err, "redirect", path)
+	}
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -578,4 +591,39 @@ func TestDoHTTPReportsAResend(t *testing.T) {
 	require.Equal(t, 1, j.Attempts)
 	_, applied := p.counts()
 	require.Equal(t, 2, applied, "the resending layer did send twice")
+}
+
+// A 303 after a POST says the work is done and the result is elsewhere;
+// when reading it fails (rate limited once), the charge is not sent again.
+func TestFollowedRedirectAfterTheEffectIsNotARefusal(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var posts, gets atomic.Int32
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+			w.Header().Set("Location", "/charges/1")
+			w.WriteHeader(http.StatusSeeOther)
+			return
+		}
+		if gets.Add(1) == 1 {
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer api.Close()
+	client := &http.Client{Timeout: 5 * time.Second}
+	mux := tasks.NewMux()
+	tasks.Handle(mux, fewRetries, func(ctx context.Context, o order) error {
+		return idempotency.StepHTTP(ctx, "charge", client, func(ctx context.Context, key string) (*http.Request, error) {
+			return http.NewRequestWithContext(ctx, http.MethodPost, api.URL+"/charges", strings.NewReader(`{"amount":42}`))
+		})
+	})
+	res, err := b.client.Enqueue(ctx, fewRetries.New(order{OrderID: "redirected"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
+	require.Contains(t, j.LastError, "in doubt")
+	require.EqualValues(t, 1, posts.Load(), "the charge the server confirmed with a 303 was sent again")
 }

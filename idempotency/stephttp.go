@@ -64,7 +64,9 @@ func StepHTTP(ctx context.Context, name string, client *http.Client, newReq func
 //     failed after its effect); a 307 or 308 redirect is not followed
 //     (it would send the request again) and is a permanent error; below 300
 //     (and a 301, 302 or 303 that the client followed) the call is done and
-//     the response is returned for the caller to read and close;
+//     the response is returned for the caller to read and close; a followed
+//     redirect whose target fails is in doubt (the redirect answered the
+//     request: after a POST, a 303 says the work is done);
 //   - the request was written but no response came (a timeout, a reset
 //     connection): the error is left in doubt.
 //
@@ -118,12 +120,26 @@ func DoHTTP(client *http.Client, req *http.Request, key string) (*http.Response,
 	if ferr := retry.FromResponse(resp); ferr != nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
+		if followed(req, resp) {
+			// The client followed a 301, 302 or 303: the request itself was
+			// answered with the redirect (a 303 after a POST: done, the
+			// result is elsewhere), and this failure is its target's.
+			return nil, doubt(fmt.Sprintf("answered with a redirect to %s, which then failed", redactedURL(resp.Request)), ferr)
+		}
 		if he := (*retry.HTTPError)(nil); errors.As(ferr, &he) && answerInDoubt(he) {
 			return nil, doubt("a server error, which may come after the effect", ferr)
 		}
 		return nil, ferr
 	}
 	return resp, nil
+}
+
+// followed tells whether resp answers a request the client made by
+// following a redirect: another URL or method than req's (the client may
+// copy req itself, so not by identity).
+func followed(req *http.Request, resp *http.Response) bool {
+	r := resp.Request
+	return r != nil && r.URL != nil && req.URL != nil && (r.Method != req.Method || r.URL.String() != req.URL.String())
 }
 
 func redactedURL(req *http.Request) string {
