@@ -15,6 +15,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // racePool is a second pool on the test schema whose connections name
@@ -303,3 +304,46 @@ func TestLeaseRenewalDoesNotWaitForLockedRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{runs[0].ID}, kept)
 }
+
+// A transaction that holds a batch's row (a producer adding members, and
+// slow to commit) stalls only the completions of that batch's members:
+// the worker's other claims and completions go on meanwhile.
+func TestAHeldBatchRowStallsOnlyItsMembersCompletions(t *testing.T) {
+	b := setup(t)
+	batchTables(t, b)
+	ctx := context.Background()
+	mux := batchMux(b.pool)
+	tasks.Handle(mux, unrelated, func(context.Context, order) error { return nil })
+	batch, err := b.client.NewBatch(ctx, tasks.BatchSpec{Description: "held"})
+	require.NoError(t, err)
+
+	m, err := b.client.Enqueue(ctx, batchMember.New(member{Key: "held-1", Mode: "gate-plain"}, tasks.InBatch(batch.ID)))
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	b.waitStatus(t, m.Job.ID, idempotency.StatusRunning, 10*time.Second)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = $1 FOR UPDATE`, batch.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO batch_gate VALUES (true)`)
+	require.NoError(t, err)
+	// The member ran, and its completion waits for the batch's row.
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		// The guard's round (its text is cut short here, before the batch lock).
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE 'WITH done AS (%' AND datname = current_database()`) > 0
+	}, "the member's completion never waited for the batch row")
+
+	other, err := b.client.Enqueue(ctx, unrelated.New(order{OrderID: "unrelated"}))
+	require.NoError(t, err)
+	b.waitStatus(t, other.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	j, err := b.store.Get(ctx, m.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusRunning, j.Status, "the member's completion cannot land while the row is held")
+
+	require.NoError(t, tx.Rollback(ctx))
+	b.waitStatus(t, m.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+}
+
+var unrelated = tasks.Define[order]("test:unrelated", tasks.Key(func(o order) string { return "unrelated:" + o.OrderID }))

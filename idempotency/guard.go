@@ -34,7 +34,9 @@ const (
 	DefaultBatchSize   = 128
 	// DefaultBatchLoops is how many rounds of claims and completions run at
 	// once. One round at a time gathers the most requests per statement,
-	// and claims skip locked rows, so a long transaction does not stall it.
+	// and claims skip locked rows, so a long transaction does not stall it
+	// (batch members, whose completions wait for their batch's row, are
+	// completed in rounds of their own).
 	DefaultBatchLoops   = 1
 	completionMarkTries = 4
 	// roundTries bounds how often a round Postgres aborted for a lock
@@ -196,6 +198,10 @@ type Guard struct {
 	cfg   GuardConfig
 
 	ledger *batch.Batcher[ledgerReq] // claims and completions, in shared rounds
+	// members completes batch members, in rounds of their own: each waits
+	// for its batch's row, which a producer adding members holds until it
+	// commits, and claims must not wait with it.
+	members *batch.Batcher[ledgerReq]
 
 	mu      sync.Mutex
 	running map[*jobContext]struct{}
@@ -274,6 +280,7 @@ func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{})}
 	g.tracer = tracing.New(cfg.TracerProvider)
 	g.ledger = batch.New(DefaultBatchLoops, cfg.BatchSize, ErrGuardClosed, g.runRound)
+	g.members = batch.New(1, cfg.BatchSize, ErrGuardClosed, g.runRound)
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopRenew = cancel
 	go g.renewLoop(ctx)
@@ -323,6 +330,7 @@ func (g *Guard) Close() {
 		}
 		g.recording.closeAndWait(closeWait)
 		g.ledger.Close()
+		g.members.Close()
 	})
 }
 
@@ -611,7 +619,11 @@ func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
 
 func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
 	out := make(chan error, 1)
-	if err := g.ledger.Submit(ctx, ledgerReq{id: jc.id, attempt: jc.attempt, inBatch: jc.inBatch, complete: true, doneOut: out}); err != nil {
+	b := g.ledger
+	if jc.inBatch {
+		b = g.members
+	}
+	if err := b.Submit(ctx, ledgerReq{id: jc.id, attempt: jc.attempt, inBatch: jc.inBatch, complete: true, doneOut: out}); err != nil {
 		return err
 	}
 	select {
@@ -619,7 +631,7 @@ func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-g.ledger.Closed():
+	case <-b.Closed():
 		return ErrGuardClosed
 	}
 }
