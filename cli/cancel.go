@@ -10,6 +10,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/visible"
 )
 
 // cancelResult is what `cancel` prints per job.
@@ -103,7 +104,7 @@ func cancelCmd(e *Env) *cobra.Command {
 				case r.Error != "" && len(args) == 1:
 					// Returned as the command's error: one line.
 				case r.Error != "":
-					fmt.Fprintf(stderr, "cancel %s: %s\n", id, r.Error)
+					fmt.Fprintln(stderr, visible.Text(fmt.Sprintf("cancel %s: %s", id, r.Error)))
 				case r.AlreadyCancelled:
 					fmt.Fprintf(out, "%s: already cancelled\n", id)
 				case r.WasRunning:
@@ -112,7 +113,7 @@ func cancelCmd(e *Env) *cobra.Command {
 					fmt.Fprintf(out, "%s: cancelled\n", id)
 				}
 				if r.Warning != "" {
-					fmt.Fprintf(stderr, "cancel %s: warning: %s\n", id, r.Warning)
+					fmt.Fprintln(stderr, visible.Text(fmt.Sprintf("cancel %s: warning: %s", id, r.Warning)))
 				}
 			}
 			if e.JSON() {

@@ -493,6 +493,11 @@ func TestJobTextCannotDriveTheTerminal(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "say which on the job's dashboard page", "a step name that would drive the terminal is not offered as a command")
 	require.Contains(t, out, "keel dead resolve "+j.ID+" 'two words' --happened")
+	// A refused replay names the step in doubt, on stderr.
+	_, stderr, err := greeter(t, "", "dead", "replay", j.ID)
+	require.Error(t, err)
+	require.Contains(t, stderr, "pay[U+001B][2J")
+	require.NotContains(t, stderr, "\x1b")
 
 	// What enqueue prints of a key comes from its input.
 	for _, dry := range []bool{false, true} {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -386,7 +387,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					failed++
 					r.Error = err.Error()
 					bar.clear()
-					fmt.Fprintf(cmd.ErrOrStderr(), "%s %s: %v\n", action, id, err)
+					fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %v", action, id, err)))
 				}
 				results = append(results, r)
 				bar.set(i + 1)
