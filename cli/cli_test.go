@@ -334,6 +334,11 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	require.Equal(t, "replay", act.Action)
 	require.Equal(t, 1, act.Done)
 	require.Equal(t, hal.ID, act.Jobs[0].ID)
+	// Again, and the same id twice: nothing to do, and said so once.
+	out, _, err = greeter(t, "", "dead", "replay", hal.ID, hal.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "replay "+hal.ID+": nothing to do: the job is pending, not dead")
+	require.Contains(t, out, "replay: 0 done, 1 unchanged, 0 failed")
 
 	// Discarding a job that is not dead fails, and says so per job in JSON.
 	out, _, err = greeter(t, "", "dead", "discard", hal.ID, "--note", "gone", "--json")
@@ -341,6 +346,23 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &act))
 	require.Equal(t, 1, act.Failed)
 	require.NotEmpty(t, act.Jobs[0].Error)
+
+	// Discarding a discarded job keeps the first resolution, and says so.
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', finished_at = now() WHERE id = $1`, hal.ID)
+	require.NoError(t, err)
+	out, _, err = greeter(t, "", "dead", "discard", hal.ID, "--note", "first", "--actor", "ann")
+	require.NoError(t, err)
+	require.Contains(t, out, "discard: 1 done, 0 unchanged, 0 failed")
+	out, _, err = greeter(t, "", "dead", "discard", hal.ID, "--note", "again", "--json")
+	require.NoError(t, err)
+	var again struct {
+		Done, Unchanged int
+		Jobs            []struct{ Unchanged string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &again))
+	require.Equal(t, 0, again.Done)
+	require.Equal(t, 1, again.Unchanged)
+	require.Contains(t, again.Jobs[0].Unchanged, `already discarded by ann: "first"`)
 
 	// The schedule check names an entry whose kind the program lacks, and
 	// prints JSON.

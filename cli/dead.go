@@ -302,6 +302,9 @@ func checkJobID(id string) error {
 type actionResult struct {
 	ID    string `json:"id"`
 	Error string `json:"error,omitempty"`
+	// Unchanged says why nothing was done: the job was not dead (replay),
+	// or closed already (discard).
+	Unchanged string `json:"unchanged,omitempty"`
 }
 
 // deadActionCmd builds `dead replay` and `dead discard`: by id, or every
@@ -346,7 +349,16 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			ids := args
+			var ids []string
+			if !all {
+				seen := map[string]bool{}
+				for _, id := range args {
+					if !seen[id] {
+						seen[id] = true
+						ids = append(ids, id)
+					}
+				}
+			}
 			if all {
 				if ids, err = allDead(ctx, pool, f); err != nil {
 					return err
@@ -373,21 +385,28 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			insp := asynq.NewInspector(redisconn.Follow(redis))
 			defer insp.Close()
 			store := idempotency.NewStore(pool)
-			failed := 0
+			failed, unchanged := 0, 0
 			results := make([]actionResult, 0, len(ids))
 			bar := newProgress(cmd.ErrOrStderr(), action, len(ids))
 			for i, id := range ids {
-				if action == "replay" {
-					_, err = store.Replay(ctx, insp, id, d.actor, d.note)
-				} else {
-					_, err = store.Discard(ctx, insp, id, d.actor, d.note)
-				}
 				r := actionResult{ID: id}
-				if err != nil {
+				if action == "replay" {
+					r.Unchanged, err = replayOne(ctx, store, insp, id, d.actor, d.note)
+				} else {
+					r.Unchanged, err = discardOne(ctx, store, insp, id, d.actor, d.note)
+				}
+				switch {
+				case err != nil:
 					failed++
 					r.Error = err.Error()
 					bar.clear()
 					fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %v", action, id, err)))
+				case r.Unchanged != "":
+					unchanged++
+					if !e.JSON() {
+						bar.clear()
+						fmt.Fprintf(out, "%s %s: nothing to do: %s\n", action, id, r.Unchanged)
+					}
 				}
 				results = append(results, r)
 				bar.set(i + 1)
@@ -395,12 +414,13 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			if len(ids) > 0 {
 				bar.done()
 			}
+			done := len(ids) - failed - unchanged
 			if e.JSON() {
-				if err := printJSON(out, map[string]any{"action": action, "done": len(ids) - failed, "failed": failed, "jobs": results}); err != nil {
+				if err := printJSON(out, map[string]any{"action": action, "done": done, "unchanged": unchanged, "failed": failed, "jobs": results}); err != nil {
 					return err
 				}
 			} else {
-				fmt.Fprintf(out, "%s: %d done, %d failed\n", action, len(ids)-failed, failed)
+				fmt.Fprintf(out, "%s: %d done, %d unchanged, %d failed\n", action, done, unchanged, failed)
 			}
 			if failed > 0 {
 				return fmt.Errorf("%d job(s) could not be %s", failed, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
@@ -412,6 +432,31 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 	d.bindAction(cmd, action == "discard")
 	cmd.Flags().Bool("all", false, "act on every dead job the filters match")
 	return cmd
+}
+
+// replayOne replays one job; unchanged says why nothing was done.
+func replayOne(ctx context.Context, store *idempotency.Store, insp *asynq.Inspector, id, actor, note string) (unchanged string, err error) {
+	res, err := store.Replay(ctx, insp, id, actor, note)
+	if err == nil && res.AlreadyReplayed {
+		return fmt.Sprintf("the job is %s, not dead", res.Job.Status), nil
+	}
+	return "", err
+}
+
+// discardOne discards one job; unchanged says why nothing was done: it was
+// closed already, whose resolution it keeps.
+func discardOne(ctx context.Context, store *idempotency.Store, insp *asynq.Inspector, id, actor, note string) (unchanged string, err error) {
+	already := func(j idempotency.Job) string {
+		return fmt.Sprintf("already discarded by %s: %q (that resolution stays; this note is not kept)", j.ResolvedBy, j.ResolutionNote)
+	}
+	if j, err := store.Get(ctx, id); err == nil && j.Status == idempotency.StatusDiscarded {
+		return already(j), nil
+	}
+	j, err := store.Discard(ctx, insp, id, actor, note)
+	if err == nil && (j.ResolvedBy != actor || j.ResolutionNote != note) {
+		return already(j), nil // someone else closed it first
+	}
+	return "", err
 }
 
 func allDead(ctx context.Context, pool *pgxpool.Pool, f idempotency.DeadFilter) ([]string, error) {
