@@ -198,6 +198,63 @@ func TestAPanickingSummaryDoesNotKeepAPoisonJobAlive(t *testing.T) {
 	require.EqualValues(t, 1, runs.Load())
 }
 
+var deployStep = tasks.Define[order]("test:deploy_step", tasks.MaxRetry(3), tasks.Key(func(o order) string { return "order:" + o.OrderID }))
+
+// A deploy whose ShutdownTimeout ends while a step's call is in flight
+// lets the call finish and records it: the job is not left in doubt and
+// parked for a person, and the call is made once.
+func TestADeployLetsAStepsCallInFlightFinish(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var posts, answered atomic.Int32
+	release := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		<-release // a slow, healthy provider, still working when the deploy's timeout ends
+		answered.Add(1)
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer api.Close()
+	client := &http.Client{Timeout: 10 * time.Second}
+	mux := tasks.NewMux()
+	tasks.Handle(mux, deployStep, func(ctx context.Context, o order) error {
+		return idempotency.StepHTTP(ctx, "charge", client, func(ctx context.Context, key string) (*http.Request, error) {
+			return http.NewRequestWithContext(ctx, http.MethodPost, api.URL+"/charges", strings.NewReader(`{"amount":42}`))
+		})
+	})
+	cfg := server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 2, ShutdownTimeout: 200 * time.Millisecond}
+	cfg.Relay.PollInterval = 200 * time.Millisecond
+	srv, err := server.New(cfg, mux)
+	require.NoError(t, err)
+	runCtx, deploy := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Run(runCtx) }()
+
+	res, err := b.client.Enqueue(ctx, deployStep.New(order{OrderID: "deploy-step"}))
+	require.NoError(t, err)
+	testenv.Eventually(t, 10*time.Second, func() bool { return posts.Load() == 1 }, "the call never started")
+	deploy() // SIGTERM while the call is in flight
+	// The shutdown timeout ends with the call still in flight: asynq
+	// cancels the run; the call goes on until the provider answers.
+	// asynq gives up on the run and puts the task back.
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err := insp.GetTaskInfo("default", res.Job.ID)
+		return err == nil && info.State == asynq.TaskStatePending
+	}, "asynq never gave the run up")
+	close(release)
+	require.NoError(t, <-stopped)
+	require.EqualValues(t, 1, answered.Load())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_steps WHERE job_id = $1 AND name = 'charge' AND status = 'done'`, res.Job.ID),
+		"the call's answer was recorded")
+
+	b.startWorker(t, mux, nil) // the new version
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.EqualValues(t, 1, posts.Load(), "the charge was sent again")
+	require.Empty(t, j.LastError)
+}
+
 // SIGTERM with a 1 s shutdown timeout in the middle of a MaxRetry(0) job:
 // the run does not count, makes no dead letter and no alert, and the job's
 // lease is released at once, so the next worker starts it without waiting

@@ -51,6 +51,9 @@ const (
 	DefaultMaxWait = 24 * time.Hour
 	// closeWait bounds how long Close waits for outcomes being recorded.
 	closeWait = 10 * time.Second
+	// callFinishWait bounds how long Close lets steps' calls in flight
+	// finish after the shutdown timeout cancelled their runs.
+	callFinishWait = 10 * time.Second
 )
 
 // GuardConfig configures the ledger middleware.
@@ -223,6 +226,10 @@ type Guard struct {
 	// a shutdown does not cut a completion mark and leave a finished job
 	// looking crashed.
 	recording phases
+	// calls counts steps' calls in flight: Close lets them finish (up to
+	// callFinishWait) before it gives their runs up, since a call cut off
+	// leaves its step in doubt.
+	calls phases
 
 	tracer tracing.Tracer // the spans of each run (trace.go)
 }
@@ -313,6 +320,8 @@ func (g *Guard) BeginShutdown() { g.stopping.Store(true) }
 func (g *Guard) Close() {
 	g.closeOnce.Do(func() {
 		g.stopping.Store(true)
+		// Leases are still renewed meanwhile.
+		g.calls.closeAndWait(callFinishWait)
 		g.stopRenew()
 		<-g.renewDone
 		g.mu.Lock()
@@ -812,7 +821,13 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		noteRun(ctx, jc)
 		hctx, cancel := context.WithCancelCause(withJob(ctx, jc))
 		defer cancel(nil)
-		jc.cancel = cancel
+		// ended carries keel's own reasons to stop the run (lease lost,
+		// given up, cancelled, closed), not asynq's: a step's call in
+		// flight outlives a deploy's cancellation but not these.
+		ended, endRun := context.WithCancelCause(context.Background())
+		defer endRun(nil)
+		jc.ended = ended
+		jc.cancel = func(cause error) { cancel(cause); endRun(cause) }
 		g.track(jc)
 		var watchdog *time.Timer
 		if deadline, ok := ctx.Deadline(); ok {
@@ -1237,6 +1252,7 @@ type jobContext struct {
 	committing atomic.Bool
 	state      atomic.Int32
 	cancel     context.CancelCauseFunc
+	ended      context.Context // see ProcessTask: ended by cancel, not by asynq
 }
 
 // usable refuses ledger work from a run keel has given up (timed out,

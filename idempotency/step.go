@@ -143,7 +143,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		}
 	}
 
-	v, ferr := fn(ctx, key)
+	v, ferr := callStep(ctx, jc, key, fn)
 	bg := context.WithoutCancel(ctx)
 	if ferr != nil {
 		if !callInDoubt(ferr) {
@@ -178,6 +178,34 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		return zero, retry.Permanent(fmt.Errorf("keel: step %q of job %s lost its record during the call: %w", name, jc.id, ErrInDoubt))
 	}
 	return v, nil
+}
+
+// callStep makes a step's call. One in flight when a deploy's shutdown
+// timeout cancels the run is let finish (the guard's Close waits for it,
+// renewing the lease): cut off, it would leave the step in doubt, and the
+// next worker would park the job for a person. The run's other ends still
+// stop it: the job's deadline, a cancel, a lost lease, a run given up.
+func callStep[T any](ctx context.Context, jc *jobContext, key string, fn func(ctx context.Context, key string) (T, error)) (T, error) {
+	g := jc.guard
+	g.calls.enter(true)
+	defer g.calls.leave()
+	cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	if d, ok := ctx.Deadline(); ok {
+		var stop context.CancelFunc
+		cctx, stop = context.WithDeadline(cctx, d)
+		defer stop()
+	}
+	defer context.AfterFunc(ctx, func() {
+		if g.stopping.Load() && context.Cause(ctx) == context.Canceled {
+			return // the deploy's cancellation
+		}
+		cancel(context.Cause(ctx))
+	})()
+	if jc.ended != nil {
+		defer context.AfterFunc(jc.ended, func() { cancel(context.Cause(jc.ended)) })()
+	}
+	return fn(cctx, key)
 }
 
 var (
