@@ -591,3 +591,18 @@ func TestErrorLine(t *testing.T) {
 	require.Equal(t, "greeter: keel web: x", cli.ErrorLine("greeter", errors.New("keel web: x")))
 	require.Equal(t, "keel: keelhaul failed", cli.ErrorLine("keel", errors.New("keelhaul failed")))
 }
+
+// Help shows the URLs' defaults, which come from the environment: without
+// their passwords, as errors show them.
+func TestHelpHidesPasswordsFromTheEnvironment(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://bob:s3cretpw@127.0.0.1:5432/keel")
+	t.Setenv("REDIS_URL", "redis://:redispw@127.0.0.1:6379/0")
+	root := cli.New(cli.App{Name: "greeter"})
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"status", "--help"})
+	require.NoError(t, root.Execute())
+	require.NotContains(t, out.String(), "s3cretpw")
+	require.NotContains(t, out.String(), "redispw")
+	require.Contains(t, out.String(), "postgres://bob:xxxxx@127.0.0.1:5432/keel")
+}

@@ -51,6 +51,11 @@ func (e *Env) bind(cmd *cobra.Command) {
 	f.StringVar(&e.redisURL, "redis-url", envOr("REDIS_URL", DefaultRedisURL),
 		"Redis: redis://, rediss://, redis-socket://, redis-sentinel://h1,h2?master=NAME or redis-cluster://h1,h2 (env REDIS_URL)")
 	f.StringVar(&e.databaseURL, "database-url", envOr("DATABASE_URL", DefaultDatabaseURL), "Postgres URL of the ledger (env DATABASE_URL)")
+	// Help prints the defaults, which come from the environment.
+	for _, name := range []string{"redis-url", "database-url"} {
+		fl := f.Lookup(name)
+		fl.DefValue = redisurl.Redact(fl.DefValue)
+	}
 	f.StringVar(&e.logLevel, "log-level", envOr("KEEL_LOG_LEVEL", "info"), "debug, info, warn or error (env KEEL_LOG_LEVEL)")
 	f.StringVar(&e.logFormat, "log-format", envOr("KEEL_LOG_FORMAT", "text"), "text or json (env KEEL_LOG_FORMAT)")
 	f.StringVarP(&e.output, "output", "o", "text", "what commands print: text or json")
