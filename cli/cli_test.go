@@ -606,3 +606,29 @@ func TestHelpHidesPasswordsFromTheEnvironment(t *testing.T) {
 	require.NotContains(t, out.String(), "redispw")
 	require.Contains(t, out.String(), "postgres://bob:xxxxx@127.0.0.1:5432/keel")
 }
+
+// A boolean variable reads 1, yes, TRUE… as true; one it cannot read is a
+// usage error, not false.
+func TestBooleanEnvironmentVariables(t *testing.T) {
+	check := []string{"scheduler", "--check", "--config", "../examples/schedule.yaml"}
+	for _, v := range []string{"1", "TRUE", "yes", "on"} {
+		t.Setenv("KEEL_SCHEDULE_ANY_KIND", v)
+		_, _, err := greeter(t, "", check...)
+		require.NoError(t, err, "KEEL_SCHEDULE_ANY_KIND=%s", v)
+	}
+	for _, v := range []string{"0", "no", "false"} {
+		t.Setenv("KEEL_SCHEDULE_ANY_KIND", v)
+		_, _, err := greeter(t, "", check...)
+		require.ErrorContains(t, err, "analytics:sync", "KEEL_SCHEDULE_ANY_KIND=%s", v)
+	}
+	t.Setenv("KEEL_SCHEDULE_ANY_KIND", "maybe")
+	_, _, err := greeter(t, "", check...)
+	require.ErrorContains(t, err, `KEEL_SCHEDULE_ANY_KIND="maybe": want true or false`)
+	require.True(t, cli.IsUsageError(err))
+	t.Setenv("KEEL_SCHEDULE_ANY_KIND", "")
+	t.Setenv("KEEL_WEB_BEHIND_HTTPS", "si")
+	_, _, err = greeter(t, "", "web", "--addr", "127.0.0.1:0")
+	require.ErrorContains(t, err, `KEEL_WEB_BEHIND_HTTPS="si"`)
+	_, _, err = greeter(t, "", check...)
+	require.ErrorContains(t, err, "analytics:sync", "another command's variable is that command's business")
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +67,9 @@ func (e *Env) bind(cmd *cobra.Command) {
 // go-redis's own log lines (one per failed dial, many a second while Redis
 // is down) to the logger at debug level.
 func (e *Env) prepare(cmd *cobra.Command) error {
+	if err := badEnv(cmd); err != nil {
+		return err
+	}
 	switch strings.ToLower(e.output) {
 	case "text":
 	case "json":
@@ -119,6 +123,48 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+const badEnvPrefix = "keel:bad-env:"
+
+// envBool reads a boolean environment variable: true, false, 1, 0, t, f,
+// yes, no, on or off, in any case. A value it cannot read is reported when
+// cmd runs (badEnv), not silently taken as false: KEEL_WEB_BEHIND_HTTPS=1
+// that meant nothing would leave cookies without Secure.
+func envBool(cmd *cobra.Command, name string) bool {
+	v := strings.TrimSpace(os.Getenv(name))
+	switch strings.ToLower(v) {
+	case "":
+		return false
+	case "yes", "on":
+		return true
+	case "no", "off":
+		return false
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		if cmd.Annotations == nil {
+			cmd.Annotations = map[string]string{}
+		}
+		cmd.Annotations[badEnvPrefix+name] = fmt.Sprintf("%s=%q: want true or false", name, os.Getenv(name))
+	}
+	return b
+}
+
+// badEnv is the usage error for the boolean variables of cmd that envBool
+// could not read.
+func badEnv(cmd *cobra.Command) error {
+	var bad []string
+	for k, msg := range cmd.Annotations {
+		if strings.HasPrefix(k, badEnvPrefix) {
+			bad = append(bad, msg)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	slices.Sort(bad)
+	return usageError{errors.New(strings.Join(bad, "; "))}
 }
 
 func envInt(name string, def int) int {
@@ -343,9 +389,9 @@ func (w *WorkerFlags) Bind(cmd *cobra.Command) {
 	f.IntVar(&w.concurrency, "concurrency", envInt("KEEL_CONCURRENCY", server.DefaultConcurrency), "jobs run at once (env KEEL_CONCURRENCY)")
 	f.DurationVar(&w.shutdownTimeout, "shutdown-timeout", envDuration("KEEL_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
 		"time running jobs get to finish on SIGTERM (env KEEL_SHUTDOWN_TIMEOUT)")
-	f.BoolVar(&w.strict, "strict-priority", os.Getenv("KEEL_STRICT_PRIORITY") == "true", "drain higher-weight queues first (env KEEL_STRICT_PRIORITY)")
-	f.BoolVar(&w.noRelay, "no-relay", os.Getenv("KEEL_NO_RELAY") == "true", "do not run a relay inside the worker (env KEEL_NO_RELAY)")
-	f.BoolVar(&w.noReconciler, "no-reconciler", os.Getenv("KEEL_NO_RECONCILER") == "true",
+	f.BoolVar(&w.strict, "strict-priority", envBool(cmd, "KEEL_STRICT_PRIORITY"), "drain higher-weight queues first (env KEEL_STRICT_PRIORITY)")
+	f.BoolVar(&w.noRelay, "no-relay", envBool(cmd, "KEEL_NO_RELAY"), "do not run a relay inside the worker (env KEEL_NO_RELAY)")
+	f.BoolVar(&w.noReconciler, "no-reconciler", envBool(cmd, "KEEL_NO_RECONCILER"),
 		"do not run a reconciler/pruner inside the worker (env KEEL_NO_RECONCILER)")
 	f.DurationVar(&w.retention, "retention", envDuration("KEEL_RETENTION", outbox.DefaultRetention),
 		"keep succeeded/discarded jobs this long; also the business-key dedupe window (env KEEL_RETENTION)")

@@ -91,7 +91,7 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 		"ticks missed while no scheduler ran: catch-up (the --max-catch-up most recent per entry) or skip (env KEEL_MISSED_TICKS)")
 	f.IntVar(&maxCatchUp, "max-catch-up", envInt("KEEL_MAX_CATCH_UP", scheduler.DefaultMaxCatchUp),
 		"missed ticks per entry caught up at most (env KEEL_MAX_CATCH_UP)")
-	f.BoolVar(&anyKind, "allow-unknown-kinds", os.Getenv("KEEL_SCHEDULE_ANY_KIND") == "true",
+	f.BoolVar(&anyKind, "allow-unknown-kinds", envBool(cmd, "KEEL_SCHEDULE_ANY_KIND"),
 		"accept kinds this program does not declare, handled by other programs' workers (env KEEL_SCHEDULE_ANY_KIND)")
 	f.BoolVar(&check, "check", false, "check the file, print each entry's next ticks and exit (needs no database)")
 	return cmd

@@ -87,11 +87,11 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 	fl.StringVar(&f.addr, "addr", envOr("KEEL_WEB_ADDR", web.DefaultAddr), "listen address (env KEEL_WEB_ADDR)")
 	fl.StringVar(&f.metricsToken, "metrics-token", os.Getenv("KEEL_METRICS_TOKEN"),
 		"bearer token Prometheus sends to read /metrics (env KEEL_METRICS_TOKEN)")
-	fl.BoolVar(&f.metricsPublic, "metrics-public", os.Getenv("KEEL_METRICS_PUBLIC") == "true",
+	fl.BoolVar(&f.metricsPublic, "metrics-public", envBool(cmd, "KEEL_METRICS_PUBLIC"),
 		"serve /metrics without authentication (env KEEL_METRICS_PUBLIC)")
 	fl.StringVar(&f.proxyHeader, "trust-proxy-header", os.Getenv("KEEL_WEB_PROXY_HEADER"),
 		"trust this header (e.g. X-Forwarded-User) to name a user authenticated by an SSO proxy; only when nothing but the proxy can reach this server (env KEEL_WEB_PROXY_HEADER)")
-	fl.BoolVar(&f.behindHTTPS, "behind-https", os.Getenv("KEEL_WEB_BEHIND_HTTPS") == "true",
+	fl.BoolVar(&f.behindHTTPS, "behind-https", envBool(cmd, "KEEL_WEB_BEHIND_HTTPS"),
 		"a proxy in front terminates HTTPS: mark cookies Secure (env KEEL_WEB_BEHIND_HTTPS)")
 	fl.StringVar(&f.origin, "origin", os.Getenv("KEEL_WEB_ORIGIN"),
 		"public origin, e.g. https://jobs.example.com, when a proxy rewrites the Host header (env KEEL_WEB_ORIGIN)")
