@@ -47,10 +47,8 @@ func cancelCmd(e *Env) *cobra.Command {
 			if strings.TrimSpace(actor) == "" {
 				return usageError{idempotency.ErrActorRequired}
 			}
-			for _, id := range args {
-				if err := checkJobID(id); err != nil {
-					return err
-				}
+			if err := checkJobIDs(args); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			redis, err := e.Redis(ctx)

@@ -282,6 +282,15 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	require.NotNil(t, st.NextRetryAt)
 	require.True(t, next.Equal(*st.NextRetryAt))
 
+	// Other spellings of the same UUID find the job.
+	for _, spelling := range []string{strings.ToUpper(hal.ID), strings.ReplaceAll(hal.ID, "-", ""), "{" + hal.ID + "}", "urn:uuid:" + hal.ID} {
+		out, _, err = greeter(t, "", "status", "--id", spelling)
+		require.NoError(t, err, spelling)
+		require.Contains(t, out, hal.ID)
+		out, _, err = greeter(t, "", "dead", "show", spelling)
+		require.NoError(t, err, spelling)
+		require.Contains(t, out, hal.ID)
+	}
 	_, _, err = greeter(t, "", "status", "--id", "not-a-uuid")
 	require.ErrorContains(t, err, `--id "not-a-uuid" is malformed`)
 	require.True(t, cli.IsUsageError(err))

@@ -334,9 +334,11 @@ func statusCmd(e *Env) *cobra.Command {
 				return usageError{fmt.Errorf("give KIND and BUSINESS_KEY, or --id")}
 			}
 			if id != "" {
-				if _, err := uuid.Parse(id); err != nil {
+				u, err := uuid.Parse(strings.TrimSpace(id))
+				if err != nil {
 					return usageError{fmt.Errorf("--id %q is malformed: a job id is a UUID like 01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f", id)}
 				}
+				id = u.String() // as the ledger keeps it
 			}
 			ctx := cmd.Context()
 			pool, err := e.Ledger(ctx)

@@ -129,7 +129,7 @@ Then replay the job (keel dead replay JOB_ID).`,
 		Example: "  keel dead resolve 01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f charge --not-happened --note \"no charge at the provider\"",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkJobID(args[0]); err != nil {
+			if err := checkJobIDs(args[:1]); err != nil {
 				return err
 			}
 			if happened == notHappened {
@@ -241,7 +241,7 @@ func deadShowCmd(e *Env) *cobra.Command {
 		Short: "Show a job: reason, attempts, steps and the audit log",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkJobID(args[0]); err != nil {
+			if err := checkJobIDs(args[:1]); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -291,9 +291,16 @@ func deadShowCmd(e *Env) *cobra.Command {
 }
 
 // checkJobID refuses what cannot be a job id before anything is asked.
-func checkJobID(id string) error {
-	if _, err := uuid.Parse(id); err != nil {
-		return usageError{fmt.Errorf("job id %q is malformed: a job id is a UUID like 01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f", id)}
+// checkJobIDs checks job ids and writes each back as the ledger keeps it:
+// uuid.Parse takes upper case, no hyphens, braces and urn:uuid:, the
+// ledger's ids are the lower-case hyphenated form.
+func checkJobIDs(ids []string) error {
+	for i, id := range ids {
+		u, err := uuid.Parse(strings.TrimSpace(id))
+		if err != nil {
+			return usageError{fmt.Errorf("job id %q is malformed: a job id is a UUID like 01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f", id)}
+		}
+		ids[i] = u.String()
 	}
 	return nil
 }
@@ -328,10 +335,8 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			if action == "discard" && strings.TrimSpace(d.note) == "" {
 				return usageError{idempotency.ErrNoteRequired}
 			}
-			for _, id := range args {
-				if err := checkJobID(id); err != nil {
-					return err
-				}
+			if err := checkJobIDs(args); err != nil {
+				return err
 			}
 			f, err := d.filter()
 			if err != nil {
