@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/google/uuid"
 	"net/http"
 	"net/url"
 	"slices"
@@ -267,7 +268,11 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch {
 	case d.ID != "":
-		j, err = s.store.Get(ctx, d.ID)
+		id := d.ID
+		if u, perr := uuid.Parse(id); perr == nil {
+			id = u.String() // upper case, braces…: as the ledger keeps it
+		}
+		j, err = s.store.Get(ctx, id)
 	case d.Kind != "" && d.Key != "":
 		j, err = s.store.Lookup(ctx, d.Kind, d.Key)
 	case d.Key != "":

@@ -376,6 +376,8 @@ func TestLookup(t *testing.T) {
 	require.Equal(t, "/jobs/"+j.ID, res.header.Get("Location"))
 	res = v.get(t, "/jobs?id="+j.ID)
 	require.Equal(t, "/jobs/"+j.ID, res.header.Get("Location"))
+	res = v.get(t, "/jobs?id="+url.QueryEscape("{"+strings.ToUpper(j.ID)+"}"))
+	require.Equal(t, "/jobs/"+j.ID, res.header.Get("Location"), "another spelling of the id")
 	res = v.get(t, "/jobs?kind=order:send_receipt&key=order:999")
 	require.Equal(t, http.StatusNotFound, res.status)
 	require.Contains(t, res.body, "no job with kind")
