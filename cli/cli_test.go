@@ -641,3 +641,25 @@ func TestBooleanEnvironmentVariables(t *testing.T) {
 	_, _, err = greeter(t, "", check...)
 	require.ErrorContains(t, err, "analytics:sync", "another command's variable is that command's business")
 }
+
+// The schedule check refuses what every tick would fail with: a queue no
+// client takes, a payload that does not decode into the kind's type.
+func TestScheduleCheckRefusesWhatTicksWouldFail(t *testing.T) {
+	for _, tc := range []struct{ entry, want string }{
+		{"queue: nosuch\n    payload: {name: x}", `unknown queue "nosuch"`},
+		{"payload: {name: x, extra: 1}", `payload is not a cli:greet`},
+		{"payload: {name: 5}", `payload is not a cli:greet`},
+	} {
+		file := filepath.Join(t.TempDir(), "schedule.yaml")
+		require.NoError(t, os.WriteFile(file, []byte("entries:\n  - name: greet\n    spec: \"@every 1m\"\n    kind: cli:greet\n    "+tc.entry+"\n"), 0o600))
+		_, _, err := greeter(t, "", "scheduler", "--check", "--config", file)
+		require.ErrorContains(t, err, tc.want, tc.entry)
+		require.ErrorContains(t, err, `schedule entry "greet"`)
+		require.True(t, cli.IsUsageError(err))
+	}
+	file := filepath.Join(t.TempDir(), "schedule.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("entries:\n  - name: greet\n    spec: \"@every 1m\"\n    kind: cli:greet\n    payload: {name: x}\n"), 0o600))
+	out, _, err := greeter(t, "", "scheduler", "--check", "--config", file)
+	require.NoError(t, err)
+	require.Contains(t, out, "1 entries OK")
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/scheduler"
+	"github.com/keeljobs/keel/tasks"
 )
 
 func schedulerCmd(e *Env) *cobra.Command {
@@ -43,8 +44,17 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 			if anyKind {
 				known = scheduler.AnyKind
 			}
+			// The queues enqueue takes: those KEEL_QUEUES gives the workers too.
+			queues, err := enqueueQueues()
+			if err != nil {
+				return err
+			}
+			checkEntry := func(en scheduler.Entry) error {
+				_, err := entryTask(e.app, en)
+				return err
+			}
 			if check {
-				return checkSchedule(cmd, e, file, known)
+				return checkSchedule(cmd, e, file, known, queues)
 			}
 			if policy == scheduler.CatchUp && maxCatchUp == 0 {
 				// 0 means "default" in Config; here it was asked for.
@@ -61,13 +71,14 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 			}
 			defer svc.Close()
 			log := svc.Log
-			client, err := svc.Client()
+			client, err := tasks.NewClient(tasks.ClientConfig{Redis: svc.Redis, Pool: svc.Pool, Logger: log, Queues: queues})
 			if err != nil {
 				return err
 			}
 			defer client.Close()
 			s, err := scheduler.New(scheduler.Config{
 				Client: client, File: file, MissedTicks: policy, MaxCatchUp: maxCatchUp, KnownKind: known, Logger: log,
+				CheckEntry: checkEntry,
 			})
 			if err != nil {
 				return usageError{err}
@@ -99,13 +110,33 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 
 // checkSchedule validates a schedule file without connecting anywhere, for CI
 // and for a look at when entries will tick.
-func checkSchedule(cmd *cobra.Command, e *Env, file string, known func(string) bool) error {
+// entryTask is a task as en's ticks enqueue it, its payload decoded into
+// the kind's type when the program declares the kind.
+func entryTask(app App, en scheduler.Entry) (*tasks.Task, error) {
+	key := scheduler.TickKey(en.Name, time.Time{})
+	if _, ok := app.kind(en.Kind); ok {
+		return newTask(app, en.Kind, en.Payload, key, en.Options())
+	}
+	return tasks.NewRaw(en.Kind, en.Payload, key, en.Options()...), nil
+}
+
+func checkSchedule(cmd *cobra.Command, e *Env, file string, known func(string) bool, queues []string) error {
 	entries, err := scheduler.LoadFile(file)
 	if err != nil {
 		return usageError{err}
 	}
 	if err := scheduler.ValidateEntries(entries, known); err != nil {
 		return usageError{fmt.Errorf("%s: %w", file, err)}
+	}
+	// What a running scheduler checks with its client, and the payload.
+	for i, en := range entries {
+		t, err := entryTask(e.app, en)
+		if err == nil {
+			err = tasks.CheckTasks(queues, t)
+		}
+		if err != nil {
+			return usageError{fmt.Errorf("%s: %w", file, &scheduler.EntryError{Name: en.Name, Index: i + 1, Field: "task", Err: err})}
+		}
 	}
 	type entryJSON struct {
 		Name     string      `json:"name"`

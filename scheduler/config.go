@@ -90,6 +90,12 @@ type Config struct {
 	// kind is refused at start and on reload. Default tasks.Known (the kinds
 	// declared in this program); AnyKind turns the check off.
 	KnownKind func(kind string) bool
+	// CheckEntry checks what an entry's ticks would enqueue, at start and
+	// on reload, so that an entry every tick would fail with is refused
+	// like a bad spec instead of being logged at every tick. The Client's
+	// own checks (the queue, the retry budget) always run; the CLI adds
+	// that the payload decodes into the kind's type. Optional.
+	CheckEntry func(Entry) error
 	// Clock is the time source. Default the system clock.
 	Clock Clock
 	// Logger. Default slog.Default().

@@ -110,6 +110,15 @@ func (s *Scheduler) setEntries(entries []Entry) (entryDiff, error) {
 	if err != nil {
 		return entryDiff{}, err
 	}
+	for i, c := range cs {
+		err := s.cfg.Client.Check(c.task(TickKey(c.Name, time.Time{})))
+		if err == nil && s.cfg.CheckEntry != nil {
+			err = s.cfg.CheckEntry(c.Entry)
+		}
+		if err != nil {
+			return entryDiff{}, &EntryError{Name: c.Name, Index: i + 1, Field: "task", Err: err}
+		}
+	}
 	s.mu.Lock()
 	old := s.entries
 	s.entries = cs
@@ -399,7 +408,8 @@ func (r *run) mark(ctx context.Context, st *entryState, tick time.Time) {
 	}
 }
 
-func (r *run) enqueue(ctx context.Context, e compiled, tick time.Time) error {
+// Options are the task options an entry's ticks are enqueued with.
+func (e Entry) Options() []tasks.Option {
 	var opts []tasks.Option
 	if e.Queue != "" {
 		opts = append(opts, tasks.Queue(e.Queue))
@@ -410,10 +420,17 @@ func (r *run) enqueue(ctx context.Context, e compiled, tick time.Time) error {
 	if e.Timeout > 0 {
 		opts = append(opts, tasks.Timeout(e.Timeout))
 	}
+	return opts
+}
+
+// task is what the entry enqueues under key.
+func (e Entry) task(key string) *tasks.Task { return tasks.NewRaw(e.Kind, e.Payload, key, e.Options()...) }
+
+func (r *run) enqueue(ctx context.Context, e compiled, tick time.Time) error {
 	key := TickKey(e.Name, tick)
 	ectx, cancel := context.WithTimeout(ctx, enqueueTimeout)
 	defer cancel()
-	res, err := r.s.cfg.Client.Enqueue(ectx, tasks.NewRaw(e.Kind, e.Payload, key, opts...))
+	res, err := r.s.cfg.Client.Enqueue(ectx, e.task(key))
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -253,6 +255,9 @@ func TestConfigRefusesBadEntriesNamingThem(t *testing.T) {
 		{"bad payload", entry(func(e *scheduler.Entry) { e.Payload = []byte(`{"a":`) }), "payload", `bad payload`},
 		{"negative max retry", entry(func(e *scheduler.Entry) { n := -1; e.MaxRetry = &n }), "max_retry", `bad max_retry -1`},
 		{"negative timeout", entry(func(e *scheduler.Entry) { e.Timeout = -time.Second }), "timeout", `bad timeout -1s`},
+		// What the client would refuse at every tick is refused now.
+		{"unknown queue", entry(func(e *scheduler.Entry) { e.Queue = "nosuch" }), "task", `unknown queue "nosuch"`},
+		{"max retry too big", entry(func(e *scheduler.Entry) { n := math.MaxInt32; e.MaxRetry = &n }), "task", `max retry`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := scheduler.New(scheduler.Config{Client: client, Entries: tc.entries})
@@ -264,8 +269,15 @@ func TestConfigRefusesBadEntriesNamingThem(t *testing.T) {
 		})
 	}
 
+	// A check of the program's own, on every entry (the CLI decodes the
+	// payload into the kind's type).
+	_, err := scheduler.New(scheduler.Config{Client: client, Entries: entry(func(*scheduler.Entry) {}),
+		CheckEntry: func(e scheduler.Entry) error { return errors.New("payload does not decode") }})
+	require.ErrorContains(t, err, `schedule entry "nightly-report": payload does not decode`)
+	require.ErrorIs(t, err, scheduler.ErrInvalidEntry)
+
 	// The CLI's switch for kinds declared in other programs.
-	_, err := scheduler.New(scheduler.Config{Client: client, KnownKind: scheduler.AnyKind,
+	_, err = scheduler.New(scheduler.Config{Client: client, KnownKind: scheduler.AnyKind,
 		Entries: entry(func(e *scheduler.Entry) { e.Kind = "report:daily" })})
 	require.NoError(t, err)
 
