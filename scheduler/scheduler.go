@@ -424,7 +424,9 @@ func (e Entry) Options() []tasks.Option {
 }
 
 // task is what the entry enqueues under key.
-func (e Entry) task(key string) *tasks.Task { return tasks.NewRaw(e.Kind, e.Payload, key, e.Options()...) }
+func (e Entry) task(key string) *tasks.Task {
+	return tasks.NewRaw(e.Kind, e.Payload, key, e.Options()...)
+}
 
 func (r *run) enqueue(ctx context.Context, e compiled, tick time.Time) error {
 	key := TickKey(e.Name, tick)
