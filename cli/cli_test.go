@@ -663,3 +663,35 @@ func TestScheduleCheckRefusesWhatTicksWouldFail(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "1 entries OK")
 }
+
+// ledger counts prunes of the last seven days only, and refuses a
+// retention it cannot count against.
+func TestLedgerFigures(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `DELETE FROM keel_prune_log`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO keel_prune_log (at, rows) VALUES (now() - interval '1 hour', 3),
+		(now() - interval '3 days', 40), (now() - interval '40 days', 5000)`)
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "ledger", "--json")
+	require.NoError(t, err)
+	var st struct {
+		Pruned24h int64 `json:"pruned_last_24h"`
+		Pruned7d  int64 `json:"pruned_last_7d"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.EqualValues(t, 3, st.Pruned24h)
+	require.EqualValues(t, 43, st.Pruned7d, "a prune 40 days ago is not of the last 7 days")
+
+	for _, args := range [][]string{{"ledger", "--retention", "-24h"}, {"ledger", "--retention", "0s"}} {
+		_, _, err = greeter(t, "", args...)
+		require.ErrorContains(t, err, "--retention", "%v", args)
+		require.True(t, cli.IsUsageError(err))
+	}
+	t.Setenv("KEEL_RETENTION", "30d")
+	_, _, err = greeter(t, "", "ledger")
+	require.ErrorContains(t, err, "KEEL_RETENTION")
+	require.True(t, cli.IsUsageError(err))
+}

@@ -28,6 +28,9 @@ func ledgerCmd(e *Env) *cobra.Command {
 		Short: "Print the ledger's size, rows by status, relay backlog and prune rate",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if retention <= 0 {
+				return usageError{fmt.Errorf("--retention / KEEL_RETENTION must be a positive duration like 720h")}
+			}
 			ctx := cmd.Context()
 			pool, err := e.Ledger(ctx)
 			if err != nil {
@@ -57,8 +60,9 @@ func ledgerCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Older rows go only after a prune that removed something.
 			err = pool.QueryRow(ctx, `SELECT coalesce(sum(rows) FILTER (WHERE at > now() - interval '1 day'), 0),
-				coalesce(sum(rows), 0) FROM keel_prune_log`).Scan(&st.Pruned24h, &st.Pruned7d)
+				coalesce(sum(rows), 0) FROM keel_prune_log WHERE at > now() - interval '7 days'`).Scan(&st.Pruned24h, &st.Pruned7d)
 			if err != nil {
 				return err
 			}
