@@ -474,7 +474,7 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 		require.True(t, cli.IsUsageError(err), "%v: %v", args, err)
 	}
 	_, _, err = greeter(t, "", "dead", "resolve", ids[0], "refund", "--happened")
-	require.ErrorContains(t, err, `no step "refund" in doubt`)
+	require.ErrorContains(t, err, `no step "refund" recorded`)
 
 	out, _, err = greeter(t, "", "dead", "resolve", ids[0], "charge", "--not-happened", "--note", "no charge at the provider", "--actor", "ops")
 	require.NoError(t, err)
@@ -488,6 +488,14 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	steps, err = store.Steps(ctx, ids[1])
 	require.NoError(t, err)
 	require.Equal(t, "done", steps[0].Status, "a call that happened is done: the replay skips it")
+	// Saying it again changes nothing and is not an error; saying the
+	// opposite of what is recorded is refused with what is recorded.
+	_, _, err = greeter(t, "", "dead", "resolve", ids[1], "charge", "--happened")
+	require.NoError(t, err, "already so")
+	_, _, err = greeter(t, "", "dead", "resolve", ids[1], "charge", "--not-happened")
+	require.ErrorContains(t, err, `step "charge" of job `+ids[1]+` is done, not in doubt`)
+	_, _, err = greeter(t, "", "dead", "resolve", ids[0], "charge", "--not-happened")
+	require.ErrorContains(t, err, `no step "charge" recorded for job `+ids[0]+` (never started, or forgotten already)`)
 	audit, err := store.Audit(ctx, ids[0])
 	require.NoError(t, err)
 	require.Equal(t, "step-not-happened:charge", audit[len(audit)-1].Action)

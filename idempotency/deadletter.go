@@ -179,7 +179,17 @@ func (s *Store) ResolveStep(ctx context.Context, jobID, step string, happened bo
 			return interpretError(err)
 		}
 		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("%w: no step %q in doubt for job %s", ErrNotFound, step, jobID)
+			var cur string
+			err := tx.QueryRow(ctx, `SELECT status FROM keel_steps WHERE job_id = $1 AND name = $2`, jobID, step).Scan(&cur)
+			switch {
+			case err == nil && cur == "done" && happened:
+				return nil // already so: said twice, or it finished
+			case err == nil && cur == "done":
+				return fmt.Errorf("%w: step %q of job %s is done, not in doubt (said to have happened, or it finished)", ErrNotFound, step, jobID)
+			case err == nil || errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("%w: no step %q recorded for job %s (never started, or forgotten already)", ErrNotFound, step, jobID)
+			}
+			return interpretError(err)
 		}
 		return audit(ctx, tx, jobID, action+":"+step, actor, note)
 	})
