@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,7 +191,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 	}
 
 	for _, args := range [][]string{
-		{"worker"}, {"web"}, {"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`},
+		{"worker"}, {"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`},
 		{"dead", "replay", id}, {"dead", "discard", id, "--note", "n"}, {"cancel", id}, {"scheduler", "--config", "../examples/schedule.yaml", "--allow-unknown-kinds"},
 		{"relay"}, {"healthcheck"},
 	} {
@@ -198,6 +199,28 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 			oneLine(t, welcome(t, []string{"REDIS_URL=" + down, "DATABASE_URL=" + good}, args...), "Redis at "+down+" is not answering")
 		})
 	}
+	// The dashboard's own pages read the ledger: it starts without Redis,
+	// says so, and serves them.
+	t.Run("redis down/web", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		addr := closedPort(t)
+		web := exec.CommandContext(ctx, welcomeBinary(t), "web", "--addr", addr)
+		web.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "REDIS_URL=" + down, "DATABASE_URL=" + good}
+		var werr testenv.SyncBuffer
+		web.Stderr = &werr
+		require.NoError(t, web.Start())
+		defer func() { _ = web.Process.Kill(); _ = web.Wait() }()
+		testenv.Eventually(t, 20*time.Second, func() bool {
+			res, err := http.Get("http://" + addr + "/login")
+			if err != nil {
+				return false
+			}
+			res.Body.Close()
+			return res.StatusCode == http.StatusOK
+		}, "the dashboard did not start without Redis: %s", werr.String())
+		require.Contains(t, werr.String(), "starting without Redis")
+	})
 	t.Run("redis database out of range", func(t *testing.T) {
 		for _, args := range [][]string{{"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`}, {"worker"}} {
 			r := welcome(t, []string{"REDIS_URL=" + redisURL(99), "DATABASE_URL=" + good}, args...)
@@ -207,7 +230,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 	})
 	for _, args := range [][]string{
 		{"status", "user:send_welcome", "user:1"}, {"status", "--id", id}, {"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`},
-		{"dead", "ls"}, {"dead", "show", id}, {"cancel", id}, {"ledger"}, {"worker"}, {"web"}, {"relay"}, {"healthcheck"},
+		{"dead", "ls"}, {"dead", "show", id}, {"cancel", id}, {"ledger"}, {"worker"}, {"web", "--addr", "127.0.0.1:0"}, {"relay"}, {"healthcheck"},
 	} {
 		t.Run("no schema/"+strings.Join(args[:min(2, len(args))], " "), func(t *testing.T) {
 			oneLine(t, welcome(t, []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL(empty)}, args...),

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/web"
 )
 
@@ -61,13 +62,22 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 				return err
 			}
 			ctx := cmd.Context()
-			svc, err := e.Open(ctx)
+			log := e.Logger()
+			redis, err := e.RedisOpt()
 			if err != nil {
 				return err
 			}
-			defer svc.Close()
-			log := svc.Log
-			cfg.Redis, cfg.Pool, cfg.Logger = svc.Redis, svc.Pool, log
+			// Dead letters, job pages and look-ups read the ledger: in a
+			// Redis outage, a dashboard (re)started then still shows them.
+			if err := pingRedis(ctx, redis, redisurl.Redact(e.redisURL)); err != nil {
+				log.Warn("keel web: starting without Redis; the ledger's pages work, asynqmon, replays and cancels wait for it", "err", err)
+			}
+			pool, err := e.Ledger(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
 			// The one-time password, once the server can start.
 			_, _ = notice.WriteTo(cmd.ErrOrStderr())
 			if len(cfg.Secret) == 0 {
