@@ -326,6 +326,15 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	out, _, err = greeter(t, "", "dead", "replay", "--all", "--dry-run")
 	require.NoError(t, err)
 	require.Equal(t, "dry run: would replay 1 job(s); nothing was changed\n", out)
+	// By id, a dry run looks at each job; filters do not apply to ids.
+	const nobody = "01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f"
+	out, _, err = greeter(t, "", "dead", "replay", hal.ID, nobody, "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, "replay "+nobody+": would be skipped: no job with this id")
+	require.Contains(t, out, "dry run: would replay 1 job(s)")
+	_, _, err = greeter(t, "", "dead", "replay", hal.ID, "--kind", "other:kind", "--dry-run")
+	require.ErrorContains(t, err, "--kind selects jobs with --all")
+	require.True(t, cli.IsUsageError(err))
 
 	out, stderr, err := greeter(t, "", "dead", "replay", hal.ID, "--json")
 	require.NoError(t, err)

@@ -338,6 +338,13 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			if err := checkJobIDs(args); err != nil {
 				return err
 			}
+			if !all {
+				for _, name := range []string{"kind", "queue", "class", "since", "until"} {
+					if cmd.Flags().Changed(name) {
+						return usageError{fmt.Errorf("--%s selects jobs with --all; it does not apply to jobs named by id", name)}
+					}
+				}
+			}
 			f, err := d.filter()
 			if err != nil {
 				return err
@@ -371,8 +378,31 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if d.dryRun {
+				// Jobs named by id are looked at, as the action would.
+				var skipped []actionResult
+				if !all {
+					store := idempotency.NewStore(pool)
+					var would []string
+					for _, id := range ids {
+						j, err := store.Get(ctx, id)
+						switch {
+						case errors.Is(err, idempotency.ErrNotFound):
+							skipped = append(skipped, actionResult{ID: id, Error: "no job with this id"})
+						case err != nil:
+							return err
+						case j.Status != idempotency.StatusDead:
+							skipped = append(skipped, actionResult{ID: id, Unchanged: fmt.Sprintf("the job is %s, not dead", j.Status)})
+						default:
+							would = append(would, id)
+						}
+					}
+					ids = would
+				}
 				if e.JSON() {
-					return printJSON(out, map[string]any{"dry_run": true, "action": action, "count": len(ids), "ids": nonNil(ids)})
+					return printJSON(out, map[string]any{"dry_run": true, "action": action, "count": len(ids), "ids": nonNil(ids), "skipped": nonNilResults(skipped)})
+				}
+				for _, r := range skipped {
+					fmt.Fprintf(out, "%s %s: would be skipped: %s%s\n", action, r.ID, r.Error, r.Unchanged)
 				}
 				fmt.Fprintf(out, "dry run: would %s %d job(s); nothing was changed\n", action, len(ids))
 				return nil
@@ -479,6 +509,13 @@ func allDead(ctx context.Context, pool *pgxpool.Pool, f idempotency.DeadFilter) 
 			return ids, nil
 		}
 	}
+}
+
+func nonNilResults(rs []actionResult) []actionResult {
+	if rs == nil {
+		return []actionResult{}
+	}
+	return rs
 }
 
 func nonNil(ids []string) []string {
