@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -711,4 +712,21 @@ func TestLedgerFigures(t *testing.T) {
 	_, _, err = greeter(t, "", "ledger")
 	require.ErrorContains(t, err, "KEEL_RETENTION")
 	require.True(t, cli.IsUsageError(err))
+}
+
+// web says what is wrong with its address, and prints a one-time password
+// only once it listens.
+func TestWebStartUpMistakes(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	testenv.Pool(t, schema)
+	_, _, err := greeter(t, "", "web", "--addr", "nonsense")
+	require.ErrorContains(t, err, `--addr / KEEL_WEB_ADDR "nonsense": want host:port`)
+	require.True(t, cli.IsUsageError(err))
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	_, stderr, err := greeter(t, "", "web", "--addr", taken.Addr().String())
+	require.ErrorContains(t, err, "address already in use")
+	require.NotContains(t, stderr, "password", "a password for a server that never started")
 }

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -78,11 +80,6 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 			}
 			defer pool.Close()
 			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
-			// The one-time password, once the server can start.
-			_, _ = notice.WriteTo(cmd.ErrOrStderr())
-			if len(cfg.Secret) == 0 {
-				log.Warn("keel web: KEEL_WEB_SECRET is not set; sessions end when this server restarts and are not valid on other replicas")
-			}
 			srv, err := web.New(cfg)
 			if err != nil {
 				if errors.Is(err, web.ErrNoCredentials) {
@@ -90,7 +87,17 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 				}
 				return err
 			}
-			return srv.Run(ctx)
+			ln, err := net.Listen("tcp", cfg.Addr)
+			if err != nil {
+				srv.Close()
+				return fmt.Errorf("keel web: %w", err)
+			}
+			// The one-time password, once the server listens.
+			_, _ = notice.WriteTo(cmd.ErrOrStderr())
+			if len(cfg.Secret) == 0 {
+				log.Warn("keel web: KEEL_WEB_SECRET is not set; sessions end when this server restarts and are not valid on other replicas")
+			}
+			return srv.Serve(ctx, ln)
 		},
 	}
 	fl := cmd.Flags()
@@ -120,6 +127,9 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 }
 
 func (f *webFlags) config(stderr io.Writer) (web.Config, error) {
+	if _, port, err := net.SplitHostPort(f.addr); err != nil || !validPort(port) {
+		return web.Config{}, usageError{fmt.Errorf("--addr / KEEL_WEB_ADDR %q: want host:port, like 127.0.0.1:8080", f.addr)}
+	}
 	users, err := web.ParseUsers(os.Getenv("KEEL_WEB_USERS"))
 	if err != nil {
 		return web.Config{}, usageError{err}
@@ -204,4 +214,10 @@ func hashPasswordCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// validPort is a port number, 0 (any free port) included.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 0 && n <= 65535
 }
