@@ -130,16 +130,26 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		if err != nil {
 			return zero, fmt.Errorf("keel: verifying step %q: %w", name, err)
 		}
+		// Only while this run still holds the job: Verify takes time, and
+		// a run that lost the job meanwhile must neither record nor call.
 		if done {
-			if _, err := pool.Exec(ctx, `UPDATE keel_steps SET status = 'done', finished_at = now()
-				WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt); err != nil {
+			tag, err := pool.Exec(ctx, `UPDATE keel_steps SET status = 'done', finished_at = now()
+				WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt)
+			if err != nil {
 				return zero, interpretError(err)
+			}
+			if tag.RowsAffected() == 0 {
+				return zero, jc.refused(ctx, ErrLeaseLost)
 			}
 			return zero, nil
 		}
-		if _, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now()
-			WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt); err != nil {
+		tag, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now()
+			WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt)
+		if err != nil {
 			return zero, interpretError(err)
+		}
+		if tag.RowsAffected() == 0 {
+			return zero, jc.refused(ctx, ErrLeaseLost)
 		}
 	}
 

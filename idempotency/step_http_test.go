@@ -627,3 +627,41 @@ func TestFollowedRedirectAfterTheEffectIsNotARefusal(t *testing.T) {
 	require.Contains(t, j.LastError, "in doubt")
 	require.EqualValues(t, 1, posts.Load(), "the charge the server confirmed with a 303 was sent again")
 }
+
+// A run that loses its job while its Verify looks (the lease taken over)
+// does not go on to call: the newer run decides.
+func TestStepDoesNotCallAfterLosingTheJobDuringVerify(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	returned := make(chan error, 1)
+	mux := tasks.NewMux()
+	tasks.Handle(mux, fewRetries, func(ctx context.Context, o order) error {
+		err := idempotency.Step(ctx, "charge", func(ctx context.Context, key string) error {
+			calls.Add(1)
+			return nil
+		}, idempotency.Verify(func(ctx context.Context, key string) (bool, error) {
+			// Meanwhile another worker took the job over.
+			_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET lease_holder = 'another-worker', last_holder = 'another-worker',
+				attempts = attempts + 1 WHERE id = $1`, mustJobID(ctx))
+			return false, err
+		}))
+		select {
+		case returned <- err:
+		default:
+		}
+		return err
+	})
+	res, err := b.client.Enqueue(ctx, fewRetries.New(order{OrderID: "taken-over"}))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'charge', 'started')`, res.Job.ID)
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	select {
+	case err := <-returned:
+		require.Error(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler never returned")
+	}
+	require.Zero(t, calls.Load(), "a run that no longer held the job called after its Verify")
+}
