@@ -165,6 +165,14 @@ func readFilter(v url.Values) (filterForm, idempotency.DeadFilter, error) {
 		Class: strings.TrimSpace(v.Get("class")), Since: strings.TrimSpace(v.Get("since")), Until: strings.TrimSpace(v.Get("until"))}
 	df := idempotency.DeadFilter{Kind: f.Kind, Queue: f.Queue, Class: f.Class}
 	var err error
+	if f.Class != "" && !slices.Contains(retry.StoredClasses(), retry.Class(f.Class)) {
+		// As the CLI's --class: a typo would otherwise list nothing, silently.
+		var names []string
+		for _, c := range retry.StoredClasses() {
+			names = append(names, string(c))
+		}
+		return f, df, fmt.Errorf("class %q: no such class; dead jobs carry %s", f.Class, strings.Join(names, ", "))
+	}
 	if f.Since != "" {
 		if df.Since, err = parseTime("since", f.Since); err != nil {
 			return f, df, err

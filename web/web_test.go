@@ -590,4 +590,7 @@ func TestDeadLetterFilterAndPages(t *testing.T) {
 	res := v.get(t, "/dead?since=yesterday")
 	require.Equal(t, http.StatusBadRequest, res.status)
 	require.Contains(t, res.body, "want a UTC time")
+	res = v.get(t, "/dead?class=bogus")
+	require.Equal(t, http.StatusBadRequest, res.status, "a class typo lists nothing, silently")
+	require.Contains(t, res.body, "no such class")
 }
