@@ -140,6 +140,28 @@ func TestYourOwnBinary(t *testing.T) {
 	require.Equal(t, "default", res.Queue)
 	require.False(t, res.Existed)
 
+	// Asked for JSON, a failure answers JSON on stdout too.
+	for _, tc := range []struct {
+		args  []string
+		code  int
+		usage bool
+	}{
+		{[]string{"status", "user:send_welcome", "user:nobody", "--json"}, 1, false},
+		{[]string{"dead", "ls", "--limit", "0", "-o", "json"}, 2, true},
+	} {
+		r = welcome(t, env, tc.args...)
+		require.Equal(t, tc.code, r.code, r.stderr)
+		var failed struct {
+			Error      string `json:"error"`
+			UsageError bool   `json:"usage_error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &failed), "stdout %q", r.stdout)
+		require.Equal(t, strings.TrimSpace(r.stderr), failed.Error)
+		require.Equal(t, tc.usage, failed.UsageError)
+	}
+	r = welcome(t, env, "status", "user:send_welcome", "user:nobody")
+	require.Empty(t, r.stdout, "text output prints errors on stderr only")
+
 	r = welcome(t, env, "enqueue", "user:send_goodbye", "user:42")
 	require.Equal(t, 2, r.code)
 	require.Equal(t, "welcome: welcome does not declare the kind \"user:send_goodbye\" (its kinds: user:send_welcome)\n", r.stderr)

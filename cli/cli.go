@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -220,18 +221,51 @@ func markUsageErrors(root *cobra.Command) {
 // Main runs the program with os.Args, stops it on SIGTERM or SIGINT, prints
 // an error as one line on stderr and exits: 0 on success, 2 for a usage
 // error, 1 otherwise.
+//
+// With JSON output asked for, a command that fails before printing anything
+// prints {"error": "…", "usage_error": true|false} on stdout too, so that a
+// script reading stdout gets JSON either way.
 func Main(app App) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := New(app).ExecuteContext(ctx)
+	root := New(app)
+	out := &countingWriter{w: os.Stdout}
+	root.SetOut(out)
+	err := root.ExecuteContext(ctx)
 	stop()
 	if err == nil {
 		return
 	}
-	fmt.Fprintln(os.Stderr, ErrorLine(app.name(), err))
+	line := ErrorLine(app.name(), err)
+	fmt.Fprintln(os.Stderr, line)
+	if out.n == 0 && jsonAsked(root) {
+		_ = printJSON(os.Stdout, map[string]any{"error": line, "usage_error": IsUsageError(err)})
+	}
 	if IsUsageError(err) {
 		os.Exit(2)
 	}
 	os.Exit(1)
+}
+
+// countingWriter counts what a command wrote.
+type countingWriter struct {
+	w io.Writer
+	n int
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += n
+	return n, err
+}
+
+// jsonAsked tells whether the command line asked for JSON output.
+func jsonAsked(root *cobra.Command) bool {
+	f := root.PersistentFlags()
+	if j := f.Lookup("json"); j != nil && j.Value.String() == "true" {
+		return true
+	}
+	o := f.Lookup("output")
+	return o != nil && strings.EqualFold(o.Value.String(), "json")
 }
 
 // ErrorLine is how Main prints err: one line, prefixed with the program's
