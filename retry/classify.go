@@ -55,11 +55,15 @@ func (c *Classifier) Classify(err error) Class {
 	if err == nil {
 		return ""
 	}
-	// The middleware's own wrapper keeps the class the handler's error had, so
-	// that code further out sees "unknown" and not the SkipRetry it added.
+	// The middleware's own wrappers keep the class the handler's error had,
+	// so that code further out sees it and not what the wrapper added.
 	var s *skipRetry
 	if errors.As(err, &s) {
 		return s.class
+	}
+	var d *decided
+	if errors.As(err, &d) {
+		return d.class
 	}
 	if e, ok := Marked(err); ok && e.Class != "" {
 		return e.Class

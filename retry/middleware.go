@@ -70,7 +70,7 @@ func (p Policy) middleware(c *Classifier, retryCount func(context.Context) (int,
 			}
 			// Decided once, here: the ledger records the retry's time
 			// (DecidedDelay) and asynq schedules it (RetryDelayFunc).
-			return &decided{err: err, delay: p.Delay(t.Type(), retried, err)}
+			return &decided{err: err, class: class, delay: p.Delay(t.Type(), retried, err)}
 		})
 	}
 }
@@ -78,6 +78,7 @@ func (p Policy) middleware(c *Classifier, retryCount func(context.Context) (int,
 // decided is a failure to retry after delay, as the middleware chose it.
 type decided struct {
 	err   error
+	class Class
 	delay time.Duration
 }
 

@@ -108,3 +108,24 @@ func TestMiddlewareReadsAsynqRetryCount(t *testing.T) {
 	require.ErrorIs(t, err, errBoom)
 	require.NotErrorIs(t, err, asynq.SkipRetry)
 }
+
+type quotaErr struct{}
+
+func (quotaErr) Error() string { return "quota" }
+
+// The middleware's wrapper for a failure to retry keeps the class a rule
+// gave the handler's error, as its wrapper for SkipRetry does: a rule that
+// matches the error itself, not through Unwrap, still classes it.
+func TestMiddlewareKeepsTheClassOfARetriedError(t *testing.T) {
+	t.Parallel()
+	c := NewClassifier(func(err error) (Class, bool) {
+		if _, ok := err.(quotaErr); ok {
+			return ClassTransient, true
+		}
+		return "", false
+	})
+	out := run(Policy{}, c, "k", 0, quotaErr{})
+	_, decided := DecidedDelay(out)
+	require.True(t, decided)
+	require.Equal(t, ClassTransient, c.Classify(out))
+}
