@@ -52,8 +52,10 @@ const (
 	// closeWait bounds how long Close waits for outcomes being recorded.
 	closeWait = 10 * time.Second
 	// callFinishWait bounds how long Close lets steps' calls in flight
-	// finish after the shutdown timeout cancelled their runs.
-	callFinishWait = 10 * time.Second
+	// finish after the shutdown timeout cancelled their runs: with the
+	// default 25 s ShutdownTimeout it keeps a deploy inside Kubernetes'
+	// default 30 s grace.
+	callFinishWait = 4 * time.Second
 )
 
 // GuardConfig configures the ledger middleware.
@@ -320,27 +322,39 @@ func (g *Guard) BeginShutdown() { g.stopping.Store(true) }
 func (g *Guard) Close() {
 	g.closeOnce.Do(func() {
 		g.stopping.Store(true)
-		// Leases are still renewed meanwhile.
+		// Runs outside a step's call are given up at once; those inside
+		// one get callFinishWait to finish it and record its answer, their
+		// leases renewed meanwhile, and are given up then.
+		g.giveUpLive(func(jc *jobContext) bool { return jc.inCall.Load() == 0 })
 		g.calls.closeAndWait(callFinishWait)
 		g.stopRenew()
 		<-g.renewDone
-		g.mu.Lock()
-		left := make([]*jobContext, 0, len(g.running))
-		for jc := range g.running {
-			left = append(left, jc)
-		}
-		g.mu.Unlock()
-		for _, jc := range left {
-			if jc.state.CompareAndSwap(runLive, runInterrupted) {
-				g.untrack(jc)
-				jc.cancel(ErrGuardClosed)
-				g.release(context.Background(), jc)
-			}
-		}
+		g.giveUpLive(func(*jobContext) bool { return true })
 		g.recording.closeAndWait(closeWait)
 		g.ledger.Close()
 		g.members.Close()
 	})
+}
+
+// giveUpLive gives up the live runs which: interrupted, their leases
+// released so that another worker starts them within seconds, and nothing
+// they do later can commit.
+func (g *Guard) giveUpLive(which func(*jobContext) bool) {
+	g.mu.Lock()
+	left := make([]*jobContext, 0, len(g.running))
+	for jc := range g.running {
+		if which(jc) {
+			left = append(left, jc)
+		}
+	}
+	g.mu.Unlock()
+	for _, jc := range left {
+		if jc.state.CompareAndSwap(runLive, runInterrupted) {
+			g.untrack(jc)
+			jc.cancel(ErrGuardClosed)
+			g.release(context.Background(), jc)
+		}
+	}
 }
 
 type claimOutcome int
@@ -1253,6 +1267,7 @@ type jobContext struct {
 	state      atomic.Int32
 	cancel     context.CancelCauseFunc
 	ended      context.Context // see ProcessTask: ended by cancel, not by asynq
+	inCall     atomic.Int32    // steps' calls in flight, with their records
 }
 
 // usable refuses ledger work from a run keel has given up (timed out,

@@ -153,6 +153,13 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		}
 	}
 
+	// Close lets a call in flight finish and be recorded (callFinishWait).
+	g.calls.enter(true)
+	jc.inCall.Add(1)
+	defer func() {
+		jc.inCall.Add(-1)
+		g.calls.leave()
+	}()
 	v, ferr := callStep(ctx, jc, key, fn)
 	bg := context.WithoutCancel(ctx)
 	if ferr != nil {
@@ -191,14 +198,12 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 }
 
 // callStep makes a step's call. One in flight when a deploy's shutdown
-// timeout cancels the run is let finish (the guard's Close waits for it,
-// renewing the lease): cut off, it would leave the step in doubt, and the
-// next worker would park the job for a person. The run's other ends still
+// timeout cancels the run is let finish (the guard's Close waits for it and
+// its record, renewing the lease): cut off, it would leave the step in
+// doubt, and the next worker would park the job for a person. The run's other ends still
 // stop it: the job's deadline, a cancel, a lost lease, a run given up.
 func callStep[T any](ctx context.Context, jc *jobContext, key string, fn func(ctx context.Context, key string) (T, error)) (T, error) {
 	g := jc.guard
-	g.calls.enter(true)
-	defer g.calls.leave()
 	cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
 	if d, ok := ctx.Deadline(); ok {
