@@ -98,7 +98,9 @@ func DoHTTP(client *http.Client, req *http.Request, key string) (*http.Response,
 
 	resp, err := client.Do(req)
 	st := t.state()
-	if st.resent {
+	// A followed redirect writes a request of its own, and the hooks may
+	// report the first write after its answer began: not a resend.
+	if st.resent && (resp == nil || !followed(req, resp)) {
 		if resp != nil {
 			resp.Body.Close()
 		}
@@ -135,11 +137,10 @@ func DoHTTP(client *http.Client, req *http.Request, key string) (*http.Response,
 }
 
 // followed tells whether resp answers a request the client made by
-// following a redirect: another URL or method than req's (the client may
-// copy req itself, so not by identity).
-func followed(req *http.Request, resp *http.Response) bool {
-	r := resp.Request
-	return r != nil && r.URL != nil && req.URL != nil && (r.Method != req.Method || r.URL.String() != req.URL.String())
+// following a redirect: http.Client sets such a request's Response to the
+// redirect that caused it (a transport rewriting the URL does not).
+func followed(_ *http.Request, resp *http.Response) bool {
+	return resp.Request != nil && resp.Request.Response != nil
 }
 
 func redactedURL(req *http.Request) string {
