@@ -244,7 +244,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 		require.Contains(t, werr.String(), "starting without Redis")
 	})
 	t.Run("redis database out of range", func(t *testing.T) {
-		for _, args := range [][]string{{"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`}, {"worker"}} {
+		for _, args := range [][]string{{"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`}, {"worker"}, {"web", "--addr", "127.0.0.1:0"}} {
 			r := welcome(t, []string{"REDIS_URL=" + redisURL(99), "DATABASE_URL=" + good}, args...)
 			oneLine(t, r, "has no such database")
 			require.Contains(t, r.stderr, "DB index is out of range")

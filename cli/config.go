@@ -240,11 +240,23 @@ func pingRedis(ctx context.Context, opt asynq.RedisConnOpt, where string) error 
 	case err == nil:
 		return nil
 	case strings.Contains(err.Error(), "DB index is out of range"):
-		return fmt.Errorf("Redis at %s has no such database (%v): the server's `databases` setting limits the number in the URL", where, err)
+		return fmt.Errorf("Redis at %s has no such database (%w): the server's `databases` setting limits the number in the URL", where, err)
 	case errors.Is(err, context.Canceled):
 		return err
 	}
+	var refused redis.Error
+	if errors.As(err, &refused) {
+		// It answered, and said no: a wrong password, say.
+		return fmt.Errorf("Redis at %s refused the connection: %w", where, err)
+	}
 	return fmt.Errorf("Redis at %s is not answering: %v", where, err)
+}
+
+// redisRefused tells whether pingRedis's error is Redis's own answer (a
+// wrong password, no such database) rather than no answer.
+func redisRefused(err error) bool {
+	var refused redis.Error
+	return errors.As(err, &refused)
 }
 
 // CreateDatabase creates the database --database-url names when it does

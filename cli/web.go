@@ -71,7 +71,9 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 			}
 			// Dead letters, job pages and look-ups read the ledger: in a
 			// Redis outage, a dashboard (re)started then still shows them.
-			if err := pingRedis(ctx, redis, redisurl.Redact(e.redisURL)); err != nil {
+			if err := pingRedis(ctx, redis, redisurl.Redact(e.redisURL)); redisRefused(err) {
+				return err // a mistake in the settings, not an outage
+			} else if err != nil {
 				log.Warn("keel web: starting without Redis; the ledger's pages work, asynqmon, replays and cancels wait for it", "err", err)
 			}
 			pool, err := e.Ledger(ctx)
