@@ -330,8 +330,8 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	// By id, a dry run looks at each job; filters do not apply to ids.
 	const nobody = "01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f"
 	out, _, err = greeter(t, "", "dead", "replay", hal.ID, nobody, "--dry-run")
-	require.NoError(t, err)
-	require.Contains(t, out, "replay "+nobody+": would be skipped: no job with this id")
+	require.ErrorContains(t, err, "1 job(s) could not be replayed", "as the real run would fail")
+	require.Contains(t, out, "replay "+nobody+": would fail: no job with this id")
 	require.Contains(t, out, "dry run: would replay 1 job(s)")
 	_, _, err = greeter(t, "", "dead", "replay", hal.ID, "--kind", "other:kind", "--dry-run")
 	require.ErrorContains(t, err, "--kind selects jobs with --all")
@@ -469,7 +469,11 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	_, stderr, err := greeter(t, "", "dead", "replay", ids[0])
 	require.Error(t, err)
 	require.Contains(t, stderr, "keel dead resolve")
-	out, _, err := greeter(t, "", "dead", "show", ids[0])
+	out, _, err := greeter(t, "", "dead", "replay", ids[0], "--dry-run")
+	require.Error(t, err, "a dry run fails where the replay would")
+	require.Contains(t, out, "would fail: ")
+	require.Contains(t, out, "charge")
+	out, _, err = greeter(t, "", "dead", "show", ids[0])
 	require.NoError(t, err)
 	require.Contains(t, out, "in doubt")
 	require.Contains(t, out, "keel dead resolve "+ids[0]+" charge")

@@ -385,26 +385,56 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					var would []string
 					for _, id := range ids {
 						j, err := store.Get(ctx, id)
-						switch {
-						case errors.Is(err, idempotency.ErrNotFound):
-							skipped = append(skipped, actionResult{ID: id, Error: "no job with this id"})
-						case err != nil:
+						if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
 							return err
-						case j.Status != idempotency.StatusDead:
-							skipped = append(skipped, actionResult{ID: id, Unchanged: fmt.Sprintf("the job is %s, not dead", j.Status)})
-						default:
+						}
+						r := wouldDo(action, id, j, err)
+						if r.Error == "" && r.Unchanged == "" && action == "replay" {
+							steps, err := store.Steps(ctx, id)
+							if err != nil {
+								return err
+							}
+							var doubt []string
+							for _, st := range steps {
+								if st.Status == "started" {
+									doubt = append(doubt, st.Name)
+								}
+							}
+							if len(doubt) > 0 {
+								r.Error = fmt.Sprintf("%v: %s", idempotency.ErrStepsInDoubt, strings.Join(doubt, ", "))
+							}
+						}
+						if r.Error != "" || r.Unchanged != "" {
+							skipped = append(skipped, r)
+						} else {
 							would = append(would, id)
 						}
 					}
 					ids = would
 				}
-				if e.JSON() {
-					return printJSON(out, map[string]any{"dry_run": true, "action": action, "count": len(ids), "ids": nonNil(ids), "skipped": nonNilResults(skipped)})
-				}
+				failing := 0
 				for _, r := range skipped {
-					fmt.Fprintf(out, "%s %s: would be skipped: %s%s\n", action, r.ID, r.Error, r.Unchanged)
+					if r.Error != "" {
+						failing++
+					}
 				}
-				fmt.Fprintf(out, "dry run: would %s %d job(s); nothing was changed\n", action, len(ids))
+				if e.JSON() {
+					if err := printJSON(out, map[string]any{"dry_run": true, "action": action, "count": len(ids), "ids": nonNil(ids), "skipped": nonNilResults(skipped)}); err != nil {
+						return err
+					}
+				} else {
+					for _, r := range skipped {
+						if r.Error != "" {
+							fmt.Fprintf(out, "%s %s: would fail: %s\n", action, r.ID, r.Error)
+						} else {
+							fmt.Fprintf(out, "%s %s: nothing to do: %s\n", action, r.ID, r.Unchanged)
+						}
+					}
+					fmt.Fprintf(out, "dry run: would %s %d job(s); nothing was changed\n", action, len(ids))
+				}
+				if failing > 0 {
+					return fmt.Errorf("%d job(s) could not be %s", failing, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
+				}
 				return nil
 			}
 			if !e.JSON() {
@@ -467,6 +497,30 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 	d.bindAction(cmd, action == "discard")
 	cmd.Flags().Bool("all", false, "act on every dead job the filters match")
 	return cmd
+}
+
+// wouldDo is what replayOne or discardOne would make of job j (err: the
+// look-up's), as Store.Replay and Store.Discard decide, for a dry run.
+func wouldDo(action, id string, j idempotency.Job, err error) actionResult {
+	r := actionResult{ID: id}
+	switch {
+	case err != nil:
+		r.Error = "no job with this id"
+	case j.Status == idempotency.StatusDead && action == "replay" && j.SupersededAt != nil:
+		r.Error = "superseded by a newer job of its key; enqueue anew instead"
+	case j.Status == idempotency.StatusDead && action == "replay" && j.EffectsCommittedAt != nil:
+		r.Error = idempotency.ErrEffectsCommitted.Error()
+	case j.Status == idempotency.StatusDead:
+	case action == "replay" && (j.Status == idempotency.StatusDiscarded || j.Status == idempotency.StatusCancelled):
+		r.Error = fmt.Sprintf("the job was %s", j.Status)
+	case action == "replay":
+		r.Unchanged = fmt.Sprintf("the job is %s, not dead", j.Status)
+	case j.Status == idempotency.StatusDiscarded:
+		r.Unchanged = fmt.Sprintf("already discarded by %s: %q", j.ResolvedBy, j.ResolutionNote)
+	default:
+		r.Error = fmt.Sprintf("the job is %s, not dead", j.Status)
+	}
+	return r
 }
 
 // replayOne replays one job; unchanged says why nothing was done.
