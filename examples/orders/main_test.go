@@ -128,7 +128,7 @@ func TestCLI(t *testing.T) {
 	require.ErrorContains(t, err, "not confirmed")
 	out, err = orders(t, "1\n", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--actor", "ops:ann")
 	require.NoError(t, err)
-	require.Contains(t, out, "1 done, 0 failed")
+	require.Contains(t, out, "1 done, 0 unchanged, 0 failed")
 	out, err = orders(t, "", "dead", "show", st.ID)
 	require.NoError(t, err)
 	require.Contains(t, out, "discarded")
@@ -136,7 +136,7 @@ func TestCLI(t *testing.T) {
 
 	out, err = orders(t, "", "dead", "replay", "--all", "--yes")
 	require.NoError(t, err)
-	require.Contains(t, out, "1 done, 0 failed")
+	require.Contains(t, out, "1 done, 0 unchanged, 0 failed")
 	j, err := idempotency.NewStore(pool).Lookup(ctx, "analytics:sync", "order:cli2")
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusPending, j.Status)
