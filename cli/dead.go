@@ -384,25 +384,9 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					store := idempotency.NewStore(pool)
 					var would []string
 					for _, id := range ids {
-						j, err := store.Get(ctx, id)
-						if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
+						r, err := wouldDo(ctx, store, action, id)
+						if err != nil {
 							return err
-						}
-						r := wouldDo(action, id, j, err)
-						if r.Error == "" && r.Unchanged == "" && action == "replay" {
-							steps, err := store.Steps(ctx, id)
-							if err != nil {
-								return err
-							}
-							var doubt []string
-							for _, st := range steps {
-								if st.Status == "started" {
-									doubt = append(doubt, st.Name)
-								}
-							}
-							if len(doubt) > 0 {
-								r.Error = fmt.Sprintf("%v: %s", idempotency.ErrStepsInDoubt, strings.Join(doubt, ", "))
-							}
 						}
 						if r.Error != "" || r.Unchanged != "" {
 							skipped = append(skipped, r)
@@ -433,7 +417,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					fmt.Fprintf(out, "dry run: would %s %d job(s); nothing was changed\n", action, len(ids))
 				}
 				if failing > 0 {
-					return fmt.Errorf("%d job(s) could not be %s", failing, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
+					return notDone(action, failing)
 				}
 				return nil
 			}
@@ -488,7 +472,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				fmt.Fprintf(out, "%s: %d done, %d unchanged, %d failed\n", action, done, unchanged, failed)
 			}
 			if failed > 0 {
-				return fmt.Errorf("%d job(s) could not be %s", failed, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
+				return notDone(action, failed)
 			}
 			return nil
 		},
@@ -499,28 +483,37 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 	return cmd
 }
 
-// wouldDo is what replayOne or discardOne would make of job j (err: the
-// look-up's), as Store.Replay and Store.Discard decide, for a dry run.
-func wouldDo(action, id string, j idempotency.Job, err error) actionResult {
+// wouldDo is what replayOne or discardOne would make of job id, as the
+// store's own checks say, for a dry run; err is only a failure to look.
+func wouldDo(ctx context.Context, store *idempotency.Store, action, id string) (actionResult, error) {
 	r := actionResult{ID: id}
-	switch {
-	case err != nil:
-		r.Error = "no job with this id"
-	case j.Status == idempotency.StatusDead && action == "replay" && j.SupersededAt != nil:
-		r.Error = "superseded by a newer job of its key; enqueue anew instead"
-	case j.Status == idempotency.StatusDead && action == "replay" && j.EffectsCommittedAt != nil:
-		r.Error = idempotency.ErrEffectsCommitted.Error()
-	case j.Status == idempotency.StatusDead:
-	case action == "replay" && (j.Status == idempotency.StatusDiscarded || j.Status == idempotency.StatusCancelled):
-		r.Error = fmt.Sprintf("the job was %s", j.Status)
-	case action == "replay":
-		r.Unchanged = fmt.Sprintf("the job is %s, not dead", j.Status)
-	case j.Status == idempotency.StatusDiscarded:
-		r.Unchanged = fmt.Sprintf("already discarded by %s: %q", j.ResolvedBy, j.ResolutionNote)
-	default:
-		r.Error = fmt.Sprintf("the job is %s, not dead", j.Status)
+	var err error
+	if action == "replay" {
+		var res idempotency.ReplayResult
+		if res, err = store.CheckReplay(ctx, id); err == nil && res.AlreadyReplayed {
+			r.Unchanged = fmt.Sprintf("the job is %s, not dead", res.Job.Status)
+		}
+	} else {
+		var j idempotency.Job
+		var already bool
+		if j, already, err = store.CheckDiscard(ctx, id); err == nil && already {
+			r.Unchanged = fmt.Sprintf("already discarded by %s: %q", j.ResolvedBy, j.ResolutionNote)
+		}
 	}
-	return r
+	switch {
+	case errors.Is(err, idempotency.ErrNotFound):
+		r.Error = "no job with this id"
+	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrEffectsCommitted), errors.Is(err, idempotency.ErrStepsInDoubt):
+		r.Error = err.Error()
+	case err != nil:
+		return r, err
+	}
+	return r, nil
+}
+
+// notDone is the command's error when n jobs failed (or would fail).
+func notDone(action string, n int) error {
+	return fmt.Errorf("%d job(s) could not be %s", n, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
 }
 
 // replayOne replays one job; unchanged says why nothing was done.
@@ -538,7 +531,7 @@ func discardOne(ctx context.Context, store *idempotency.Store, insp *asynq.Inspe
 	already := func(j idempotency.Job) string {
 		return fmt.Sprintf("already discarded by %s: %q (that resolution stays; this note is not kept)", j.ResolvedBy, j.ResolutionNote)
 	}
-	if j, err := store.Get(ctx, id); err == nil && j.Status == idempotency.StatusDiscarded {
+	if j, done, err := store.CheckDiscard(ctx, id); err == nil && done {
 		return already(j), nil
 	}
 	j, err := store.Discard(ctx, insp, id, actor, note)

@@ -64,30 +64,8 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 		if err != nil {
 			return interpretError(err)
 		}
-		switch {
-		case j.Status == StatusDead && j.SupersededAt != nil:
-			return fmt.Errorf("%w: job %s was superseded by a newer job of key %q (its kind's tasks.Unique window had passed); enqueue anew instead",
-				ErrNotDead, id, j.BusinessKey)
-		case j.Status == StatusDead:
-		case j.Status == StatusDiscarded || j.Status == StatusCancelled:
-			return fmt.Errorf("%w: job %s was %s", ErrNotDead, id, j.Status)
-		default:
-			res = ReplayResult{Job: j, AlreadyReplayed: true}
-			return nil
-		}
-		if j.EffectsCommittedAt != nil {
-			return fmt.Errorf("%w (job %s)", ErrEffectsCommitted, id)
-		}
-		var doubt []string
-		rows, err := tx.Query(ctx, `SELECT name FROM keel_steps WHERE job_id = $1 AND status = 'started' ORDER BY name`, id)
-		if err != nil {
-			return interpretError(err)
-		}
-		if doubt, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-			return interpretError(err)
-		}
-		if len(doubt) > 0 {
-			return fmt.Errorf("%w: %s", ErrStepsInDoubt, strings.Join(doubt, ", "))
+		if res, err = replayable(ctx, tx, j); err != nil || res.AlreadyReplayed {
+			return err
 		}
 		// The archived task still reserves the id in Redis; without removing
 		// it the new publish would be a silent conflict.
@@ -111,6 +89,71 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 	return res, err
 }
 
+// CheckReplay is what Replay would do with job id now, changing nothing:
+// an error for a job it refuses, AlreadyReplayed for one with nothing to
+// do (a dry run's answer).
+func (s *Store) CheckReplay(ctx context.Context, id string) (ReplayResult, error) {
+	j, err := s.Get(ctx, id)
+	if err != nil {
+		return ReplayResult{}, err
+	}
+	return replayable(ctx, s.pool, j)
+}
+
+// replayable is Replay's verdict on j: it refuses a job superseded,
+// discarded or cancelled, one whose effects committed, and one with steps
+// in doubt; a job no longer dead otherwise has nothing to replay.
+func replayable(ctx context.Context, db DB, j Job) (ReplayResult, error) {
+	switch {
+	case j.Status == StatusDead && j.SupersededAt != nil:
+		return ReplayResult{}, fmt.Errorf("%w: job %s was superseded by a newer job of key %q (its kind's tasks.Unique window had passed); enqueue anew instead",
+			ErrNotDead, j.ID, j.BusinessKey)
+	case j.Status == StatusDead:
+	case j.Status == StatusDiscarded || j.Status == StatusCancelled:
+		return ReplayResult{}, fmt.Errorf("%w: job %s was %s", ErrNotDead, j.ID, j.Status)
+	default:
+		return ReplayResult{Job: j, AlreadyReplayed: true}, nil
+	}
+	if j.EffectsCommittedAt != nil {
+		return ReplayResult{}, fmt.Errorf("%w (job %s)", ErrEffectsCommitted, j.ID)
+	}
+	rows, err := db.Query(ctx, `SELECT name FROM keel_steps WHERE job_id = $1 AND status = 'started' ORDER BY name`, j.ID)
+	if err != nil {
+		return ReplayResult{}, interpretError(err)
+	}
+	doubt, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return ReplayResult{}, interpretError(err)
+	}
+	if len(doubt) > 0 {
+		return ReplayResult{}, fmt.Errorf("%w: %s", ErrStepsInDoubt, strings.Join(doubt, ", "))
+	}
+	return ReplayResult{Job: j}, nil
+}
+
+// CheckDiscard is what Discard would do with job id now, changing
+// nothing: an error for a job it refuses, already for one discarded
+// before (whose resolution stays).
+func (s *Store) CheckDiscard(ctx context.Context, id string) (j Job, already bool, err error) {
+	if j, err = s.Get(ctx, id); err != nil {
+		return j, false, err
+	}
+	already, err = discardable(j)
+	return j, already, err
+}
+
+// discardable is Discard's verdict on j: a dead job is discarded, a
+// discarded one is left as it is, any other refused.
+func discardable(j Job) (already bool, err error) {
+	switch j.Status {
+	case StatusDiscarded:
+		return true, nil
+	case StatusDead:
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: job %s is %s", ErrNotDead, j.ID, j.Status)
+}
+
 // Discard closes a dead job for good, with a required note saying why and
 // who did it. Discarding a job that is already discarded is a no-op.
 func (s *Store) Discard(ctx context.Context, insp *asynq.Inspector, id, actor, note string) (Job, error) {
@@ -126,13 +169,11 @@ func (s *Store) Discard(ctx context.Context, insp *asynq.Inspector, id, actor, n
 		if err != nil {
 			return interpretError(err)
 		}
-		switch j.Status {
-		case StatusDiscarded:
+		if already, err := discardable(j); err != nil {
+			return err
+		} else if already {
 			out = j
 			return nil
-		case StatusDead:
-		default:
-			return fmt.Errorf("%w: job %s is %s", ErrNotDead, id, j.Status)
 		}
 		out, err = scanJob(tx.QueryRow(ctx, `UPDATE keel_jobs SET status = 'discarded', resolution_note = $2,
 			resolved_by = $3, updated_at = now(), finished_at = now() WHERE id = $1 RETURNING `+jobColumns, id, note, actor))
