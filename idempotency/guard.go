@@ -1095,8 +1095,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class = $5,
 	attempts = attempts - $6, lease_holder = NULL, lease_until = NULL, updated_at = now(),
 	published_at = CASE WHEN $7 THEN NULL ELSE published_at END,
-	run_at = CASE WHEN $7 THEN now() + $8 * interval '1 millisecond'
-		WHEN $3 = 'failed' AND $14 >= 0 THEN now() + $14 * interval '1 millisecond' ELSE run_at END,
+	run_at = CASE WHEN $8 >= 0 THEN now() + $8 * interval '1 millisecond' ELSE run_at END,
 	finished_at = CASE WHEN $3 = 'dead' THEN now() ELSE NULL END,
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
 	trace_id = coalesce(nullif($10, ''), trace_id, nullif($13, '')),
@@ -1175,11 +1174,16 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	if status == StatusDead {
 		summary = g.summarize(t)
 	}
-	// When asynq retries it, as the retry middleware decided: the ledger's
-	// run_at says so (keel status, the dashboard). -1: not known here.
-	retryIn := -time.Millisecond
+	// When the job runs again, as run_at records it (keel status, the
+	// reconciler): a wait handed back to the relay at its delay; a failure
+	// when asynq retries it, as the retry middleware decided. -1: run_at
+	// stays.
+	runIn := -time.Millisecond
 	if d, ok := retry.DecidedDelay(herr); ok && status == StatusFailed {
-		retryIn = d
+		runIn = d
+	}
+	if unpublish {
+		runIn = delay
 	}
 	traceID := TraceID(ctx)
 	msg := storableText(herr.Error(), maxErrorBytes)
@@ -1187,7 +1191,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	var businessKey, storedTrace string
 	err := g.untilLedgerAnswers(id, func() error {
 		return g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-			delay.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds(), spanTraceID(ctx), retryIn.Milliseconds()).Scan(&businessKey, &storedTrace)
+			runIn.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds(), spanTraceID(ctx)).Scan(&businessKey, &storedTrace)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		if jc.commitInDoubt.Load() {
