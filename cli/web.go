@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -129,7 +128,7 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 }
 
 func (f *webFlags) config(stderr io.Writer) (web.Config, error) {
-	if _, port, err := net.SplitHostPort(f.addr); err != nil || !validPort(port) {
+	if web.CheckAddr(f.addr) != nil {
 		return web.Config{}, usageError{fmt.Errorf("--addr / KEEL_WEB_ADDR %q: want host:port, like 127.0.0.1:8080", f.addr)}
 	}
 	users, err := web.ParseUsers(os.Getenv("KEEL_WEB_USERS"))
@@ -216,10 +215,4 @@ func hashPasswordCmd() *cobra.Command {
 			return nil
 		},
 	}
-}
-
-// validPort is a port number, 0 (any free port) included.
-func validPort(p string) bool {
-	n, err := strconv.Atoi(p)
-	return err == nil && n >= 0 && n <= 65535
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -187,8 +188,22 @@ func (c Config) Validate() error {
 		}
 		seen[u.Name] = true
 	}
+	if err := CheckAddr(c.Addr); err != nil {
+		return err
+	}
 	if len(c.Users) == 0 && c.ProxyUserHeader == "" && !IsLoopback(c.Addr) {
 		return fmt.Errorf("%w (address %s)", ErrNoCredentials, c.Addr)
+	}
+	return nil
+}
+
+// CheckAddr refuses a listen address that is not host:port with a port
+// number (0: any free port), instead of its failing later as something
+// else (not loopback, say).
+func CheckAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("keel web: address %q: want host:port, like %s", addr, DefaultAddr)
 	}
 	return nil
 }
