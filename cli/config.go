@@ -244,8 +244,7 @@ func pingRedis(ctx context.Context, opt asynq.RedisConnOpt, where string) error 
 	case errors.Is(err, context.Canceled):
 		return err
 	}
-	var refused redis.Error
-	if errors.As(err, &refused) {
+	if redisRefused(err) {
 		// It answered, and said no: a wrong password, say.
 		return fmt.Errorf("Redis at %s refused the connection: %w", where, err)
 	}
