@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -736,4 +737,73 @@ func TestDoHTTPServerErrorsAreInDoubt(t *testing.T) {
 		require.Error(t, err)
 		require.Equal(t, doubt, errors.Is(err, idempotency.ErrInDoubt), "status %d", code)
 	}
+}
+
+var (
+	hookDies    = tasks.Define[order]("test:hook_dies", tasks.MaxRetry(0), tasks.Key(func(o order) string { return "order:" + o.OrderID }))
+	hookBlocks  = tasks.Define[order]("test:hook_blocks", tasks.Key(func(o order) string { return "order:" + o.OrderID }))
+	hookAfterOK = tasks.Define[order]("test:hook_after", tasks.Key(func(o order) string { return "order:" + o.OrderID }))
+)
+
+// An OnDead hook is the application's code (an alerter, a pager): one that
+// panics must not turn a recorded death into a delivery asynq retries, and
+// an OnCancelled hook that panics — it runs on the lease-renewal goroutine
+// when the renewal finds the job cancelled — must not take the worker, and
+// every job it runs, down with it.
+func TestPanickingHooksDoNotUndoADeathOrStopTheWorker(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var deaths, cancels atomic.Int32
+	log := &testenv.SyncBuffer{}
+	mux := tasks.NewMux()
+	tasks.Handle(mux, hookDies, func(ctx context.Context, o order) error {
+		return retry.Permanent(errors.New("no such customer"))
+	})
+	started := make(chan struct{}, 1)
+	tasks.Handle(mux, hookBlocks, func(ctx context.Context, o order) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	tasks.Handle(mux, hookAfterOK, func(ctx context.Context, o order) error { return nil })
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(log, nil))
+		c.Guard.Lease = time.Second // the renewal looks every 200 ms
+		c.Guard.OnDead = func(context.Context, idempotency.DeadEvent) {
+			deaths.Add(1)
+			panic("pager unreachable")
+		}
+		c.Guard.OnCancelled = func(context.Context, idempotency.CancelEvent) {
+			cancels.Add(1)
+			panic("metrics registry gone")
+		}
+	})
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+
+	dead, err := b.client.Enqueue(ctx, hookDies.New(order{OrderID: "hook-1"}))
+	require.NoError(t, err)
+	b.waitStatus(t, dead.Job.ID, idempotency.StatusDead, 20*time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err := insp.GetTaskInfo(dead.Job.Queue, dead.Job.ID)
+		return err == nil && info.State == asynq.TaskStateArchived
+	}, "the dead job's delivery was not archived: the hook's panic made it a retry")
+	require.EqualValues(t, 1, deaths.Load())
+	require.NotContains(t, log.String(), "handler panicked")
+	require.Contains(t, log.String(), "pager unreachable")
+
+	blocked, err := b.client.Enqueue(ctx, hookBlocks.New(order{OrderID: "hook-2"}))
+	require.NoError(t, err)
+	<-started
+	// The ledger only, without asynq's cancel: the renewal finds it.
+	_, err = b.store.Cancel(ctx, nil, blocked.Job.ID, "tester", "hook test")
+	require.NoError(t, err)
+	testenv.Eventually(t, 10*time.Second, func() bool { return cancels.Load() == 1 }, "the renewal never stopped the cancelled run")
+	after, err := b.client.Enqueue(ctx, hookAfterOK.New(order{OrderID: "hook-3"}))
+	require.NoError(t, err)
+	b.waitStatus(t, after.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	j, err := b.store.Get(ctx, blocked.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusCancelled, j.Status)
+	require.Contains(t, log.String(), "metrics registry gone")
 }

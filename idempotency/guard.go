@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -179,6 +180,27 @@ func (g *Guard) summarize(t *asynq.Task) (s string) {
 		}
 	}()
 	return g.cfg.Summarize(t.Type(), t.Payload())
+}
+
+// onDead and onCancelled run the application's hooks. One that panics is
+// logged, not let loose on the goroutine that called it: a handler's, whose
+// recorded death the panic would turn into a delivery asynq retries, or the
+// lease renewal's, which it would take down with the worker and every run
+// on it.
+func (g *Guard) onDead(ctx context.Context, e DeadEvent) {
+	defer g.recoverHook("OnDead", e.JobID)
+	g.cfg.OnDead(ctx, e)
+}
+
+func (g *Guard) onCancelled(e CancelEvent) {
+	defer g.recoverHook("OnCancelled", e.JobID)
+	g.cfg.OnCancelled(context.Background(), e)
+}
+
+func (g *Guard) recoverHook(name, jobID string) {
+	if p := recover(); p != nil {
+		g.cfg.Logger.Error("keel: the guard's "+name+" hook panicked", "job_id", jobID, "panic", p, "stack", string(debug.Stack()))
+	}
 }
 
 // GuardStats are counters since the guard started.
@@ -987,7 +1009,7 @@ func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) err
 	g.stats.dead.Add(1)
 	g.cfg.Logger.Error("keel: poison job retired", "job_id", id, "kind", t.Type(), "err", msg)
 	if g.cfg.OnDead != nil {
-		g.cfg.OnDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+		g.onDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
 			Class: string(retry.ClassCrashed), Error: msg, TraceID: traceID, Attempts: attempts})
 	}
 	return nil
@@ -1024,7 +1046,7 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 	}
 	g.stats.dead.Add(1)
 	if g.cfg.OnDead != nil {
-		g.cfg.OnDead(ctx, DeadEvent{JobID: jc.id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+		g.onDead(ctx, DeadEvent{JobID: jc.id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
 			Class: string(retry.ClassPermanent), Error: msg, TraceID: traceID, Attempts: jc.attempt})
 	}
 	return fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
@@ -1218,7 +1240,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	case StatusDead:
 		g.stats.dead.Add(1)
 		if g.cfg.OnDead != nil {
-			g.cfg.OnDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+			g.onDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
 				Class: string(class), Error: msg, TraceID: storedTrace, Attempts: attempts})
 		}
 		if !errors.Is(herr, asynq.SkipRetry) {

@@ -108,6 +108,6 @@ func (g *Guard) countCancelled(jc *jobContext) {
 	g.cfg.Logger.Info("keel: job cancelled while it ran; its run is stopped and nothing it does now can commit",
 		"job_id", jc.id, "kind", jc.kind, "attempt", jc.attempt)
 	if g.cfg.OnCancelled != nil {
-		g.cfg.OnCancelled(context.Background(), CancelEvent{JobID: jc.id, Kind: jc.kind, Queue: jc.queue, Attempt: jc.attempt})
+		g.onCancelled(CancelEvent{JobID: jc.id, Kind: jc.kind, Queue: jc.queue, Attempt: jc.attempt})
 	}
 }

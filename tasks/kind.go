@@ -270,9 +270,18 @@ func Known(name string) bool {
 }
 
 // Summarize returns the payload summary kept with a dead job: the kind's
-// Summary function when it has one, otherwise the start of the payload.
-func Summarize(kind string, payload []byte) string {
+// Summary function when it has one, otherwise the start of the payload. A
+// Summary that panics (the application's bug, often on the very payload
+// that fails) gives a note saying so instead of the payload it was there to
+// redact: the dead letter is still recorded, and asynqmon's queue pages,
+// which show every task through Summarize, still load.
+func Summarize(kind string, payload []byte) (summary string) {
 	if v, ok := registry.Load(kind); ok {
+		defer func() {
+			if p := recover(); p != nil {
+				summary = fmt.Sprintf("(no summary: the kind's Summary panicked: %v)", p)
+			}
+		}()
 		if s, ok := v.(kindInfo).summarize(payload); ok {
 			return s
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // archivedDeadJob is a keel job that died: dead in the ledger, archived in
@@ -80,4 +81,36 @@ func TestAsynqmonLoadsNothingFromElsewhereAndLinksBack(t *testing.T) {
 		require.NotContains(t, csp, "https:", p)
 		require.Contains(t, res.body, `window.FLAG_READ_ONLY="true"`)
 	}
+}
+
+type panickyOrder struct {
+	OrderID  string `json:"order_id"`
+	Customer *struct {
+		Email string `json:"email"`
+	} `json:"customer"`
+}
+
+// A kind's Summary with a bug of its own: it reads the customer of an order
+// that has none.
+var panickySummary = tasks.Define[panickyOrder]("test:panicky_summary",
+	tasks.Key(func(o panickyOrder) string { return o.OrderID }),
+	tasks.Summary(func(o panickyOrder) string { return "order " + o.OrderID + " for " + o.Customer.Email }))
+
+// asynqmon shows each task's payload through the kinds' Summary functions
+// (the redaction): one that panics on one payload must not break the
+// queue's page for every task on it, nor show the payload it was to redact.
+func TestAsynqmonListsATaskWhoseSummaryPanics(t *testing.T) {
+	b := setup(t, nil)
+	c := asynq.NewClient(b.redis)
+	defer c.Close()
+	_, err := c.Enqueue(asynq.NewTask(panickySummary.Name(), []byte(`{"order_id":"p-1","secret":"s3cret"}`)), asynq.Queue("default"))
+	require.NoError(t, err)
+	_, err = c.Enqueue(asynq.NewTask(panickySummary.Name(), []byte(`{"order_id":"p-2","customer":{"email":"a@example.com"}}`)), asynq.Queue("default"))
+	require.NoError(t, err)
+	v := b.signIn(t, viewerName, viewerPassword)
+	res := v.get(t, "/monitoring/api/queues/default/pending_tasks")
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	require.Contains(t, res.body, "order p-2 for a@example.com")
+	require.Contains(t, res.body, "Summary panicked")
+	require.NotContains(t, res.body, "s3cret")
 }
