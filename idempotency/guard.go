@@ -67,8 +67,12 @@ type GuardConfig struct {
 	// Lease/5 while the handler runs (until its deadline), so only a dead
 	// worker's lease expires. Default 10s.
 	Lease time.Duration
-	// LedgerRetry is how long to wait before trying a task again when the
-	// ledger cannot be reached. Such waits do not use up attempts. Default 10s.
+	// LedgerRetry is the longest wait before a task is tried again when the
+	// ledger cannot be reached. A delivery waits as long as the outage has
+	// lasted so far, at least a second and at most LedgerRetry: a brief
+	// outage (a restart, a failover) costs the jobs about as long as it
+	// lasted, and a long one does not churn the queues. Such waits do not
+	// use up attempts. Default 10s.
 	LedgerRetry time.Duration
 	// Classifier names the class stored with a failure. Default retry.Default.
 	Classifier *retry.Classifier
@@ -256,6 +260,34 @@ type Guard struct {
 	calls phases
 
 	tracer tracing.Tracer // the spans of each run (trace.go)
+
+	// outageSince is when the ledger was first found unreachable (unix
+	// nanoseconds), 0 while it answers: ledgerWait grows with the outage.
+	outageSince atomic.Int64
+}
+
+// minLedgerWait is the first wait of a delivery the ledger could not take.
+const minLedgerWait = time.Second
+
+// ledgerWait is how long a delivery the ledger could not take waits: as
+// long as the outage has lasted, within [minLedgerWait, LedgerRetry].
+func (g *Guard) ledgerWait() time.Duration {
+	now := time.Now().UnixNano()
+	since := g.outageSince.Load()
+	if since == 0 && !g.outageSince.CompareAndSwap(0, now) {
+		since = g.outageSince.Load()
+	}
+	if since == 0 {
+		since = now
+	}
+	return min(max(time.Duration(now-since), minLedgerWait), g.cfg.LedgerRetry)
+}
+
+// ledgerAnswered ends the outage ledgerWait measures.
+func (g *Guard) ledgerAnswered() {
+	if g.outageSince.Load() != 0 {
+		g.outageSince.Store(0)
+	}
 }
 
 // phases counts work in progress that Close must let finish.
@@ -827,14 +859,16 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			return fmt.Errorf("%w: task id %q: %w", ErrUnknownJob, id, asynq.SkipRetry)
 		}
 		if !g.recording.enter(false) {
-			return retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: worker shutting down, job %s not started: %w", id, ErrGuardClosed))
+			// Another worker takes it: the wait only puts it back.
+			return retry.Wait(minLedgerWait, fmt.Errorf("keel: worker shutting down, job %s not started: %w", id, ErrGuardClosed))
 		}
 		res := g.tracedClaim(ctx, id)
 		g.recording.leave()
 		if res.err != nil {
 			g.stats.ledgerErrs.Add(1)
-			return keepQueued(ctx, retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err)))
+			return keepQueued(ctx, retry.Wait(g.ledgerWait(), fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err)))
 		}
+		g.ledgerAnswered()
 		switch res.outcome {
 		case claimFinished, claimDead:
 			g.stats.skipped.Add(1)
@@ -919,7 +953,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		class := g.cfg.Classifier.Classify(herr)
 		if class == retry.ClassWait && errors.Is(herr, ErrLedgerUnavailable) {
-			herr = retry.Wait(g.cfg.LedgerRetry, herr)
+			herr = retry.Wait(g.ledgerWait(), herr)
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) && class != retry.ClassPermanent && class != retry.ClassWait {
 			class = retry.ClassTimeout
@@ -1003,7 +1037,7 @@ func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) err
 	}
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
-		return keepQueued(ctx, retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: ledger unavailable, job %s not retired: %w", id, err)))
+		return keepQueued(ctx, retry.Wait(g.ledgerWait(), fmt.Errorf("keel: ledger unavailable, job %s not retired: %w", id, err)))
 	}
 	g.stats.crashed.Add(1)
 	g.stats.dead.Add(1)
@@ -1110,7 +1144,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		return nil
 	default:
 		g.stats.ledgerErrs.Add(1)
-		return retry.Wait(g.cfg.LedgerRetry, fmt.Errorf("keel: job %s finished but the ledger could not record it: %w", id, err))
+		return retry.Wait(g.ledgerWait(), fmt.Errorf("keel: job %s finished but the ledger could not record it: %w", id, err))
 	}
 }
 

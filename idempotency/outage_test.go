@@ -3,15 +3,21 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -89,4 +95,66 @@ func TestInTxKeepsTheClassFnGave(t *testing.T) {
 	b.startWorker(t, mux, nil)
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 30*time.Second)
 	require.Equal(t, string(retry.ClassPermanent), j.ErrorClass)
+}
+
+// A brief ledger outage (a Postgres restart, a failover) costs the jobs
+// delivered meanwhile about as long as it lasted, with the default
+// settings: each delivery the ledger could not claim waits as long as the
+// outage has lasted so far (a second at first), up to LedgerRetry, and is
+// not charged an attempt.
+func TestABriefLedgerOutageDelaysJobsAboutAsLongAsItLasts(t *testing.T) {
+	b := setup(t) // for the package's Redis database and its turn
+	ctx := context.Background()
+	pg := testenv.StartPostgres(t)
+	pool, err := pgxpool.New(ctx, pg.URL(""))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = idempotency.Migrate(ctx, pool)
+	require.NoError(t, err)
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: pool})
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error { return nil })
+	// Default guard settings: LedgerRetry 10s.
+	testenv.RunServer(t, server.Config{Redis: b.redis, Pool: pool, Concurrency: 4, ShutdownTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler)}, mux)
+	warm, err := client.Enqueue(ctx, receipt.New(order{OrderID: "outage-warm"}))
+	require.NoError(t, err)
+	testenv.WaitStatus(t, client.Store(), warm.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	const n = 4
+	var ids []string
+	for i := range n {
+		// Due in two seconds: delivered while Postgres is down.
+		res, err := client.Enqueue(ctx, receipt.New(order{OrderID: fmt.Sprint("outage-", i)}, tasks.Delay(2*time.Second)))
+		require.NoError(t, err)
+		require.True(t, res.Published)
+		ids = append(ids, res.Job.ID)
+	}
+	down := time.Now()
+	pg.Stop()
+
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	// Every job delivered, refused for the outage and put back to wait.
+	waits := map[string]time.Duration{}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		for _, id := range ids {
+			if info, err := insp.GetTaskInfo(receipt.Queue(), id); err == nil && info.State == asynq.TaskStateRetry {
+				// asynq keeps whole seconds: allow one.
+				lasted := max(info.LastFailedAt.Sub(down), time.Second)
+				waits[id] = info.NextProcessAt.Sub(info.LastFailedAt)
+				require.LessOrEqual(t, waits[id], lasted+time.Second,
+					"job %s waits %s for an outage %s old: %s", id, waits[id], lasted, info.LastErr)
+			}
+		}
+		return len(waits) == n
+	}, "the jobs were not delivered and put back during the outage")
+	pg.Start()
+	for _, id := range ids {
+		j := testenv.WaitStatus(t, idempotency.NewStore(pool), id, idempotency.StatusSucceeded, 30*time.Second)
+		require.Equal(t, 1, j.Attempts, "the outage was charged to job %s", id)
+	}
+	t.Logf("waits during the outage: %v; every job done %s after Postgres went down", waits, time.Since(down).Round(100*time.Millisecond))
 }
