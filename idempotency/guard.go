@@ -872,6 +872,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		switch res.outcome {
 		case claimFinished, claimDead:
 			g.stats.skipped.Add(1)
+			noteOutcome(ctx, OutcomeDuplicate)
 			g.cfg.Logger.Debug("keel: duplicate delivery acknowledged", "job_id", id, "status", res.status)
 			return nil
 		case claimBusy:
@@ -917,6 +918,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 				// Recorded by the person who cancelled it: acknowledged, no
 				// retry, no dead letter.
 				g.cfg.Logger.Info("keel: cancelled job's handler returned", "job_id", id, "attempt", res.attempts, "err", herr)
+				noteOutcome(ctx, OutcomeCancelled)
 				return nil
 			}
 			// The watchdog or the shutdown gave this run up and recorded its
@@ -926,6 +928,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			if herr == nil {
 				herr = ErrRunGivenUp
 			}
+			noteOutcome(ctx, OutcomeGivenUp)
 			return herr
 		}
 		// Renewed until its outcome is recorded: a completion mark that
@@ -946,6 +949,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			g.stats.interrupted.Add(1)
 			jc.state.Store(runInterrupted)
 			g.release(ctx, jc)
+			noteOutcome(ctx, OutcomeInterrupted)
 			return herr
 		}
 		if herr == nil {

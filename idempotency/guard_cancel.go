@@ -100,6 +100,7 @@ func (g *Guard) cancelledLate(ctx context.Context, jc *jobContext) bool {
 	}
 	jc.state.Store(runCancelled)
 	g.countCancelled(jc)
+	noteOutcome(ctx, OutcomeCancelled)
 	return true
 }
 

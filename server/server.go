@@ -382,7 +382,10 @@ func Recover(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 }
 
 // Log writes one structured line per attempt with the task id, kind,
-// business key, queue, attempt and duration.
+// business key, queue, attempt and duration. Its message says what keel did
+// with the delivery: done, postponed, failed, or, where the guard says so
+// (idempotency.WithOutcome), a duplicate delivery acknowledged, a job
+// cancelled, interrupted by shutdown or given up.
 func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -390,9 +393,31 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 			id, _ := asynq.GetTaskID(ctx)
 			q, _ := asynq.GetQueueName(ctx)
 			retried, _ := asynq.GetRetryCount(ctx)
+			ctx, outcome := idempotency.WithOutcome(ctx)
 			err := next.ProcessTask(ctx, t)
 			attrs := []any{"task_id", id, "kind", t.Type(), "business_key", t.Headers()[idempotency.HeaderBusinessKey],
 				"queue", q, "attempt", retried + 1, "duration", time.Since(start)}
+			withErr := func() []any {
+				if err == nil {
+					return attrs
+				}
+				return append(attrs, "err", err.Error())
+			}
+			// What the guard did, where the handler's error does not say it.
+			switch *outcome {
+			case idempotency.OutcomeDuplicate:
+				log.Info("keel: duplicate delivery acknowledged", attrs...)
+				return err
+			case idempotency.OutcomeCancelled:
+				log.Info("keel: job cancelled", withErr()...)
+				return err
+			case idempotency.OutcomeInterrupted:
+				log.Info("keel: job interrupted by shutdown", withErr()...)
+				return err
+			case idempotency.OutcomeGivenUp:
+				log.Warn("keel: job given up", withErr()...)
+				return err
+			}
 			switch {
 			case err == nil:
 				log.Info("keel: job done", attrs...)

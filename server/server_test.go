@@ -382,3 +382,94 @@ func TestAFailedJobsNextRetryIsInTheLedger(t *testing.T) {
 	// asynq keeps whole seconds.
 	require.WithinDuration(t, info.NextProcessAt, j.RunAt, 2*time.Second, "the ledger and asynq agree on the retry's time")
 }
+
+var logged = tasks.Define[order]("test:logged", tasks.Key(func(o order) string { return "logged:" + o.OrderID }))
+
+// attemptLine is the worker's per-attempt log line (server.Log) of task id:
+// its message.
+func attemptLine(log *testenv.SyncBuffer, id string, nth int) (string, bool) {
+	n := 0
+	for line := range strings.SplitSeq(log.String(), "\n") {
+		if !strings.Contains(line, "task_id="+id) {
+			continue
+		}
+		if _, msg, ok := strings.Cut(line, ` msg="`); ok {
+			if msg, _, ok = strings.Cut(msg, `"`); ok && (strings.HasPrefix(msg, "keel: job") || strings.HasPrefix(msg, "keel: duplicate")) {
+				if n++; n == nth {
+					return msg, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// The worker's line per attempt says what keel did with the delivery, not
+// what the handler returned: a run stopped because its job was cancelled is
+// not "done", a run a deploy cut short is not "failed", and a delivery of a
+// finished job, acknowledged without running anything, is not "done" again.
+func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	log := &testenv.SyncBuffer{}
+	started := make(chan string, 4)
+	mux := tasks.NewMux()
+	tasks.Handle(mux, logged, func(ctx context.Context, o order) error {
+		if o.OrderID == "quick" {
+			return nil
+		}
+		id, _ := idempotency.JobID(ctx)
+		started <- id
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	cfg := server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 4, ShutdownTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(log, nil))}
+	cfg.Guard.Lease = time.Second // the renewal finds a cancel within 200 ms
+	srv, err := server.New(cfg, mux)
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(runCtx) }()
+
+	// Cancelled while it ran, through the ledger alone: the renewal stops it.
+	cancelled, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "cancelled"}))
+	require.NoError(t, err)
+	require.Equal(t, cancelled.Job.ID, <-started)
+	_, err = b.store.Cancel(ctx, nil, cancelled.Job.ID, "tester", "log line")
+	require.NoError(t, err)
+	testenv.Eventually(t, 10*time.Second, func() bool { _, ok := attemptLine(log, cancelled.Job.ID, 1); return ok }, "no line for the cancelled run")
+	msg, _ := attemptLine(log, cancelled.Job.ID, 1)
+	require.Equal(t, "keel: job cancelled", msg)
+
+	// Finished, then delivered again (asynq's copy of it once more).
+	quick, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "quick"}))
+	require.NoError(t, err)
+	b.waitStatus(t, quick.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool { _, ok := attemptLine(log, quick.Job.ID, 1); return ok }, "no line for the quick run")
+	ac := asynq.NewClient(b.redis)
+	defer ac.Close()
+	_, err = ac.Enqueue(asynq.NewTask(logged.Name(), []byte(`{"order_id":"quick"}`)), asynq.TaskID(quick.Job.ID), asynq.Queue(quick.Job.Queue))
+	require.NoError(t, err)
+	testenv.Eventually(t, 10*time.Second, func() bool { _, ok := attemptLine(log, quick.Job.ID, 2); return ok }, "no line for the second delivery")
+	msg, _ = attemptLine(log, quick.Job.ID, 1)
+	require.Equal(t, "keel: job done", msg)
+	msg, _ = attemptLine(log, quick.Job.ID, 2)
+	require.Equal(t, "keel: duplicate delivery acknowledged", msg)
+
+	// Cut short by the worker's shutdown.
+	cut, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "cut"}))
+	require.NoError(t, err)
+	require.Equal(t, cut.Job.ID, <-started)
+	stop()
+	require.NoError(t, <-done)
+	// asynq stops waiting for a handler at its ShutdownTimeout; the
+	// handler's goroutine, and so the line, can end a moment after Run.
+	testenv.Eventually(t, 10*time.Second, func() bool { _, ok := attemptLine(log, cut.Job.ID, 1); return ok }, "no line for the run the shutdown cut")
+	msg, _ = attemptLine(log, cut.Job.ID, 1)
+	require.Equal(t, "keel: job interrupted by shutdown", msg)
+	j, err := b.store.Get(ctx, cut.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, j.Status)
+}
