@@ -1383,6 +1383,15 @@ func JobID(ctx context.Context) (string, bool) {
 	return jc.id, true
 }
 
+// Interrupted reports whether the run of ctx was cut short by its worker's
+// shutdown, as the guard judges when the handler returns: the job is then
+// released, its attempt not counted, so it is neither a success nor a
+// failure (metrics.Worker.Middleware does not count it as one).
+func Interrupted(ctx context.Context) bool {
+	jc, err := jobFrom(ctx)
+	return err == nil && jc.guard.stopping.Load() && errors.Is(context.Cause(ctx), context.Canceled)
+}
+
 // Attempt returns which attempt (1-based) of the job this run is.
 func Attempt(ctx context.Context) int {
 	jc, err := jobFrom(ctx)

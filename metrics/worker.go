@@ -153,7 +153,9 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 // Middleware counts and times every attempt. Install it innermost (in
 // server.Config.Middleware) so that it measures the handler itself, and
 // deliveries the ledger acknowledges without running anything are not
-// counted as processed.
+// counted as processed. A run stopped because its job was cancelled, or cut
+// short by the worker's shutdown, is timed but counted neither processed
+// nor failed (OnCancelled and keel_runs_interrupted_total count them).
 func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		start := time.Now()
@@ -168,6 +170,9 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		if errors.Is(err, idempotency.ErrCancelled) || errors.Is(context.Cause(ctx), idempotency.ErrCancelled) {
 			return err // stopped by a cancel, not a failure: counted by OnCancelled
+		}
+		if idempotency.Interrupted(ctx) {
+			return err // cut short by a deploy, not a failure: keel_runs_interrupted_total
 		}
 		class := w.classifier.Classify(err)
 		if class == retry.ClassWait {

@@ -14,10 +14,12 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -426,6 +428,13 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	cfg := server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 4, ShutdownTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(log, nil))}
 	cfg.Guard.Lease = time.Second // the renewal finds a cancel within 200 ms
+	// And the worker's metrics count the same: neither the cancelled run
+	// nor the interrupted one is a failed attempt (a deploy would fire the
+	// failure alerts).
+	reg := prometheus.NewRegistry()
+	wm, err := metrics.NewWorker(reg, metrics.WorkerOptions{})
+	require.NoError(t, err)
+	cfg.Middleware = append(cfg.Middleware, wm.Middleware)
 	srv, err := server.New(cfg, mux)
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
@@ -472,4 +481,16 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	j, err := b.store.Get(ctx, cut.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusPending, j.Status)
+
+	counted := map[string]float64{}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			counted[mf.GetName()] += m.GetCounter().GetValue()
+		}
+	}
+	require.Equal(t, 1.0, counted["keel_jobs_processed_total"], "attempts processed: only the quick one")
+	require.Equal(t, 1.0, counted["keel_jobs_succeeded_total"])
+	require.Zero(t, counted["keel_jobs_failed_total"], "a cancelled or interrupted run counted as a failed attempt")
 }
