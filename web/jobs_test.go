@@ -189,3 +189,20 @@ func TestJobPageSaysWhoHandlesAPendingJobNext(t *testing.T) {
 	require.True(t, published.Published)
 	require.Contains(t, v.get(t, "/jobs/"+published.Job.ID).body, "In Redis, waiting for any worker")
 }
+
+// The look-up finds a job by its business key as the ledger keeps it, spaces
+// around it included (a key may carry them), and still finds a key pasted
+// with stray spaces when no key has them.
+func TestLookupFindsAKeyWithItsSpaces(t *testing.T) {
+	b := setup(t, nil)
+	padded := b.deadJob(t, "order:send_receipt", " order:7 ", "boom")
+	plain := b.deadJob(t, "order:send_receipt", "order:8", "boom")
+	v := b.signIn(t, viewerName, viewerPassword)
+	for key, want := range map[string]string{" order:7 ": padded.ID, "order:8": plain.ID, "  order:8\t": plain.ID} {
+		res := v.get(t, "/jobs?kind=order:send_receipt&key="+url.QueryEscape(key))
+		require.Equal(t, http.StatusSeeOther, res.status, "key %q: %s", key, res.body)
+		require.Equal(t, "/jobs/"+want, res.header.Get("Location"), "key %q", key)
+	}
+	res := v.get(t, "/jobs?kind=order:send_receipt&key="+url.QueryEscape("order:7"))
+	require.Equal(t, http.StatusNotFound, res.status, "a key without its spaces is another key")
+}

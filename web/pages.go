@@ -271,7 +271,11 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	q := r.URL.Query()
-	d := lookupData{Kind: strings.TrimSpace(q.Get("kind")), Key: strings.TrimSpace(q.Get("key")), ID: strings.TrimSpace(q.Get("id"))}
+	// A business key may begin or end with spaces: it is looked up as
+	// given, and trimmed only when no key is so (one pasted with stray
+	// spaces).
+	rawKey := q.Get("key")
+	d := lookupData{Kind: strings.TrimSpace(q.Get("kind")), Key: strings.TrimSpace(rawKey), ID: strings.TrimSpace(q.Get("id"))}
 	var j idempotency.Job
 	var err error
 	switch {
@@ -282,7 +286,10 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 		}
 		j, err = s.store.Get(ctx, id)
 	case d.Kind != "" && d.Key != "":
-		j, err = s.store.Lookup(ctx, d.Kind, d.Key)
+		j, err = s.store.Lookup(ctx, d.Kind, rawKey)
+		if errors.Is(err, idempotency.ErrNotFound) && rawKey != d.Key {
+			j, err = s.store.Lookup(ctx, d.Kind, d.Key)
+		}
 	case d.Key != "":
 		s.render(w, r, http.StatusBadRequest, "lookup", view{Title: "Look up a job", Nav: "lookup",
 			Error: "give both the kind and the business key", Data: d})
@@ -294,6 +301,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case errors.Is(err, idempotency.ErrNotFound):
+		d.Key = rawKey // the form shows the key as it was given
 		msg := fmt.Sprintf("no job with kind %q and business key %q", d.Kind, d.Key)
 		if d.ID != "" {
 			msg = fmt.Sprintf("no job with id %q", d.ID)
