@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -165,7 +166,29 @@ func New(app App) *cobra.Command {
 		root.AddCommand(app.Commands(e)...)
 	}
 	markUsageErrors(root)
+	nameCommands(root, app.name())
 	return root
+}
+
+// keelCommand matches "keel <one of its commands>" in a command's help.
+var keelCommand = regexp.MustCompile("(^|[^\\w./-])keel (" + commandWords + ")\\b")
+
+// commandWords are keel's own commands, as a regular expression.
+const commandWords = "migrate|worker|relay|enqueue|status|ledger|dead|cancel|batch|web|scheduler|healthcheck|version"
+
+// nameCommands puts the program's own name in the commands its help tells
+// a person to run: a program built with this package under another name has
+// no `keel dead replay`.
+func nameCommands(c *cobra.Command, name string) {
+	if name == "keel" {
+		return
+	}
+	for _, text := range []*string{&c.Short, &c.Long, &c.Example} {
+		*text = keelCommand.ReplaceAllString(*text, "${1}"+name+" $2")
+	}
+	for _, sub := range c.Commands() {
+		nameCommands(sub, name)
+	}
 }
 
 // groupAnnotation marks a command that only groups others (markUsageErrors).

@@ -9,10 +9,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -468,7 +470,7 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 
 	_, stderr, err := greeter(t, "", "dead", "replay", ids[0])
 	require.Error(t, err)
-	require.Contains(t, stderr, "keel dead resolve")
+	require.Contains(t, stderr, "greeter dead resolve")
 	out, _, err := greeter(t, "", "dead", "replay", ids[0], "--dry-run")
 	require.Error(t, err, "a dry run fails where the replay would")
 	require.Contains(t, out, "would fail: ")
@@ -476,7 +478,7 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	out, _, err = greeter(t, "", "dead", "show", ids[0])
 	require.NoError(t, err)
 	require.Contains(t, out, "in doubt")
-	require.Contains(t, out, "keel dead resolve "+ids[0]+" charge")
+	require.Contains(t, out, "greeter dead resolve "+ids[0]+" charge")
 
 	for _, args := range [][]string{
 		{"dead", "resolve", ids[0], "charge"},
@@ -545,7 +547,7 @@ func TestJobTextCannotDriveTheTerminal(t *testing.T) {
 	out, _, err := greeter(t, "", "dead", "show", j.ID)
 	require.NoError(t, err)
 	require.Contains(t, out, "say which on the job's dashboard page", "a step name that would drive the terminal is not offered as a command")
-	require.Contains(t, out, "keel dead resolve "+j.ID+" 'two words' --happened")
+	require.Contains(t, out, "greeter dead resolve "+j.ID+" 'two words' --happened")
 	// A refused replay names the step in doubt, on stderr.
 	_, stderr, err := greeter(t, "", "dead", "replay", j.ID)
 	require.Error(t, err)
@@ -585,7 +587,7 @@ func TestEnqueueSaysWhatExistingJobsKeep(t *testing.T) {
 	out, _, err = greeter(t, "", "enqueue", "cli:greet", "k1", "--payload", `{"name": "a"}`)
 	require.NoError(t, err)
 	require.Contains(t, out, "already existed (status dead")
-	require.Contains(t, out, "keel dead replay")
+	require.Contains(t, out, "greeter dead replay")
 	out, _, err = greeter(t, `{"kind": "cli:greet", "key": "k1", "payload": {"name": "a"}}`, "enqueue", "--from", "-")
 	require.NoError(t, err)
 	require.Contains(t, out, "1 of them are dead jobs, which stay dead")
@@ -733,4 +735,43 @@ func TestWebStartUpMistakes(t *testing.T) {
 	_, stderr, err := greeter(t, "", "web", "--addr", taken.Addr().String())
 	require.ErrorContains(t, err, "address already in use")
 	require.NotContains(t, stderr, "password", "a password for a server that never started")
+}
+
+// keelCommand matches "keel <one of its commands>" in text a person reads.
+var keelCommand = regexp.MustCompile("(^|[^\\w./-])keel (migrate|worker|relay|enqueue|status|ledger|dead|cancel|batch|web|scheduler|healthcheck|version)\\b")
+
+// A program built with this package under its own name says its own name in
+// its help and in the commands it tells a person to run next, not keel's:
+// "keel dead replay" does not exist on a machine that has only "greeter".
+func TestHelpAndHintsNameTheProgram(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, text := range []string{c.Short, c.Long, c.Example} {
+			require.NotRegexp(t, keelCommand, text, "the help of %q", c.CommandPath())
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(cli.New(testApp()))
+	out, _, err := greeter(t, "", "status", "--help")
+	require.NoError(t, err)
+	require.Contains(t, out, "greeter status order:send_receipt order:123")
+
+	// Its hints: a dead job enqueued again, and a dead job's step in doubt.
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	j := enqueueGreet(t, "dead-hint")
+	_, err = pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'dead', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(), `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'started')`, j.ID)
+	require.NoError(t, err)
+	out, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "dead-hint"}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "greeter dead show "+j.ID)
+	require.NotRegexp(t, keelCommand, out)
+	out, _, err = greeter(t, "", "status", "--id", j.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "greeter dead resolve "+j.ID+" mail")
+	require.NotRegexp(t, keelCommand, out)
 }

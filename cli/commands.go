@@ -369,7 +369,7 @@ func statusCmd(e *Env) *cobra.Command {
 			if e.JSON() {
 				return printJSON(cmd.OutOrStdout(), toStatusJSON(job, steps))
 			}
-			printStatus(cmd.OutOrStdout(), job, steps)
+			printStatus(cmd.OutOrStdout(), e.app.name(), job, steps)
 			return nil
 		},
 	}
@@ -429,7 +429,9 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 	return out
 }
 
-func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord) {
+// printStatus writes job j and its steps for a person; prog is this
+// program's name, in the commands it suggests.
+func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotency.StepRecord) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
@@ -474,7 +476,7 @@ func printStatus(w io.Writer, j idempotency.Job, steps []idempotency.StepRecord)
 	for _, s := range steps {
 		switch {
 		case s.Status == "started" && j.Status == idempotency.StatusDead:
-			how := fmt.Sprintf("say which with: keel dead resolve %s %s --happened | --not-happened", j.ID, shellWord(s.Name))
+			how := fmt.Sprintf("say which with: %s dead resolve %s %s --happened | --not-happened", prog, j.ID, shellWord(s.Name))
 			if strings.ContainsFunc(s.Name, visible.Hidden) {
 				how = "say which on the job's dashboard page (the step's name has characters a terminal would act on)"
 			}

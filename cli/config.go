@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -341,6 +342,20 @@ func (e *Env) Ledger(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, e.migrateHint(err)
 	}
 	return pool, nil
+}
+
+// quotedKeelCommand matches a keel command a message quotes for a person
+// to run (`keel dead resolve`).
+var quotedKeelCommand = regexp.MustCompile("`keel (" + commandWords + ")\\b")
+
+// own names this program, not keel, in the commands msg quotes: a program
+// built with this package under its own name has no `keel dead resolve`.
+func (e *Env) own(msg string) string {
+	name := e.app.name()
+	if name == "keel" {
+		return msg
+	}
+	return quotedKeelCommand.ReplaceAllString(msg, "`"+name+" $1")
 }
 
 // migrateHint names this program in the ledger's "run `keel migrate`": a

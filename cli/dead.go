@@ -280,7 +280,7 @@ func deadShowCmd(e *Env) *cobra.Command {
 				}
 				return printJSON(out, map[string]any{"job": toStatusJSON(j, steps), "audit": a})
 			}
-			printStatus(out, j, steps)
+			printStatus(out, e.app.name(), j, steps)
 			for _, x := range audit {
 				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), x.Action, x.Actor, x.Note)
 			}
@@ -397,9 +397,10 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					ids = would
 				}
 				failing := 0
-				for _, r := range skipped {
+				for i, r := range skipped {
 					if r.Error != "" {
 						failing++
+						skipped[i].Error = e.own(r.Error)
 					}
 				}
 				if e.JSON() {
@@ -447,9 +448,9 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				switch {
 				case err != nil:
 					failed++
-					r.Error = err.Error()
+					r.Error = e.own(err.Error())
 					bar.clear()
-					fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %v", action, id, err)))
+					fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %s", action, id, r.Error)))
 				case r.Unchanged != "":
 					unchanged++
 					if !e.JSON() {

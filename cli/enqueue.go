@@ -228,7 +228,7 @@ first job is enqueued.`,
 				}
 				fmt.Fprintf(out, "job %s %s (status %s, queue %s, business key %s)\n", r.ID, state, r.Status, r.Queue, r.BusinessKey)
 				if r.Existed && r.Status == string(idempotency.StatusDead) {
-					fmt.Fprintf(out, "it is dead: keel dead show %s says why, keel dead replay %s runs it again\n", r.ID, r.ID)
+					fmt.Fprintf(out, "it is dead: %[1]s dead show %[2]s says why, %[1]s dead replay %[2]s runs it again\n", e.app.name(), r.ID)
 				}
 				return nil
 			}
@@ -246,7 +246,7 @@ first job is enqueued.`,
 				fmt.Fprintf(out, "%d of them existed with another payload, which the job keeps (--json names them)\n", differs)
 			}
 			if dead > 0 {
-				fmt.Fprintf(out, "%d of them are dead jobs, which stay dead: keel dead replay runs them again\n", dead)
+				fmt.Fprintf(out, "%d of them are dead jobs, which stay dead: %s dead replay runs them again\n", dead, e.app.name())
 			}
 			return nil
 		},
