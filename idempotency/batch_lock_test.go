@@ -307,7 +307,8 @@ func TestLeaseRenewalDoesNotWaitForLockedRows(t *testing.T) {
 
 // A transaction that holds a batch's row (a producer adding members, and
 // slow to commit) stalls only the completions of that batch's members:
-// the worker's other claims and completions go on meanwhile.
+// the worker's other claims and completions go on meanwhile, other
+// batches' members' included.
 func TestAHeldBatchRowStallsOnlyItsMembersCompletions(t *testing.T) {
 	b := setup(t)
 	batchTables(t, b)
@@ -338,6 +339,15 @@ func TestAHeldBatchRowStallsOnlyItsMembersCompletions(t *testing.T) {
 	other, err := b.client.Enqueue(ctx, unrelated.New(order{OrderID: "unrelated"}))
 	require.NoError(t, err)
 	b.waitStatus(t, other.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	// Another batch's members, one completed by the guard's round and one
+	// by its InTx (which moves the batch's counters in its own transaction).
+	batch2, err := b.client.NewBatch(ctx, tasks.BatchSpec{Description: "free"})
+	require.NoError(t, err)
+	for _, mode := range []string{"noop", "intx"} {
+		m2, err := b.client.Enqueue(ctx, batchMember.New(member{Key: "free-" + mode, Mode: mode}, tasks.InBatch(batch2.ID)))
+		require.NoError(t, err)
+		b.waitStatus(t, m2.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	}
 	j, err := b.store.Get(ctx, m.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusRunning, j.Status, "the member's completion cannot land while the row is held")

@@ -15,7 +15,7 @@ func (g *Guard) ClaimForTest(ctx context.Context, id string) (ClaimedRun, error)
 	if res.err == nil && res.outcome != claimed {
 		return ClaimedRun{}, ErrLeaseHeld
 	}
-	return ClaimedRun{ID: id, Attempt: res.attempts, inBatch: res.inBatch}, res.err
+	return ClaimedRun{ID: id, Attempt: res.attempts, inBatch: res.batchID != ""}, res.err
 }
 
 // CompleteRoundForTest runs one round that marks runs succeeded, in the

@@ -229,10 +229,11 @@ type Guard struct {
 	cfg   GuardConfig
 
 	ledger *batch.Batcher[ledgerReq] // claims and completions, in shared rounds
-	// members completes batch members, in rounds of their own: each waits
-	// for its batch's row, which a producer adding members holds until it
-	// commits, and claims must not wait with it.
-	members *batch.Batcher[ledgerReq]
+	// members completes batch members, in rounds of their own for each
+	// batch: each waits for its batch's row, which a producer adding
+	// members holds until it commits, and neither claims nor other
+	// batches' members must wait with it.
+	members *memberRounds
 
 	mu      sync.Mutex
 	running map[*jobContext]struct{}
@@ -343,7 +344,7 @@ func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{})}
 	g.tracer = tracing.New(cfg.TracerProvider)
 	g.ledger = batch.New(DefaultBatchLoops, cfg.BatchSize, ErrGuardClosed, g.runRound)
-	g.members = batch.New(1, cfg.BatchSize, ErrGuardClosed, g.runRound)
+	g.members = &memberRounds{open: map[string]*memberBatch{}, size: cfg.BatchSize, run: g.runRound}
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopRenew = cancel
 	go g.renewLoop(ctx)
@@ -427,7 +428,7 @@ const (
 type claimResult struct {
 	outcome    claimOutcome
 	attempts   int
-	inBatch    bool // the job is a batch member: its completion moves the batch's counters
+	batchID    string // the job's batch, if it is a member: its completion moves the batch's counters
 	maxRetry   int
 	waited     time.Duration
 	maxWait    time.Duration
@@ -454,12 +455,12 @@ type ledgerReq struct {
 // (a handler's InTx, a relay): those are reported busy and looked at again
 // later, so one long transaction cannot stall every other claim behind it.
 // A job never appears in both lists (runRound sees to it): a statement may
-// not update one row twice. A claim's last column says whether the job is a
-// batch member.
+// not update one row twice. A claim's last column is the job's batch, if
+// it is a batch member.
 const roundSQL = roundCTEs + `
-SELECT id, 0, 0, 0::bigint, 0::bigint, false FROM done
+SELECT id, 0, 0, 0::bigint, 0::bigint, '' FROM done
 UNION ALL
-SELECT id, attempts, max_retry, waited_ms, max_wait_ms, batch_id IS NOT NULL FROM c`
+SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, '') FROM c`
 
 // roundBatchSQL is roundSQL for a round that completes batch members. Each
 // member's trigger updates its batch's row, at the end of the statement, in
@@ -472,9 +473,9 @@ locked AS (
 	SELECT id FROM keel_batches
 	WHERE id = ANY (ARRAY (SELECT batch_id FROM done WHERE batch_id IS NOT NULL))
 	ORDER BY id FOR UPDATE)
-SELECT id, 0, 0, 0::bigint, 0::bigint, false FROM done WHERE (SELECT count(*) FROM locked) >= 0
+SELECT id, 0, 0, 0::bigint, 0::bigint, '' FROM done WHERE (SELECT count(*) FROM locked) >= 0
 UNION ALL
-SELECT id, attempts, max_retry, waited_ms, max_wait_ms, batch_id IS NOT NULL FROM c`
+SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, '') FROM c`
 
 const roundCTEs = `WITH done AS (
 	UPDATE keel_jobs j SET status = 'succeeded', lease_holder = NULL,
@@ -609,8 +610,8 @@ func (g *Guard) round(ctx context.Context, sql string, completing map[string]boo
 		var id string
 		var attempts, maxRetry int
 		var waited, maxWait int64
-		var inBatch bool
-		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &inBatch); err != nil {
+		var batchID string
+		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID); err != nil {
 			return nil, nil, err
 		}
 		if completing[id] {
@@ -618,7 +619,7 @@ func (g *Guard) round(ctx context.Context, sql string, completing map[string]boo
 		} else {
 			results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning,
 				waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond,
-				inBatch: inBatch}
+				batchID: batchID}
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -697,10 +698,14 @@ func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
 func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
 	out := make(chan error, 1)
 	b := g.ledger
-	if jc.inBatch {
-		b = g.members
+	if jc.batchID != "" {
+		var err error
+		if b, err = g.members.acquire(jc.batchID); err != nil {
+			return err
+		}
+		defer g.members.release(jc.batchID)
 	}
-	if err := b.Submit(ctx, ledgerReq{id: jc.id, attempt: jc.attempt, inBatch: jc.inBatch, complete: true, doneOut: out}); err != nil {
+	if err := b.Submit(ctx, ledgerReq{id: jc.id, attempt: jc.attempt, inBatch: jc.batchID != "", complete: true, doneOut: out}); err != nil {
 		return err
 	}
 	select {
@@ -888,7 +893,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		g.stats.claimed.Add(1)
 
-		jc := &jobContext{guard: g, id: id, attempt: res.attempts, inBatch: res.inBatch, kind: t.Type(), queue: queueName(ctx)}
+		jc := &jobContext{guard: g, id: id, attempt: res.attempts, batchID: res.batchID, kind: t.Type(), queue: queueName(ctx)}
 		noteRun(ctx, jc)
 		hctx, cancel := context.WithCancelCause(withJob(ctx, jc))
 		defer cancel(nil)
@@ -1320,7 +1325,7 @@ type jobContext struct {
 	guard         *Guard
 	id            string
 	attempt       int
-	inBatch       bool
+	batchID       string // its batch, if it is a member
 	kind, queue   string
 	completed     atomic.Bool
 	commitInDoubt atomic.Bool
@@ -1466,4 +1471,65 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	}
 	jc.completed.Store(true)
 	return nil
+}
+
+// memberRounds completes batch members in rounds of their own, one batcher
+// per batch with completions waiting, closed once none waits.
+type memberRounds struct {
+	mu     sync.Mutex
+	open   map[string]*memberBatch
+	closed bool
+	size   int
+	run    func(ctx context.Context, reqs []ledgerReq)
+}
+
+type memberBatch struct {
+	b     *batch.Batcher[ledgerReq]
+	users int
+}
+
+// acquire returns batch id's batcher; release it once its completion is
+// answered.
+func (m *memberRounds) acquire(id string) (*batch.Batcher[ledgerReq], error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrGuardClosed
+	}
+	mb := m.open[id]
+	if mb == nil {
+		mb = &memberBatch{b: batch.New(1, m.size, ErrGuardClosed, m.run)}
+		m.open[id] = mb
+	}
+	mb.users++
+	return mb.b, nil
+}
+
+func (m *memberRounds) release(id string) {
+	m.mu.Lock()
+	mb := m.open[id]
+	if mb == nil { // closed meanwhile
+		m.mu.Unlock()
+		return
+	}
+	if mb.users--; mb.users > 0 {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.open, id)
+	m.mu.Unlock()
+	mb.b.Close()
+}
+
+// Close stops every batch's rounds; completions asked for later fail with
+// ErrGuardClosed.
+func (m *memberRounds) Close() {
+	m.mu.Lock()
+	m.closed = true
+	open := m.open
+	m.open = nil
+	m.mu.Unlock()
+	for _, mb := range open {
+		mb.b.Close()
+	}
 }
