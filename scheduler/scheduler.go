@@ -423,9 +423,13 @@ func (e Entry) Options() []tasks.Option {
 	return opts
 }
 
-// task is what the entry enqueues under key.
+// task is what the entry enqueues under key. A tick's key dedupes for as
+// long as the ledger keeps its job, whatever window the kind's tasks.Unique
+// sets: a scheduler catching up a tick that already ran (its keel_schedule
+// row stale, or another scheduler's) must find that job, not run the tick
+// again.
 func (e Entry) task(key string) *tasks.Task {
-	return tasks.NewRaw(e.Kind, e.Payload, key, e.Options()...)
+	return tasks.NewRaw(e.Kind, e.Payload, key, append(e.Options(), tasks.Unique(0))...)
 }
 
 func (r *run) enqueue(ctx context.Context, e compiled, tick time.Time) error {

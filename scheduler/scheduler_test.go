@@ -13,6 +13,7 @@ import (
 
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/scheduler"
+	"github.com/keeljobs/keel/tasks"
 )
 
 func everySecond(name string) scheduler.Entry {
@@ -314,4 +315,41 @@ func TestDowntimeBeforeTheFirstTickIsKnown(t *testing.T) {
 	b.start(t, scheduler.Config{Entries: entries, Clock: clock})
 	clock.waitSleeping(t)
 	require.Equal(t, []time.Time{minute(3)}, b.ticks(t, "young"), "the most recent missed tick caught up")
+}
+
+var uniqueTick = tasks.Define[tickPayload]("test:scheduler_unique_tick", tasks.Unique(time.Second),
+	tasks.Key(func(p tickPayload) string { return p.Note }))
+
+// A tick is one job for as long as the ledger keeps it, even of a kind whose
+// tasks.Unique window lets a finished job's key be enqueued anew: a
+// scheduler that catches up a tick already run (keel_schedule's writes
+// lost, or two schedulers) finds it, instead of running it again.
+func TestATickOfAKindWithAUniqueWindowRunsOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	entries := []scheduler.Entry{{Name: "unique", Spec: "@every 1m", Kind: uniqueTick.Name()}}
+	clock := newFakeClock(t0)
+	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
+	for m := 1; m <= 3; m++ {
+		clock.waitSleeping(t)
+		clock.Set(minute(m))
+		clock.waitSleeping(t)
+	}
+	a.stop()
+	// The ticks ran, long ago: past the kind's window.
+	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now(),
+		created_at = now() - interval '1 hour' WHERE kind = $1`, uniqueTick.Name())
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_schedule SET last_tick = $1 WHERE entry = 'unique'`, minute(0))
+	require.NoError(t, err)
+
+	clock = newFakeClock(minute(3).Add(30 * time.Second))
+	again := b.start(t, scheduler.Config{Entries: entries, Clock: clock, MaxCatchUp: 5})
+	clock.waitSleeping(t)
+	require.Equal(t, scheduler.Stats{Existed: 3}, again.Stats(), "ticks 1-3 caught up again and found in the ledger")
+	var jobs, superseded int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*), count(superseded_at) FROM keel_jobs WHERE kind = $1`,
+		uniqueTick.Name()).Scan(&jobs, &superseded))
+	require.Equal(t, 3, jobs, "jobs of three ticks")
+	require.Zero(t, superseded)
 }
