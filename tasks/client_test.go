@@ -2,6 +2,7 @@ package tasks_test
 
 import (
 	"context"
+	"fmt"
 	"encoding/json"
 	"errors"
 	"io"
@@ -366,5 +367,25 @@ func TestEnqueueWithoutPayload(t *testing.T) {
 		j, err := b.store.Get(ctx, id)
 		require.NoError(t, err)
 		require.Empty(t, j.Payload)
+	}
+}
+
+// asynq keeps a task's timeout in whole seconds: a timeout that is not one is
+// rounded up, never down — 800 ms truncated to 0 would be no timeout at all
+// (asynq's 30 minutes), and 1.9 s would cut the handler off at 1 s.
+func TestATimeoutIsRoundedUpToWholeSeconds(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	for i, c := range []struct{ timeout, asynq time.Duration }{
+		{800 * time.Millisecond, time.Second},
+		{1900 * time.Millisecond, 2 * time.Second},
+		{3 * time.Second, 3 * time.Second},
+	} {
+		res, err := b.client.Enqueue(ctx, sendReceipt.New(receipt{OrderID: fmt.Sprint("timeout-", i)}, tasks.Timeout(c.timeout)))
+		require.NoError(t, err)
+		require.Equal(t, c.timeout, res.Job.Timeout, "the ledger keeps the timeout given")
+		info, err := b.insp.GetTaskInfo(res.Job.Queue, res.Job.ID)
+		require.NoError(t, err)
+		require.Equal(t, c.asynq, info.Timeout, "Timeout(%s) in asynq", c.timeout)
 	}
 }

@@ -52,7 +52,8 @@ func Queue(q string) Option { return optionFunc(func(s *settings) { s.queue = q 
 // MaxRetry bounds how many times a job is retried after its first attempt.
 func MaxRetry(n int) Option { return optionFunc(func(s *settings) { s.maxRetry = &n }) }
 
-// Timeout bounds one attempt; the handler's context is cancelled after d.
+// Timeout bounds one attempt; the handler's context is cancelled after d,
+// rounded up to a whole second (asynq keeps timeouts in seconds).
 func Timeout(d time.Duration) Option { return optionFunc(func(s *settings) { s.timeout = d }) }
 
 // MaxWait is the ceiling on the total time a job may spend waiting (rate
