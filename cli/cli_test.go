@@ -774,4 +774,16 @@ func TestHelpAndHintsNameTheProgram(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "greeter dead resolve "+j.ID+" mail")
 	require.NotRegexp(t, keelCommand, out)
+
+	// A step its handler can Verify: a replay settles it.
+	v := enqueueGreet(t, "verifiable")
+	_, err = pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'dead', finished_at = now() WHERE id = $1`, v.ID)
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(), `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'mail', 'started', true)`, v.ID)
+	require.NoError(t, err)
+	out, _, err = greeter(t, "", "status", "--id", v.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "its handler's Verify settles it when the job runs again: greeter dead replay "+v.ID)
+	_, _, err = greeter(t, "", "dead", "replay", v.ID)
+	require.NoError(t, err)
 }

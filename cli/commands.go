@@ -477,7 +477,10 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 		switch {
 		case s.Status == "started" && j.Status == idempotency.StatusDead:
 			how := fmt.Sprintf("say which with: %s dead resolve %s %s --happened | --not-happened", prog, j.ID, shellWord(s.Name))
-			if strings.ContainsFunc(s.Name, visible.Hidden) {
+			switch {
+			case s.Verifiable:
+				how = fmt.Sprintf("its handler's Verify settles it when the job runs again: %s dead replay %s", prog, j.ID)
+			case strings.ContainsFunc(s.Name, visible.Hidden):
 				how = "say which on the job's dashboard page (the step's name has characters a terminal would act on)"
 			}
 			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s); %s",

@@ -102,7 +102,8 @@ func (s *Store) CheckReplay(ctx context.Context, id string) (ReplayResult, error
 
 // replayable is Replay's verdict on j: it refuses a job superseded,
 // discarded or cancelled, one whose effects committed, and one with steps
-// in doubt; a job no longer dead otherwise has nothing to replay.
+// in doubt that no Verify can settle (a person says first); a job no
+// longer dead otherwise has nothing to replay.
 func replayable(ctx context.Context, db DB, j Job) (ReplayResult, error) {
 	switch {
 	case j.Status == StatusDead && j.SupersededAt != nil:
@@ -117,7 +118,7 @@ func replayable(ctx context.Context, db DB, j Job) (ReplayResult, error) {
 	if j.EffectsCommittedAt != nil {
 		return ReplayResult{}, fmt.Errorf("%w (job %s)", ErrEffectsCommitted, j.ID)
 	}
-	rows, err := db.Query(ctx, `SELECT name FROM keel_steps WHERE job_id = $1 AND status = 'started' ORDER BY name`, j.ID)
+	rows, err := db.Query(ctx, `SELECT name FROM keel_steps WHERE job_id = $1 AND status = 'started' AND NOT verifiable ORDER BY name`, j.ID)
 	if err != nil {
 		return ReplayResult{}, interpretError(err)
 	}

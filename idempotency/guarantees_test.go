@@ -807,3 +807,47 @@ func TestPanickingHooksDoNotUndoADeathOrStopTheWorker(t *testing.T) {
 	require.Equal(t, idempotency.StatusCancelled, j.Status)
 	require.Contains(t, log.String(), "metrics registry gone")
 }
+
+var lastTryDoubt = tasks.Define[order]("test:last_try_doubt", tasks.MaxRetry(0), tasks.Key(func(o order) string { return "order:" + o.OrderID }))
+
+// A step whose call ended in doubt on the job's last attempt, and whose
+// handler can Verify it, does not need a person to say whether the call
+// happened: the dead letter says that a replay settles it, and a replay is
+// allowed; the replayed run asks Verify first and does not call again when
+// the call did happen. (A step without Verify still waits for a person.)
+func TestAStepInDoubtWithVerifyOnTheLastAttemptIsSettledByAReplay(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls, verifies atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, lastTryDoubt, func(ctx context.Context, o order) error {
+		return idempotency.Step(ctx, "call", func(context.Context, string) error {
+			// The call went through; its answer was lost.
+			calls.Add(1)
+			return errors.New("connection reset by peer")
+		}, idempotency.Verify(func(context.Context, string) (bool, error) {
+			verifies.Add(1)
+			return calls.Load() > 0, nil
+		}))
+	})
+	b.startWorker(t, mux, nil)
+	res, err := b.client.Enqueue(ctx, lastTryDoubt.New(order{OrderID: "doubt-last"}))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
+	require.NotContains(t, j.LastError, "on the next attempt", "there is no next attempt")
+	require.Contains(t, j.LastError, "replay")
+	steps, err := b.store.Steps(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Len(t, steps, 1)
+	require.Equal(t, "started", steps[0].Status)
+	require.True(t, steps[0].Verifiable)
+
+	_, err = b.store.Replay(ctx, nil, res.Job.ID, "ops", "Verify settles it")
+	require.NoError(t, err, "a replay of a job whose step in doubt has Verify")
+	j = b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.EqualValues(t, 1, calls.Load(), "the call was made again")
+	require.EqualValues(t, 1, verifies.Load())
+	steps, err = b.store.Steps(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "done", steps[0].Status)
+}

@@ -88,6 +88,9 @@ type StepRecord struct {
 	Calls      int
 	StartedAt  time.Time
 	FinishedAt *time.Time
+	// Verifiable: the run that started the step could Verify it, so a
+	// replay settles the step in doubt without a person (ResolveStep).
+	Verifiable bool
 }
 
 const jobColumns = `id, kind, business_key, queue, payload, status, attempts, max_retry,

@@ -97,9 +97,9 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	err = pool.QueryRow(ctx, `WITH lease AS (
 			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND attempts = $4),
 		ins AS (
-			INSERT INTO keel_steps (job_id, name, status) SELECT $1, $2, 'started' FROM lease
+			INSERT INTO keel_steps (job_id, name, status, verifiable) SELECT $1, $2, 'started', $5 FROM lease
 			ON CONFLICT (job_id, name) DO NOTHING RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.attempt).Scan(&leased, &fresh)
+		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.attempt, cfg.verify != nil).Scan(&leased, &fresh)
 	if err != nil {
 		return zero, jc.refused(ctx, interpretError(err))
 	}
@@ -143,7 +143,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 			}
 			return zero, nil
 		}
-		tag, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now()
+		tag, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now(), verifiable = true
 			WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt)
 		if err != nil {
 			return zero, interpretError(err)
@@ -311,7 +311,7 @@ func inDoubtError(jobID, name string, err error, verify bool) error {
 		}
 		return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jobID, err))
 	}
-	d := doubt(fmt.Sprintf("keel: step %q of job %s is in doubt, verified on the next attempt", name, jobID), err)
+	d := doubt(fmt.Sprintf("keel: step %q of job %s is in doubt; Verify settles it when the job runs again (its next attempt, or a replay if it dies)", name, jobID), err)
 	if e, ok := retry.Marked(err); ok && (e.Class == retry.ClassTransient || e.Class == retry.ClassWait) {
 		return d
 	}

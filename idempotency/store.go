@@ -286,14 +286,14 @@ func (s *Store) Lookup(ctx context.Context, kind, businessKey string) (Job, erro
 
 // Steps returns the recorded steps of a job in the order they started.
 func (s *Store) Steps(ctx context.Context, jobID string) ([]StepRecord, error) {
-	rows, err := s.pool.Query(ctx, `SELECT job_id, name, status, result, calls, started_at, finished_at
+	rows, err := s.pool.Query(ctx, `SELECT job_id, name, status, result, calls, started_at, finished_at, verifiable
 		FROM keel_steps WHERE job_id = $1 ORDER BY started_at, name`, jobID)
 	if err != nil {
 		return nil, interpretError(err)
 	}
 	steps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRecord, error) {
 		var st StepRecord
-		err := r.Scan(&st.JobID, &st.Name, &st.Status, &st.Result, &st.Calls, &st.StartedAt, &st.FinishedAt)
+		err := r.Scan(&st.JobID, &st.Name, &st.Status, &st.Result, &st.Calls, &st.StartedAt, &st.FinishedAt, &st.Verifiable)
 		return st, err
 	})
 	return steps, interpretError(err)

@@ -19,9 +19,10 @@ import (
 )
 
 // statusInDoubt is the jobs list's filter for jobs waiting on a person's
-// verdict about a step: a step started and never recorded done on a job
-// that is not running (a running job's started step is a call in
-// progress), or a dead job whose error says it is in doubt.
+// verdict about a step: a step started and never recorded done, which no
+// Verify of its handler can settle, on a job that is not running (a
+// running job's started step is a call in progress), or a dead job whose
+// error says it is in doubt.
 const statusInDoubt = "in-doubt"
 
 var listStatuses = []string{
@@ -135,7 +136,7 @@ func listJobs(ctx context.Context, db interface {
 	case "":
 	case statusInDoubt:
 		conds = append(conds, `j.status IN ('pending', 'failed', 'dead') AND (EXISTS (SELECT 1 FROM keel_steps s
-			WHERE s.job_id = j.id AND s.status = 'started') OR (j.status = 'dead' AND
+			WHERE s.job_id = j.id AND s.status = 'started' AND NOT s.verifiable) OR (j.status = 'dead' AND
 			position(`+arg(idempotency.ErrInDoubt.Error())+` in coalesce(j.last_error, '')) > 0))`)
 	default:
 		conds = append(conds, "j.status = "+arg(f.Status))

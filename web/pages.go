@@ -365,7 +365,8 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 		return
 	}
 	for _, st := range d.Steps {
-		if st.Status == "started" {
+		// A step its handler can Verify is settled by a replay.
+		if st.Status == "started" && !st.Verifiable {
 			d.InDoubt = true
 		}
 	}

@@ -229,6 +229,26 @@ func TestResolveAStepInDoubt(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, res.status)
 }
 
+// A step in doubt whose handler can Verify it does not wait for a person:
+// the page says a replay settles it, and the replay is allowed.
+func TestAVerifiableStepInDoubtIsSettledByAReplay(t *testing.T) {
+	b := setup(t, nil)
+	j := b.deadJob(t, "order:send_receipt", "order:1", "in doubt; Verify settles it when the job runs again")
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'mail', 'started', true)`, j.ID)
+	require.NoError(t, err)
+	op := b.signIn(t, operatorName, operatorPassword)
+	require.Empty(t, listed(t, op, "/jobs?status=in-doubt"), "waiting on no person's word")
+	page := op.get(t, "/jobs/"+j.ID)
+	require.NotContains(t, page.body, "A step is in doubt")
+	require.NotContains(t, page.body, `id="replay" disabled`)
+	require.Contains(t, page.body, "Verify settles it when the job runs again")
+	res := op.post(t, "/jobs/"+j.ID+"/replay", url.Values{"csrf": {op.token(t)}})
+	require.Equal(t, http.StatusSeeOther, res.status, res.body)
+	got, err := b.store.Get(t.Context(), j.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, got.Status)
+}
+
 // A job whose completing InTx committed before its handler failed shows
 // why it cannot be replayed, and a replay posted anyway is refused.
 func TestJobWithCommittedEffectsIsNotReplayable(t *testing.T) {
