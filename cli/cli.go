@@ -121,7 +121,7 @@ func (k Kind) Name() string { return k.name }
 
 // KindOf declares k to the program: `enqueue` decodes a payload given for
 // it into P (refusing fields P does not have) and takes its business key
-// from the kind's Key when none is given.
+// from the kind's Key; a key typed that differs from it is refused.
 func KindOf[P any](k *tasks.Kind[P]) Kind {
 	return Kind{name: k.Name(), queue: k.Queue(), task: func(payload []byte, key string, opts []tasks.Option) (*tasks.Task, error) {
 		var p P

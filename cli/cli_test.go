@@ -55,7 +55,19 @@ func testApp() cli.App {
 // package's schema and Redis database; stdout and stderr apart.
 func greeter(t *testing.T, stdin string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	root := cli.New(testApp())
+	return runApp(t, testApp(), stdin, args...)
+}
+
+// keelApp is greeter for a program that declares no kinds, as keel itself:
+// it takes a business key as given.
+func keelApp(t *testing.T, stdin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	return runApp(t, cli.App{Name: "keel"}, stdin, args...)
+}
+
+func runApp(t *testing.T, app cli.App, stdin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	root := cli.New(app)
 	var out, errb bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&errb)
@@ -109,8 +121,9 @@ func TestEnqueueInputs(t *testing.T) {
 	require.JSONEq(t, `{"name":"bob"}`, string(j.Payload))
 	_, _, err = greeter(t, "", "enqueue", "cli:greet", "--payload-file", file, "--payload", "{}")
 	require.ErrorContains(t, err, "not both")
-	// The same key with another payload: the job keeps its first, and says so.
-	out, _, err = greeter(t, "", "enqueue", "cli:greet", "greet:ann", "--payload", `{"name": "zed"}`)
+	// The same key with another payload (a program without declared kinds
+	// takes the key as given): the job keeps its first, and says so.
+	out, _, err = keelApp(t, "", "enqueue", "cli:greet", "greet:ann", "--payload", `{"name": "zed"}`)
 	require.NoError(t, err)
 	require.Contains(t, out, "already existed with another payload, which it keeps")
 	// A payload over the client's limit is refused by it, from a file too.
@@ -123,7 +136,7 @@ func TestEnqueueInputs(t *testing.T) {
 	lines := `{"kind": "cli:greet", "payload": {"name": "cy"}}
 # a comment, and an empty line
 
-{"kind": "cli:greet", "key": "greet:custom", "payload": {"name": "dee"}, "queue": "low", "delay": "1h", "max_retry": 2}
+{"kind": "cli:greet", "key": "greet:dee", "payload": {"name": "dee"}, "queue": "low", "delay": "1h", "max_retry": 2}
 {"kind": "cli:greet", "payload": {"name": "ann"}}
 `
 	from := filepath.Join(t.TempDir(), "jobs.jsonl")
@@ -146,7 +159,7 @@ func TestEnqueueInputs(t *testing.T) {
 	require.Equal(t, 1, many.Existed)
 	require.Equal(t, []int{1, 4, 5}, []int{many.Jobs[0].Line, many.Jobs[1].Line, many.Jobs[2].Line})
 	require.True(t, many.Jobs[2].Existed, "ann was enqueued from the file before")
-	dee, err := store.Lookup(ctx, "cli:greet", "greet:custom")
+	dee, err := store.Lookup(ctx, "cli:greet", "greet:dee")
 	require.NoError(t, err)
 	require.Equal(t, "low", dee.Queue)
 	require.Equal(t, 2, dee.MaxRetry)
@@ -560,14 +573,18 @@ func TestJobTextCannotDriveTheTerminal(t *testing.T) {
 		if dry {
 			args = append(args, "--dry-run")
 		}
-		out, _, err := greeter(t, `{"kind": "cli:greet", "key": "k\u001b[2Jk", "payload": {"name": "x"}}`, args...)
+		out, _, err := keelApp(t, `{"kind": "cli:greet", "key": "k\u001b[2Jk", "payload": {"name": "x"}}`, args...)
 		require.NoError(t, err)
 		require.NotContains(t, out, "\x1b")
 	}
-	out, _, err = greeter(t, "", "enqueue", "cli:greet", "k\x1b[2Jk", "--payload", `{"name": "x"}`)
+	out, _, err = keelApp(t, "", "enqueue", "cli:greet", "k\x1b[2Jk", "--payload", `{"name": "x"}`)
 	require.NoError(t, err)
 	require.NotContains(t, out, "\x1b")
 	require.Contains(t, out, "k[U+001B][2Jk")
+	// And the refusal of such a key where the kind derives another.
+	_, _, err = greeter(t, "", "enqueue", "cli:greet", "k\x1b[2Jk", "--payload", `{"name": "x"}`)
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "\x1b")
 }
 
 // enqueue says when a job it did not create keeps another payload, or is
@@ -577,18 +594,18 @@ func TestEnqueueSaysWhatExistingJobsKeep(t *testing.T) {
 	pool := testenv.Pool(t, schema)
 	ctx := context.Background()
 	in := `{"kind": "cli:greet", "key": "k1", "payload": {"name": "a"}}` + "\n" + `{"kind": "cli:greet", "key": "k1", "payload": {"name": "b"}}` + "\n"
-	out, _, err := greeter(t, in, "enqueue", "--from", "-")
+	out, _, err := keelApp(t, in, "enqueue", "--from", "-")
 	require.NoError(t, err)
 	require.Contains(t, out, "1 created, 1 already existed")
 	require.Contains(t, out, "1 of them existed with another payload, which the job keeps")
 
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', finished_at = now() WHERE business_key = 'k1'`)
 	require.NoError(t, err)
-	out, _, err = greeter(t, "", "enqueue", "cli:greet", "k1", "--payload", `{"name": "a"}`)
+	out, _, err = keelApp(t, "", "enqueue", "cli:greet", "k1", "--payload", `{"name": "a"}`)
 	require.NoError(t, err)
 	require.Contains(t, out, "already existed (status dead")
-	require.Contains(t, out, "greeter dead replay")
-	out, _, err = greeter(t, `{"kind": "cli:greet", "key": "k1", "payload": {"name": "a"}}`, "enqueue", "--from", "-")
+	require.Contains(t, out, "keel dead replay")
+	out, _, err = keelApp(t, `{"kind": "cli:greet", "key": "k1", "payload": {"name": "a"}}`, "enqueue", "--from", "-")
 	require.NoError(t, err)
 	require.Contains(t, out, "1 of them are dead jobs, which stay dead")
 }
@@ -786,4 +803,25 @@ func TestHelpAndHintsNameTheProgram(t *testing.T) {
 	require.Contains(t, out, "its handler's Verify settles it when the job runs again: greeter dead replay "+v.ID)
 	_, _, err = greeter(t, "", "dead", "replay", v.ID)
 	require.NoError(t, err)
+}
+
+// A declared kind derives its business key from the payload: a key typed
+// that differs (the order id for "order:123") would make a second job, and
+// a second effect, for one action, so enqueue refuses it, from --from too.
+func TestEnqueueRefusesAKeyTheKindDoesNotDerive(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	_, _, err := greeter(t, "", "enqueue", "cli:greet", "ann", "--payload", `{"name": "ann"}`)
+	require.ErrorContains(t, err, `derives the business key "greet:ann" from this payload, not "ann"`)
+	_, _, err = greeter(t, `{"kind": "cli:greet", "payload": {"name": "bo"}}`+"\n"+`{"kind": "cli:greet", "key": "bo", "payload": {"name": "bo"}}`+"\n",
+		"enqueue", "--from", "-")
+	require.ErrorContains(t, err, "line 2")
+	require.ErrorContains(t, err, `"greet:bo"`)
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM keel_jobs WHERE business_key IN ('ann', 'bo', 'greet:ann', 'greet:bo')`).Scan(&n))
+	require.Zero(t, n, "nothing enqueued")
+	// The key it derives, given: fine.
+	out, _, err := greeter(t, "", "enqueue", "cli:greet", "greet:ann", "--payload", `{"name": "ann"}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "business key greet:ann")
 }

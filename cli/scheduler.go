@@ -114,8 +114,13 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 // the kind's type when the program declares the kind.
 func entryTask(app App, en scheduler.Entry) (*tasks.Task, error) {
 	key := scheduler.TickKey(en.Name, time.Time{})
-	if _, ok := app.kind(en.Kind); ok {
-		return newTask(app, en.Kind, en.Payload, key, en.Options())
+	if k, ok := app.kind(en.Kind); ok {
+		payload := []byte(en.Payload)
+		if len(payload) == 0 {
+			payload = []byte("{}")
+		}
+		// A tick's key is its own, not the one the kind derives.
+		return k.task(payload, key, en.Options())
 	}
 	return tasks.NewRaw(en.Kind, en.Payload, key, en.Options()...), nil
 }
