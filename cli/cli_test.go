@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -655,6 +657,29 @@ func TestHelpHidesPasswordsFromTheEnvironment(t *testing.T) {
 	require.NotContains(t, out.String(), "s3cretpw")
 	require.NotContains(t, out.String(), "redispw")
 	require.Contains(t, out.String(), "postgres://bob:xxxxx@127.0.0.1:5432/keel")
+
+	// Every command's help, with every secret the environment can hold.
+	secrets := map[string]string{"KEEL_METRICS_TOKEN": "tok-supersecret",
+		"KEEL_ALERT_WEBHOOK": "https://hooks.slack.com/services/T0/B0/webhooksekrit",
+		"KEEL_WEB_SECRET":    strings.Repeat("websekrit", 4), "KEEL_WEB_USERS": "ana:operator:$2a$12$usersekrit"}
+	for k, v := range secrets {
+		t.Setenv(k, v)
+	}
+	var walk func(path []string, c *cobra.Command)
+	walk = func(path []string, c *cobra.Command) {
+		root := cli.New(cli.App{Name: "greeter"})
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetArgs(append(slices.Clone(path), "--help"))
+		require.NoError(t, root.Execute())
+		for _, v := range append(slices.Collect(maps.Values(secrets)), "s3cretpw", "redispw") {
+			require.NotContains(t, out.String(), v, "greeter %s --help", strings.Join(path, " "))
+		}
+		for _, sub := range c.Commands() {
+			walk(append(slices.Clone(path), sub.Name()), sub)
+		}
+	}
+	walk(nil, cli.New(cli.App{Name: "greeter"}))
 }
 
 // A boolean variable reads 1, yes, TRUE… as true; one it cannot read is a

@@ -64,6 +64,14 @@ func (e *Env) bind(cmd *cobra.Command) {
 	f.BoolVar(&e.asJSON, "json", false, "print JSON (the same as -o json)")
 }
 
+// hideDefault keeps the default of cmd's flag name, a secret taken from the
+// environment variable env, out of --help.
+func hideDefault(cmd *cobra.Command, name, env string) {
+	if fl := cmd.Flags().Lookup(name); fl.DefValue != "" {
+		fl.DefValue = "set from " + env + ", not shown"
+	}
+}
+
 // prepare checks the shared settings before any command runs and routes
 // go-redis's own log lines (one per failed dial, many a second while Redis
 // is down) to the logger at debug level.

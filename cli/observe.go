@@ -35,6 +35,8 @@ func (o *observeFlags) bind(cmd *cobra.Command) {
 		"serve this worker's Prometheus metrics on this address, e.g. 127.0.0.1:9464; no auth, bind it privately (env KEEL_METRICS_ADDR)")
 	f.StringVar(&o.alertWebhook, "alert-webhook", os.Getenv("KEEL_ALERT_WEBHOOK"),
 		"POST a JSON summary of dying jobs here (Slack-compatible; env KEEL_ALERT_WEBHOOK)")
+	// A webhook's URL is its credential.
+	hideDefault(cmd, "alert-webhook", "KEEL_ALERT_WEBHOOK")
 }
 
 // Observer is a worker's metrics registry and alerter.

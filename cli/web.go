@@ -105,6 +105,7 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 	fl.StringVar(&f.addr, "addr", envOr("KEEL_WEB_ADDR", web.DefaultAddr), "listen address (env KEEL_WEB_ADDR)")
 	fl.StringVar(&f.metricsToken, "metrics-token", os.Getenv("KEEL_METRICS_TOKEN"),
 		"bearer token Prometheus sends to read /metrics (env KEEL_METRICS_TOKEN)")
+	hideDefault(cmd, "metrics-token", "KEEL_METRICS_TOKEN")
 	fl.BoolVar(&f.metricsPublic, "metrics-public", envBool(cmd, "KEEL_METRICS_PUBLIC"),
 		"serve /metrics without authentication (env KEEL_METRICS_PUBLIC)")
 	fl.StringVar(&f.proxyHeader, "trust-proxy-header", os.Getenv("KEEL_WEB_PROXY_HEADER"),
