@@ -67,6 +67,9 @@ func (d batchData) Percent() string {
 }
 
 func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
+	if canonicalRedirect(w, r, "/batches/") {
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	id := r.PathValue("id")

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -188,6 +189,17 @@ func TestJobPageSaysWhoHandlesAPendingJobNext(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, published.Published)
 	require.Contains(t, v.get(t, "/jobs/"+published.Job.ID).body, "In Redis, waiting for any worker")
+
+	// One that runs later says when, not that the workers keep it waiting.
+	later, err := b.client.Enqueue(ctx, tasks.NewRaw("order:send_receipt", []byte(`{"order":"o-3"}`), "order:o-3", tasks.Delay(30*time.Minute)))
+	require.NoError(t, err)
+	page := v.get(t, "/jobs/"+later.Job.ID).body
+	// Its id in another UUID spelling leads to its page.
+	moved := v.get(t, "/jobs/"+strings.ToUpper(later.Job.ID))
+	require.Equal(t, http.StatusMovedPermanently, moved.status)
+	require.Equal(t, "/jobs/"+later.Job.ID, moved.header.Get("Location"))
+	require.Contains(t, page, "Runs at "+later.Job.RunAt.UTC().Format("2006-01-02 15:04:05 UTC"))
+	require.NotContains(t, page, "In Redis, waiting for any worker")
 }
 
 // The look-up finds a job by its business key as the ledger keeps it, spaces

@@ -340,7 +340,27 @@ var flashes = map[string]string{
 }
 
 func (s *Server) job(w http.ResponseWriter, r *http.Request) {
+	if canonicalRedirect(w, r, "/jobs/") {
+		return
+	}
 	s.jobPage(w, r, r.PathValue("id"), http.StatusOK, flashes[r.URL.Query().Get("done")], "", "")
+}
+
+// canonicalRedirect sends a page asked for by an id in another UUID
+// spelling (upper case, no hyphens, braces) to the id as the ledger keeps
+// it, as the look-up and the CLI accept them.
+func canonicalRedirect(w http.ResponseWriter, r *http.Request, prefix string) bool {
+	id := r.PathValue("id")
+	u, err := uuid.Parse(id)
+	if err != nil || u.String() == id {
+		return false
+	}
+	to := prefix + url.PathEscape(u.String())
+	if r.URL.RawQuery != "" {
+		to += "?" + r.URL.RawQuery
+	}
+	http.Redirect(w, r, to, http.StatusMovedPermanently)
+	return true
 }
 
 func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, status int, flash, errMsg, note string) {
@@ -387,6 +407,10 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 	switch j.Status {
 	case idempotency.StatusPending:
+		if j.RunAt.After(time.Now()) {
+			return "Runs at " + j.RunAt.UTC().Format("2006-01-02 15:04:05 UTC") + " (in " + time.Until(j.RunAt).Round(time.Second).String() +
+				"); then any worker reading queue " + j.Queue + " runs it."
+		}
 		if relay {
 			return "Waiting for the relay to hand it to Redis; then any worker reading queue " + j.Queue + " runs it."
 		}
@@ -399,6 +423,12 @@ func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 	case idempotency.StatusFailed:
 		return fmt.Sprintf("Failed attempt %d of %d; asynq retries it with backoff on any worker.", j.Attempts, j.MaxRetry+1)
 	case idempotency.StatusDead:
+		switch {
+		case j.SupersededAt != nil:
+			return "Waiting for a person: a newer job of its key took its place, so it cannot be replayed; discard it with a note."
+		case j.EffectsCommittedAt != nil:
+			return "Waiting for a person: its local effects committed, so it cannot be replayed. Do what came after by hand, then discard it with a note."
+		}
 		if inDoubt {
 			return "Waiting for a person: a step is in doubt. Say whether it happened, then replay or discard the job."
 		}

@@ -262,6 +262,8 @@ func TestJobWithCommittedEffectsIsNotReplayable(t *testing.T) {
 	page := op.get(t, "/jobs/"+j.ID)
 	require.Contains(t, page.body, `id="effects-committed"`)
 	require.Contains(t, page.body, `id="not-replayable"`)
+	require.NotContains(t, page.body, "an operator can replay it", "who handles it next")
+	require.Contains(t, page.body, "cannot be replayed")
 	require.NotContains(t, page.body, `id="replay"`)
 	res := op.post(t, "/jobs/"+j.ID+"/replay", url.Values{"csrf": {tok}})
 	require.Equal(t, http.StatusConflict, res.status)
