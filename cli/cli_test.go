@@ -494,6 +494,7 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "in doubt")
 	require.Contains(t, out, "greeter dead resolve "+ids[0]+" charge")
+	require.Contains(t, out, "key "+ids[0]+":charge", "the key to look up at the other system")
 
 	for _, args := range [][]string{
 		{"dead", "resolve", ids[0], "charge"},

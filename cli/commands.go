@@ -483,8 +483,8 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 			case strings.ContainsFunc(s.Name, visible.Hidden):
 				how = "say which on the job's dashboard page (the step's name has characters a terminal would act on)"
 			}
-			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s); %s",
-				s.Calls, s.StartedAt.Format(time.RFC3339), how))
+			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s, key %s); %s",
+				s.Calls, s.StartedAt.Format(time.RFC3339), idempotency.StepKey(j.ID, s.Name), how))
 		case s.FinishedAt == nil:
 			row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339)))
 		default:

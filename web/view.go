@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/visible"
 )
 
@@ -99,6 +100,9 @@ var funcs = template.FuncMap{
 	"add":     func(a, b int) int { return a + b },
 	"bytestr": func(b []byte) string { return clip(string(b), 200) },
 	"vis":     visible.Text,
+	// The key a step's call carries: what a person looks up at the other
+	// system to say whether a call in doubt happened.
+	"stepKey": idempotency.StepKey,
 }
 
 func ago(t time.Time) string {

@@ -212,6 +212,7 @@ func TestResolveAStepInDoubt(t *testing.T) {
 
 	page := op.get(t, "/jobs/"+j.ID)
 	require.Contains(t, page.body, "A step is in doubt")
+	require.Contains(t, page.body, `<code class="step-key">`+j.ID+`:mail</code>`, "the key to look up at the other system")
 	require.Contains(t, page.body, `id="replay" disabled`)
 	res := op.post(t, "/jobs/"+j.ID+"/replay", url.Values{"csrf": {tok}})
 	require.Equal(t, http.StatusConflict, res.status)
