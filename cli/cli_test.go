@@ -495,6 +495,24 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	require.Contains(t, out, "in doubt")
 	require.Contains(t, out, "greeter dead resolve "+ids[0]+" charge")
 	require.Contains(t, out, "key "+ids[0]+":charge", "the key to look up at the other system")
+	// dead ls --json lists each job's steps, as dead show does.
+	out, _, err = greeter(t, "", "dead", "ls", "--json")
+	require.NoError(t, err)
+	var listed struct {
+		Jobs []struct {
+			ID    string
+			Steps []struct{ Name, Status string }
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &listed))
+	var found bool
+	for _, j := range listed.Jobs {
+		if j.ID == ids[0] {
+			found = true
+			require.Equal(t, []struct{ Name, Status string }{{"charge", "started"}}, j.Steps)
+		}
+	}
+	require.True(t, found, "dead ls --json lists %s", ids[0])
 
 	for _, args := range [][]string{
 		{"dead", "resolve", ids[0], "charge"},

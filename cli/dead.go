@@ -201,9 +201,17 @@ func deadLsCmd(e *Env) *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if e.JSON() {
+				ids := make([]string, len(jobs))
+				for i, j := range jobs {
+					ids[i] = j.ID
+				}
+				steps, err := store.StepsOf(ctx, ids)
+				if err != nil {
+					return err
+				}
 				list := make([]statusJSON, 0, len(jobs))
 				for _, j := range jobs {
-					list = append(list, toStatusJSON(j, nil))
+					list = append(list, toStatusJSON(j, steps[j.ID]))
 				}
 				return printJSON(out, map[string]any{"total": total, "jobs": list})
 			}

@@ -286,8 +286,15 @@ func (s *Store) Lookup(ctx context.Context, kind, businessKey string) (Job, erro
 
 // Steps returns the recorded steps of a job in the order they started.
 func (s *Store) Steps(ctx context.Context, jobID string) ([]StepRecord, error) {
+	steps, err := s.StepsOf(ctx, []string{jobID})
+	return steps[jobID], err
+}
+
+// StepsOf returns the recorded steps of each of the jobs, in the order
+// they started, in one statement.
+func (s *Store) StepsOf(ctx context.Context, jobIDs []string) (map[string][]StepRecord, error) {
 	rows, err := s.pool.Query(ctx, `SELECT job_id, name, status, result, calls, started_at, finished_at, verifiable
-		FROM keel_steps WHERE job_id = $1 ORDER BY started_at, name`, jobID)
+		FROM keel_steps WHERE job_id = ANY($1) ORDER BY job_id, started_at, name`, jobIDs)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -296,7 +303,14 @@ func (s *Store) Steps(ctx context.Context, jobID string) ([]StepRecord, error) {
 		err := r.Scan(&st.JobID, &st.Name, &st.Status, &st.Result, &st.Calls, &st.StartedAt, &st.FinishedAt, &st.Verifiable)
 		return st, err
 	})
-	return steps, interpretError(err)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	out := make(map[string][]StepRecord, len(jobIDs))
+	for _, st := range steps {
+		out[st.JobID] = append(out[st.JobID], st)
+	}
+	return out, nil
 }
 
 // HeaderBusinessKey carries a job's business key in its asynq task headers,
