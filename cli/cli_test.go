@@ -513,6 +513,11 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 		}
 	}
 	require.True(t, found, "dead ls --json lists %s", ids[0])
+	// A dry run of --all looks at each job it selects, as by id.
+	out, _, err = greeter(t, "", "dead", "replay", "--all", "--dry-run")
+	require.Error(t, err, "a dry run fails where the replay would")
+	require.Contains(t, out, "replay "+ids[0]+": would fail: ")
+	require.NotContains(t, out, "would replay 2 job(s)")
 
 	for _, args := range [][]string{
 		{"dead", "resolve", ids[0], "charge"},

@@ -386,24 +386,24 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if d.dryRun {
-				// Jobs named by id are looked at, as the action would.
+				// Each job is looked at as the action would, those --all
+				// selects too: one with a step in doubt or its effects in
+				// is refused, not counted.
 				var skipped []actionResult
-				if !all {
-					store := idempotency.NewStore(pool)
-					var would []string
-					for _, id := range ids {
-						r, err := wouldDo(ctx, store, action, id)
-						if err != nil {
-							return err
-						}
-						if r.Error != "" || r.Unchanged != "" {
-							skipped = append(skipped, r)
-						} else {
-							would = append(would, id)
-						}
+				store := idempotency.NewStore(pool)
+				var would []string
+				for _, id := range ids {
+					r, err := wouldDo(ctx, store, action, id)
+					if err != nil {
+						return err
 					}
-					ids = would
+					if r.Error != "" || r.Unchanged != "" {
+						skipped = append(skipped, r)
+					} else {
+						would = append(would, id)
+					}
 				}
+				ids = would
 				failing := 0
 				for i, r := range skipped {
 					if r.Error != "" {
