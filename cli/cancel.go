@@ -50,6 +50,15 @@ func cancelCmd(e *Env) *cobra.Command {
 			if err := checkJobIDs(args); err != nil {
 				return err
 			}
+			seen := map[string]bool{}
+			ids := args[:0:0]
+			for _, id := range args {
+				if !seen[id] {
+					seen[id] = true
+					ids = append(ids, id)
+				}
+			}
+			args = ids
 			ctx := cmd.Context()
 			redis, err := e.Redis(ctx)
 			if err != nil {
@@ -75,7 +84,7 @@ func cancelCmd(e *Env) *cobra.Command {
 			defer insp.Close()
 			out, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			results := make([]cancelResult, 0, len(args))
-			failed := 0
+			failed, unchanged := 0, 0
 			for _, id := range args {
 				res, err := store.Cancel(ctx, insp, id, actor, note)
 				r := cancelResult{ID: id}
@@ -91,8 +100,11 @@ func cancelCmd(e *Env) *cobra.Command {
 							"); a worker acknowledges any delivery without running it"
 					}
 				}
-				if r.Error != "" {
+				switch {
+				case r.Error != "":
 					failed++
+				case r.AlreadyCancelled:
+					unchanged++
 				}
 				results = append(results, r)
 				if e.JSON() {
@@ -115,7 +127,8 @@ func cancelCmd(e *Env) *cobra.Command {
 				}
 			}
 			if e.JSON() {
-				if err := printJSON(out, map[string]any{"action": "cancel", "done": len(args) - failed, "failed": failed, "jobs": results}); err != nil {
+				if err := printJSON(out, map[string]any{"action": "cancel", "done": len(args) - failed - unchanged, "unchanged": unchanged,
+					"failed": failed, "jobs": results}); err != nil {
 					return err
 				}
 			}

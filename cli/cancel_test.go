@@ -73,6 +73,17 @@ func TestCancelCommand(t *testing.T) {
 	require.Equal(t, 1, out.Done)
 	require.Equal(t, byKey, out.Jobs[0].ID)
 	require.Equal(t, "cancelled", out.Jobs[0].Status)
+	// An id given twice is acted on once; one already cancelled is
+	// unchanged, not done, as dead replay and discard count them.
+	twice := enqueue("4")
+	r = welcome(t, env, "cancel", twice, twice, byKey, "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var counted struct{ Done, Unchanged, Failed int }
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &counted))
+	require.Equal(t, struct{ Done, Unchanged, Failed int }{1, 1, 0}, counted)
+	entries, err = store.Audit(ctx, twice)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "one cancel recorded")
 
 	// A finished job is refused, naming its status; one line, exit 1.
 	done := enqueue("3")
