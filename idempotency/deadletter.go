@@ -228,6 +228,18 @@ func (s *Store) ResolveStep(ctx context.Context, jobID, step string, happened bo
 				return nil // already so: said twice, or it finished
 			case err == nil && cur == "done":
 				return fmt.Errorf("%w: step %q of job %s is done, not in doubt (said to have happened, or it finished)", ErrNotFound, step, jobID)
+			case errors.Is(err, pgx.ErrNoRows) && !happened:
+				// Said not to have happened before, and nothing ran since:
+				// said twice, as for happened above.
+				var said bool
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM keel_audit WHERE job_id = $1 AND action = $2)`,
+					jobID, "step-not-happened:"+step).Scan(&said); err != nil {
+					return interpretError(err)
+				}
+				if said {
+					return nil
+				}
+				return fmt.Errorf("%w: no step %q recorded for job %s (never started)", ErrNotFound, step, jobID)
 			case err == nil || errors.Is(err, pgx.ErrNoRows):
 				return fmt.Errorf("%w: no step %q recorded for job %s (never started, or forgotten already)", ErrNotFound, step, jobID)
 			}
