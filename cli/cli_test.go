@@ -146,6 +146,12 @@ func TestEnqueueInputs(t *testing.T) {
 	out, _, err = greeter(t, "", "enqueue", "--from", from, "--dry-run")
 	require.NoError(t, err)
 	require.Contains(t, out, "dry run: 3 job(s) checked; nothing was enqueued")
+	// A dry run does not look the jobs up, so it says nothing of whether
+	// they exist.
+	out, _, err = greeter(t, "", "enqueue", "--from", from, "--dry-run", "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"business_key": "greet:cy"`)
+	require.NotContains(t, out, "existed")
 	_, err = store.Lookup(ctx, "cli:greet", "greet:cy")
 	require.ErrorIs(t, err, idempotency.ErrNotFound, "a dry run enqueues nothing")
 

@@ -394,10 +394,19 @@ func readJobLines(app App, r io.Reader, name string) ([]*tasks.Task, []int, erro
 	return jobs, lines, nil
 }
 
+// dryRunResult is a job a dry run checked: whether it exists is not looked
+// up, so it is not said.
+type dryRunResult struct {
+	Line        int    `json:"line,omitempty"`
+	Kind        string `json:"kind"`
+	BusinessKey string `json:"business_key"`
+	Queue       string `json:"queue"`
+}
+
 func printDryRun(e *Env, out io.Writer, jobs []*tasks.Task, lines []int) error {
-	results := make([]enqueueResult, 0, len(jobs))
+	results := make([]dryRunResult, 0, len(jobs))
 	for i, t := range jobs {
-		results = append(results, enqueueResult{Line: lines[i], Kind: t.Kind(), BusinessKey: t.BusinessKey(), Queue: t.Queue()})
+		results = append(results, dryRunResult{Line: lines[i], Kind: t.Kind(), BusinessKey: t.BusinessKey(), Queue: t.Queue()})
 	}
 	if e.JSON() {
 		return printJSON(out, map[string]any{"dry_run": true, "jobs": results})
