@@ -325,6 +325,26 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	_, _, err = greeter(t, "", "-o", "yaml", "version")
 	require.ErrorContains(t, err, `--output "yaml": want text or json`)
 
+	// Windows that hold no time are refused, not answered with nothing.
+	_, _, err = greeter(t, "", "dead", "ls", "--since", "-2h")
+	require.ErrorContains(t, err, "is in the future")
+	require.True(t, cli.IsUsageError(err))
+	_, _, err = greeter(t, "", "dead", "ls", "--since", "2h", "--until", "3h")
+	require.ErrorContains(t, err, "the window is empty")
+	require.True(t, cli.IsUsageError(err))
+	// Who acts is said before anything is asked or done.
+	_, _, err = greeter(t, "", "dead", "discard", "--all", "--note", "x", "--actor", " ")
+	require.ErrorIs(t, err, idempotency.ErrActorRequired)
+	require.True(t, cli.IsUsageError(err))
+	// The ledger's figures name every status, those with no rows too.
+	out, _, err = greeter(t, "", "ledger", "--json")
+	require.NoError(t, err)
+	var stats struct {
+		Rows map[string]int64 `json:"rows_by_status"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &stats))
+	require.Len(t, stats.Rows, 7, "rows by status: %v", stats.Rows)
+
 	// Dead letters: a bogus class names the real ones.
 	_, _, err = greeter(t, "", "dead", "ls", "--class", "bogus")
 	require.ErrorContains(t, err, `--class "bogus": no such class; dead jobs carry permanent, transient, unknown, timeout, crashed, waited_too_long`)

@@ -98,6 +98,12 @@ func (d *deadFlags) filter() (idempotency.DeadFilter, error) {
 	if err != nil {
 		return idempotency.DeadFilter{}, err
 	}
+	switch now := time.Now(); {
+	case !since.IsZero() && since.After(now):
+		return idempotency.DeadFilter{}, usageError{fmt.Errorf("--since %q is in the future: no job died then", d.since)}
+	case !since.IsZero() && !until.IsZero() && !until.After(since):
+		return idempotency.DeadFilter{}, usageError{fmt.Errorf("--until %q is not after --since %q: the window is empty (a duration counts back from now: --since 3h --until 2h)", d.until, d.since)}
+	}
 	return idempotency.DeadFilter{Kind: d.kind, Queue: d.queue, Class: d.class, Since: since, Until: until}, nil
 }
 
@@ -342,6 +348,9 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			}
 			if action == "discard" && strings.TrimSpace(d.note) == "" {
 				return usageError{idempotency.ErrNoteRequired}
+			}
+			if strings.TrimSpace(d.actor) == "" {
+				return usageError{idempotency.ErrActorRequired}
 			}
 			if err := checkJobIDs(args); err != nil {
 				return err

@@ -66,12 +66,16 @@ func ledgerCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Every status, none left out for having no rows.
+			for _, s := range ledgerStatuses {
+				st.Rows[s] += 0
+			}
 			if e.JSON() {
 				return printJSON(cmd.OutOrStdout(), st)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "size\t%.1f MiB (jobs + steps, with indexes)\n", float64(st.TotalBytes)/(1<<20))
-			for _, s := range []string{"pending", "running", "failed", "succeeded", "dead", "discarded", "cancelled"} {
+			for _, s := range ledgerStatuses {
 				fmt.Fprintf(tw, "%s\t%d\n", s, st.Rows[s])
 			}
 			fmt.Fprintf(tw, "unpublished\t%d (oldest %s)\n", st.Unpublished, time.Duration(st.OldestUnpubSecs*float64(time.Second)).Round(time.Second))
@@ -83,3 +87,6 @@ func ledgerCmd(e *Env) *cobra.Command {
 	cmd.Flags().DurationVar(&retention, "retention", envDuration("KEEL_RETENTION", 30*24*time.Hour), "retention to count prunable rows against")
 	return cmd
 }
+
+// ledgerStatuses are the statuses a job can have, in the order of its life.
+var ledgerStatuses = []string{"pending", "running", "failed", "succeeded", "dead", "discarded", "cancelled"}
