@@ -247,7 +247,7 @@ func TestNULAndInvalidUTF8Are400(t *testing.T) {
 	j := b.deadJob(t, "order:send_receipt", "order:1", "boom")
 	op := b.signIn(t, operatorName, operatorPassword)
 	for _, p := range []string{"/dead?kind=%00", "/dead?queue=%ff", "/jobs/%00", "/jobs/%c3", "/jobs?kind=%00&key=x",
-		"/jobs?id=a%00", "/dead/confirm?action=replay&class=%00"} {
+		"/jobs?id=a%00", "/jobs?batch=%00", "/jobs?batch=%ff", "/dead/confirm?action=replay&class=%00"} {
 		res := op.get(t, p)
 		require.Equal(t, http.StatusBadRequest, res.status, p)
 		require.NotContains(t, res.body, "SQLSTATE", p)

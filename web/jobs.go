@@ -39,6 +39,7 @@ var refreshChoices = []int{5, 10, 30, 60}
 // jobFilter is the jobs list's filter as typed into its form.
 type jobFilter struct {
 	Status, Kind, Queue, Prefix, Error string
+	Batch                              string // a batch's members only
 	Oldest                             bool   // oldest first; default newest first
 	From                               string // keyset cursor: the last id of the previous page
 	Refresh                            int
@@ -47,7 +48,7 @@ type jobFilter struct {
 func (f jobFilter) values() url.Values {
 	v := url.Values{}
 	for k, s := range map[string]string{"status": f.Status, "kind": f.Kind, "queue": f.Queue, "prefix": f.Prefix,
-		"error": f.Error, "from": f.From} {
+		"error": f.Error, "batch": f.Batch, "from": f.From} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -63,13 +64,13 @@ func (f jobFilter) values() url.Values {
 
 // Empty reports whether the filter selects every job.
 func (f jobFilter) Empty() bool {
-	return f.Status == "" && f.Kind == "" && f.Queue == "" && f.Prefix == "" && f.Error == ""
+	return f.Status == "" && f.Kind == "" && f.Queue == "" && f.Prefix == "" && f.Error == "" && f.Batch == ""
 }
 
 func readJobFilter(q url.Values) (jobFilter, error) {
 	f := jobFilter{Status: strings.TrimSpace(q.Get("status")), Kind: strings.TrimSpace(q.Get("kind")),
 		Queue: strings.TrimSpace(q.Get("queue")), Prefix: q.Get("prefix"), Error: strings.TrimSpace(q.Get("error")),
-		From: strings.TrimSpace(q.Get("from"))}
+		Batch: strings.TrimSpace(q.Get("batch")), From: strings.TrimSpace(q.Get("from"))}
 	switch q.Get("sort") {
 	case "", "newest":
 	case "oldest":
@@ -87,7 +88,7 @@ func readJobFilter(q url.Values) (jobFilter, error) {
 		}
 		f.Refresh = n
 	}
-	for what, s := range map[string]string{"kind": f.Kind, "queue": f.Queue, "prefix": f.Prefix, "error": f.Error, "from": f.From} {
+	for what, s := range map[string]string{"kind": f.Kind, "queue": f.Queue, "prefix": f.Prefix, "error": f.Error, "batch": f.Batch, "from": f.From} {
 		if len(s) > 512 {
 			return f, fmt.Errorf("%s: at most 512 bytes", what)
 		}
@@ -153,6 +154,9 @@ func listJobs(ctx context.Context, db interface {
 	}
 	if f.Error != "" {
 		conds = append(conds, "position(lower("+arg(f.Error)+") in lower(coalesce(j.last_error, ''))) > 0")
+	}
+	if f.Batch != "" {
+		conds = append(conds, "j.batch_id = "+arg(f.Batch)) // keel_jobs_batch
 	}
 	order := "DESC"
 	if f.From != "" {
