@@ -134,6 +134,8 @@ func (c Config) Validate() error {
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("alert: WebhookURL does not parse: %w", withoutURL(err)))
+		case u.Scheme == "":
+			errs = append(errs, errors.New("alert: WebhookURL has no scheme: want an http:// or https:// URL"))
 		case u.Scheme != "http" && u.Scheme != "https":
 			errs = append(errs, fmt.Errorf("alert: WebhookURL %q: scheme must be http or https", redact(u)))
 		case u.Host == "":

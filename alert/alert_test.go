@@ -517,7 +517,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{name: "https", cfg: alert.Config{WebhookURL: "https://hooks.example.com/services/T0/B0/x"}},
 		{name: "http with port", cfg: alert.Config{WebhookURL: "http://127.0.0.1:9000/hook"}},
 		{name: "unparsable", cfg: alert.Config{WebhookURL: "http://exa mple.com/"}, want: "WebhookURL"},
-		{name: "no scheme", cfg: alert.Config{WebhookURL: "hooks.example.com/x"}, want: "scheme"},
+		{name: "no scheme", cfg: alert.Config{WebhookURL: "hooks.example.com/x"}, want: "WebhookURL has no scheme: want an http:// or https:// URL"},
 		{name: "other scheme", cfg: alert.Config{WebhookURL: "ftp://hooks.example.com/x"}, want: "scheme"},
 		{name: "no host", cfg: alert.Config{WebhookURL: "https:///x"}, want: "no host"},
 		{name: "secret not echoed", cfg: alert.Config{WebhookURL: "ftp://user:pw@hooks.example.com/s3cret?token=s3cret"}, want: `"ftp://hooks.example.com/…"`},
