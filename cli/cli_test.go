@@ -774,6 +774,8 @@ func TestScheduleCheckRefusesWhatTicksWouldFail(t *testing.T) {
 		_, _, err := greeter(t, "", "scheduler", "--check", "--config", file)
 		require.ErrorContains(t, err, tc.want, tc.entry)
 		require.ErrorContains(t, err, `schedule entry "greet"`)
+		require.NotContains(t, err.Error(), "enqueue many", "the check's own wording")
+		require.NotContains(t, err.Error(), "0001-01-01", "a tick's key")
 		require.True(t, cli.IsUsageError(err))
 	}
 	file := filepath.Join(t.TempDir(), "schedule.yaml")

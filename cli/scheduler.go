@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -138,6 +139,11 @@ func checkSchedule(cmd *cobra.Command, e *Env, file string, known func(string) b
 		t, err := entryTask(e.app, en)
 		if err == nil {
 			err = tasks.CheckTasks(queues, t)
+		}
+		// The entry names the task; the check's own wording (task 0, a
+		// tick's key) is not the file's.
+		if te := (*tasks.TaskError)(nil); errors.As(err, &te) {
+			err = te.Err
 		}
 		if err != nil {
 			return usageError{fmt.Errorf("%s: %w", file, &scheduler.EntryError{Name: en.Name, Index: i + 1, Field: "task", Err: err})}
