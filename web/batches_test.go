@@ -108,6 +108,14 @@ func TestBrowserBatchPage(t *testing.T) {
 	screenshot(t, ctx, t.TempDir(), "batch.png")
 	noCSPViolations(t, ctx, "the batch page")
 
+	// "Dead: 1" leads to the batch's dead member, not to every dead job.
+	b.deadJob(t, "order:send_receipt", "order:elsewhere", "boom")
+	run(t, ctx, chromedp.Click(chromedp.CSS(`#n-dead a`)), chromedp.WaitVisible(chromedp.CSS(`table.jobs`)))
+	require.Equal(t, 1, eval[int](t, ctx, `document.querySelectorAll('table.jobs tbody tr').length`))
+	require.Equal(t, batch.ID, eval[string](t, ctx, `document.querySelector('#f-batch').value`))
+	noCSPViolations(t, ctx, "the batch's dead members")
+	run(t, ctx, chromedp.Navigate(b.ts.URL+"/batches/"+batch.ID), chromedp.WaitVisible(chromedp.ID("progress")))
+
 	run(t, ctx, chromedp.Click(chromedp.CSS(`#member-`+jobs[2].ID+` a`)), chromedp.WaitVisible(chromedp.ID("batch-link")))
 	require.Equal(t, "batch "+batch.ID, text(t, ctx, "#batch-link"))
 }
