@@ -536,6 +536,10 @@ type confirmData struct {
 	Note    string
 	Changed bool
 	BackURL string
+	// Seen is when the page counted the jobs: a bulk action by filter acts
+	// only on jobs that had died by then, so that a confirmed count is of
+	// the jobs the person saw, not of others that died meanwhile.
+	Seen string
 }
 
 func bulkAction(s string) (string, bool) {
@@ -688,8 +692,14 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int,
 	defer cancel()
 	d := confirmData{Action: action, Filter: f, Note: note, Changed: changed, BackURL: "/dead?" + f.values().Encode()}
 	d.Verb, d.State, _ = actsOn(action)
-	var err error
-	if d.Count, err = s.store.CountDead(ctx, df); err == nil {
+	// The ledger's clock, which wrote the deaths' times, not this server's.
+	var seen time.Time
+	err := s.store.Pool().QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&seen)
+	d.Seen = seen.UTC().Format(time.RFC3339Nano)
+	if err == nil {
+		d.Count, err = s.store.CountDead(ctx, df)
+	}
+	if err == nil {
 		d.Sample, err = s.store.ListDead(ctx, df, 10, 0)
 	}
 	if err != nil {
@@ -736,11 +746,22 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		s.errorPage(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
+	shown := df
+	if seen := r.PostForm.Get("seen"); seen != "" {
+		at, err := time.Parse(time.RFC3339Nano, seen)
+		if err != nil {
+			s.errorPage(w, r, http.StatusBadRequest, "seen: not a time")
+			return
+		}
+		if shown.Until.IsZero() || at.Before(shown.Until) {
+			shown.Until = at
+		}
+	}
 	var res idempotency.BulkResult
 	if action == "replay" {
-		res, err = s.store.ReplayMatching(r.Context(), s.insp, df, expect, p.Name, note)
+		res, err = s.store.ReplayMatching(r.Context(), s.insp, shown, expect, p.Name, note)
 	} else {
-		res, err = s.store.DiscardMatching(r.Context(), s.insp, df, expect, p.Name, note)
+		res, err = s.store.DiscardMatching(r.Context(), s.insp, shown, expect, p.Name, note)
 	}
 	switch {
 	case errors.Is(err, idempotency.ErrCountChanged):

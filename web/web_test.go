@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -439,7 +440,29 @@ func TestBulkActionsConfirmTheCount(t *testing.T) {
 	form.Set("note", "")
 	require.Equal(t, http.StatusBadRequest, op.post(t, "/dead/bulk", form).status)
 
+	// The count alone is not the confirmation: one job replayed and
+	// another dead since the page was shown keep it at 3, but they are
+	// not the jobs the person saw.
+	res = op.get(t, "/dead/confirm?action=discard&kind=order:send_receipt")
+	m := regexp.MustCompile(`name="seen" value="([^"]+)"`).FindStringSubmatch(res.body)
+	require.NotNil(t, m, "the confirm page says when it was shown")
+	form.Set("seen", m[1])
 	form.Set("note", "bad batch")
+	one, err := b.store.ListDead(t.Context(), idempotency.DeadFilter{Kind: "order:send_receipt"}, 1, 0)
+	require.NoError(t, err)
+	_, err = b.store.Replay(t.Context(), nil, one[0].ID, "someone", "")
+	require.NoError(t, err)
+	b.deadJob(t, "order:send_receipt", "order:4", "boom")
+	res = op.post(t, "/dead/bulk", form)
+	require.Equal(t, http.StatusConflict, res.status, res.body)
+	require.Contains(t, res.body, "changed since you looked")
+	replayed, err := b.store.Get(t.Context(), one[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, replayed.Status)
+
+	m = regexp.MustCompile(`name="seen" value="([^"]+)"`).FindStringSubmatch(res.body)
+	require.NotNil(t, m)
+	form.Set("seen", m[1])
 	res = op.post(t, "/dead/bulk", form)
 	require.Equal(t, http.StatusOK, res.status, res.body)
 	require.Contains(t, res.body, "3 of 3 done")
