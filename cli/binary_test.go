@@ -167,7 +167,7 @@ func TestYourOwnBinary(t *testing.T) {
 	require.Equal(t, "welcome: welcome does not declare the kind \"user:send_goodbye\" (its kinds: user:send_welcome)\n", r.stderr)
 	r = welcome(t, env, "enqueue", "user:send_welcome", "--payload", `{"user_id": 42}`)
 	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, "payload is not a user:send_welcome (main.Welcome)")
+	require.Contains(t, r.stderr, "payload does not decode into user:send_welcome's type main.Welcome")
 	r = welcome(t, env, "enqueue", "user:send_welcome", "--payload", `{"userid": "42"}`)
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, `unknown field "userid"`)

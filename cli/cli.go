@@ -132,7 +132,7 @@ func KindOf[P any](k *tasks.Kind[P]) Kind {
 			err = errors.New("more than one JSON value")
 		}
 		if err != nil {
-			return nil, fmt.Errorf("payload is not a %s (%T): %v", k.Name(), p, err)
+			return nil, fmt.Errorf("payload does not decode into %s's type %T: %v", k.Name(), p, err)
 		}
 		if key != "" {
 			opts = append(opts, tasks.BusinessKey(key))

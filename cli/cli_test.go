@@ -183,7 +183,7 @@ func TestEnqueueInputs(t *testing.T) {
 
 	for _, tc := range []struct{ input, want string }{
 		{`{"kind": "cli:greet", "payload": {"name": "fay"}}` + "\n" + `{"kind": "cli:nope", "payload": {}}`, `- line 2: greeter does not declare the kind "cli:nope"`},
-		{`{"kind": "cli:greet", "payload": {"name": 3}}`, "- line 1: payload is not a cli:greet"},
+		{`{"kind": "cli:greet", "payload": {"name": 3}}`, "- line 1: payload does not decode into cli:greet's type"},
 		{`{"kind": "cli:greet", "payload": {"name": "x"}, "priority": 1}`, `- line 1: not a job`},
 		{`{"kind": "cli:greet", "payload": {"name": "x"}, "delay": "soon"}`, `- line 1: delay "soon"`},
 		{`{"payload": {}}`, "- line 1: no kind"},
@@ -554,6 +554,8 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 		_, _, err := greeter(t, "", args...)
 		require.True(t, cli.IsUsageError(err), "%v: %v", args, err)
 	}
+	_, _, err = greeter(t, "", "dead", "resolve", ids[0], "charge", "--happened", "--not-happened")
+	require.ErrorContains(t, err, "say one, not both")
 	_, _, err = greeter(t, "", "dead", "resolve", ids[0], "refund", "--happened")
 	require.ErrorContains(t, err, `no step "refund" recorded`)
 
@@ -766,8 +768,8 @@ func TestBooleanEnvironmentVariables(t *testing.T) {
 func TestScheduleCheckRefusesWhatTicksWouldFail(t *testing.T) {
 	for _, tc := range []struct{ entry, want string }{
 		{"queue: nosuch\n    payload: {name: x}", `unknown queue "nosuch"`},
-		{"payload: {name: x, extra: 1}", `payload is not a cli:greet`},
-		{"payload: {name: 5}", `payload is not a cli:greet`},
+		{"payload: {name: x, extra: 1}", `payload does not decode into cli:greet's type`},
+		{"payload: {name: 5}", `payload does not decode into cli:greet's type`},
 	} {
 		file := filepath.Join(t.TempDir(), "schedule.yaml")
 		require.NoError(t, os.WriteFile(file, []byte("entries:\n  - name: greet\n    spec: \"@every 1m\"\n    kind: cli:greet\n    "+tc.entry+"\n"), 0o600))

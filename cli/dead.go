@@ -138,7 +138,10 @@ Then replay the job (keel dead replay JOB_ID).`,
 			if err := checkJobIDs(args[:1]); err != nil {
 				return err
 			}
-			if happened == notHappened {
+			switch {
+			case happened && notHappened:
+				return usageError{errors.New("--happened and --not-happened: say one, not both")}
+			case !happened && !notHappened:
 				return usageError{errors.New("say whether the step's call happened: --happened or --not-happened")}
 			}
 			if strings.TrimSpace(actor) == "" {
