@@ -138,11 +138,7 @@ func TestStaleScheduleTableDoesNotRunATickTwice(t *testing.T) {
 	entries := []scheduler.Entry{everyMinute("stale")}
 	clock := newFakeClock(t0)
 	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
-	for m := 1; m <= 3; m++ {
-		clock.waitSleeping(t)
-		clock.Set(minute(m))
-		clock.waitSleeping(t)
-	}
+	tickMinutes(t, clock, 3)
 	require.Len(t, b.ticks(t, "stale"), 3)
 	a.stop()
 	// As if the last writes to keel_schedule were lost.
@@ -330,11 +326,7 @@ func TestATickOfAKindWithAUniqueWindowRunsOnce(t *testing.T) {
 	entries := []scheduler.Entry{{Name: "unique", Spec: "@every 1m", Kind: uniqueTick.Name()}}
 	clock := newFakeClock(t0)
 	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
-	for m := 1; m <= 3; m++ {
-		clock.waitSleeping(t)
-		clock.Set(minute(m))
-		clock.waitSleeping(t)
-	}
+	tickMinutes(t, clock, 3)
 	a.stop()
 	// The ticks ran, long ago: past the kind's window.
 	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now(),
@@ -352,4 +344,15 @@ func TestATickOfAKindWithAUniqueWindowRunsOnce(t *testing.T) {
 		uniqueTick.Name()).Scan(&jobs, &superseded))
 	require.Equal(t, 3, jobs, "jobs of three ticks")
 	require.Zero(t, superseded)
+}
+
+// tickMinutes moves clock through minutes 1 to n, letting the scheduler
+// fire each.
+func tickMinutes(t *testing.T, clock *fakeClock, n int) {
+	t.Helper()
+	for m := 1; m <= n; m++ {
+		clock.waitSleeping(t)
+		clock.Set(minute(m))
+		clock.waitSleeping(t)
+	}
 }
