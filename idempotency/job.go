@@ -100,6 +100,22 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
 	coalesce(batch_id, ''), effects_committed_at`
 
+// publishColumns are what publishing reads of a job's row (taskMessage,
+// the publish spans, PublishMany's mark): the relay's claims read only
+// these, half the columns of a whole row.
+const publishColumns = `id, kind, business_key, queue, payload, status, max_retry, timeout_ms, deadline, run_at,
+	published_at, coalesce(traceparent, ''), coalesce(tracestate, '')`
+
+// scanPublishJob scans a row of publishColumns.
+func scanPublishJob(row pgx.Row) (Job, error) {
+	var j Job
+	var timeoutMS int64
+	err := row.Scan(&j.ID, &j.Kind, &j.BusinessKey, &j.Queue, &j.Payload, &j.Status, &j.MaxRetry, &timeoutMS,
+		&j.Deadline, &j.RunAt, &j.PublishedAt, &j.TraceParent, &j.TraceState)
+	j.Timeout = time.Duration(timeoutMS) * time.Millisecond
+	return j, err
+}
+
 // newRowColumns are what an insert returns of a row it wrote: the values
 // Postgres chose (times are the server's, kept to the microsecond). The
 // rest of the row is the NewJob as given (newJobRow), so an insert does

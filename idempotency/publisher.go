@@ -144,8 +144,7 @@ const asynqDefaultTimeout = 30 * time.Minute
 // in asynq v0.26), with the fields Client.Enqueue sets for the task and
 // options Task and TaskOptions give.
 func taskMessage(j Job) []byte {
-	t := Task(j)
-	b := make([]byte, 0, 64+len(j.Payload)+len(j.BusinessKey))
+	b := make([]byte, 0, 96+len(j.Payload)+2*len(j.BusinessKey)+len(j.TraceParent)+len(j.TraceState))
 	str := func(num protowire.Number, s string) {
 		if s != "" {
 			b = protowire.AppendTag(b, num, protowire.BytesType)
@@ -158,7 +157,7 @@ func taskMessage(j Job) []byte {
 			b = protowire.AppendVarint(b, uint64(v))
 		}
 	}
-	str(1, t.Type())
+	str(1, j.Kind)
 	if len(j.Payload) > 0 {
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
 		b = protowire.AppendBytes(b, j.Payload)
@@ -174,14 +173,14 @@ func taskMessage(j Job) []byte {
 	if j.Deadline != nil {
 		varint(9, j.Deadline.Unix())
 	}
-	for k, v := range t.Headers() {
-		var e []byte
-		e = protowire.AppendTag(e, 1, protowire.BytesType)
-		e = protowire.AppendString(e, k)
-		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, v)
+	eachTaskHeader(j, func(k, v string) {
+		// A map entry: a message of key (1) and value (2), written in place.
 		b = protowire.AppendTag(b, 15, protowire.BytesType)
-		b = protowire.AppendBytes(b, e)
-	}
+		b = protowire.AppendVarint(b, uint64(protowire.SizeTag(1)+protowire.SizeBytes(len(k))+protowire.SizeTag(2)+protowire.SizeBytes(len(v))))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, k)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, v)
+	})
 	return b
 }

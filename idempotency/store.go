@@ -525,7 +525,7 @@ const claimOutboxSQL = `WITH o AS (DELETE FROM keel_outbox WHERE ctid = ANY (ARR
 	SELECT ctid FROM keel_outbox WHERE queued_at <= now() - $2 * interval '1 millisecond'
 	ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING job_id),
-j AS (SELECT ` + jobColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
+j AS (SELECT ` + publishColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
 	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now())
 SELECT j.*, (SELECT count(*) FROM o) FROM (SELECT) one LEFT JOIN j ON true`
 
@@ -545,7 +545,7 @@ const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = now()
 	WHERE ctid = ANY (ARRAY (
 		SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()
 		ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING ` + jobColumns
+	RETURNING ` + publishColumns
 
 // A prepared statement's plan is made once for the connection's life,
 // after a few runs, from the table as it was then: made while the ledger
@@ -555,6 +555,9 @@ const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = now()
 // planned for every run instead, from the table as it is; they run only
 // when there are rows to take, or every 50 ms.
 const planEachRun = pgx.QueryExecModeExec
+
+// ClaimOutbox, TakeOverOutbox and ClaimUnpublished return jobs with what
+// publishing reads of their rows (publishColumns), not whole rows.
 
 // ClaimOutbox takes up to limit jobs off the outbox, where EnqueueTx and
 // EnqueueManyTx put them, and returns those still to publish (see
@@ -593,7 +596,7 @@ func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (j
 			}
 			continue
 		}
-		j, err := scanJob(withTaken{rows, &n})
+		j, err := scanPublishJob(withTaken{rows, &n})
 		if err != nil {
 			return nil, 0, interpretError(err)
 		}
@@ -626,7 +629,7 @@ func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) 
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanPublishJob(r) })
 	return jobs, interpretError(err)
 }
 

@@ -36,14 +36,21 @@ func (s *Store) WithTracerProvider(tp trace.TracerProvider) *Store {
 // taskHeaders are the asynq headers of j: its business key and, when it
 // was enqueued in a trace, that trace's context.
 func taskHeaders(j Job) map[string]string {
-	h := map[string]string{HeaderBusinessKey: j.BusinessKey}
+	h := make(map[string]string, 3)
+	eachTaskHeader(j, func(k, v string) { h[k] = v })
+	return h
+}
+
+// eachTaskHeader calls fn with each header of j's asynq task: taskHeaders
+// without the map, for the publisher's encoding.
+func eachTaskHeader(j Job, fn func(k, v string)) {
+	fn(HeaderBusinessKey, j.BusinessKey)
 	if j.TraceParent != "" {
-		h[tracing.HeaderParent] = j.TraceParent
+		fn(tracing.HeaderParent, j.TraceParent)
 		if j.TraceState != "" {
-			h[tracing.HeaderState] = j.TraceState
+			fn(tracing.HeaderState, j.TraceState)
 		}
 	}
-	return h
 }
 
 // maxTraceStateBytes bounds a stored tracestate (W3C: 32 members of at most
