@@ -57,6 +57,9 @@ type OrderResponse struct {
 	Jobs      []JobState `json:"jobs,omitempty"`
 }
 
+// errKeyReused: an Idempotency-Key sent again with another order.
+var errKeyReused = errors.New("this Idempotency-Key was used for another order (email or amount differ)")
+
 // orderID derives the order id from the client's Idempotency-Key, so a
 // retried POST (a double click, a client timeout) is the same order.
 func orderID(key string) string {
@@ -90,6 +93,18 @@ func (a *API) createOrder(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		resp.Duplicate = tag.RowsAffected() == 0
+		if resp.Duplicate {
+			// A retry carries the same order; another under the same key
+			// is the client's mistake, not a second order to confirm.
+			var same bool
+			if err := tx.QueryRow(ctx, `SELECT email = $2 AND amount = $3 FROM keel_example_orders WHERE id = $1`,
+				resp.ID, req.Email, req.Amount).Scan(&same); err != nil {
+				return err
+			}
+			if !same {
+				return errKeyReused
+			}
+		}
 		// The jobs commit with the order or not at all; the ledger dedupes
 		// them, so a duplicate submission enqueues nothing new either.
 		for _, t := range []*tasks.Task{
@@ -104,6 +119,10 @@ func (a *API) createOrder(w http.ResponseWriter, r *http.Request) {
 		return tx.QueryRow(ctx, `SELECT email, amount, created_at FROM keel_example_orders WHERE id = $1`, resp.ID).
 			Scan(&resp.Email, &resp.Amount, &resp.CreatedAt)
 	})
+	if errors.Is(err, errKeyReused) {
+		httpError(w, http.StatusUnprocessableEntity, err.Error())
+		return
+	}
 	if err != nil {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return

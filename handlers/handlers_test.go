@@ -75,6 +75,12 @@ func TestCreateOrderEnqueuesItsJobsOnce(t *testing.T) {
 	var n int
 	require.NoError(t, a.h.Pool.QueryRow(context.Background(), `SELECT count(*) FROM keel_jobs`).Scan(&n))
 	require.Equal(t, 3, n, "a duplicate submission enqueued more jobs")
+	// The key again with another order: not a retry of the first, and not
+	// silently answered as if it were.
+	code, _ = a.post(t, "k1", handlers.OrderRequest{Email: "b@example.com", Amount: 99})
+	require.Equal(t, http.StatusUnprocessableEntity, code)
+	require.NoError(t, a.h.Pool.QueryRow(context.Background(), `SELECT count(*) FROM keel_jobs`).Scan(&n))
+	require.Equal(t, 3, n)
 
 	for _, bad := range []struct {
 		key  string

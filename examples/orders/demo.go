@@ -237,7 +237,11 @@ func drive(ctx context.Context, apiURL string, rate float64, seed uint64, log *s
 	hc := &http.Client{Timeout: 5 * time.Second}
 	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
 	defer t.Stop()
-	var keys []string
+	type submission struct {
+		key  string
+		body []byte
+	}
+	var sent []submission
 	// Keys unique to this run: a new demo run makes new orders, not
 	// duplicates of the last run's.
 	run := time.Now().UnixNano()
@@ -249,14 +253,19 @@ func drive(ctx context.Context, apiURL string, rate float64, seed uint64, log *s
 		}
 		key := fmt.Sprintf("demo-%d-%d", run, n)
 		email := fmt.Sprintf("customer%d@example.com", n)
+		var body []byte
 		switch roll := rnd.Float64(); {
-		case roll < 0.10 && len(keys) > 0:
-			key = keys[rnd.IntN(len(keys))] // the same order submitted again
+		case roll < 0.10 && len(sent) > 0:
+			// The same order submitted again: its key and its body.
+			s := sent[rnd.IntN(len(sent))]
+			key, body = s.key, s.body
 		case roll < 0.13:
 			email = fmt.Sprintf("customer%d@bounce.example", n)
 		}
-		keys = append(keys, key)
-		body, _ := json.Marshal(handlers.OrderRequest{Email: email, Amount: int64(100 + rnd.IntN(9900))})
+		if body == nil {
+			body, _ = json.Marshal(handlers.OrderRequest{Email: email, Amount: int64(100 + rnd.IntN(9900))})
+			sent = append(sent, submission{key, body})
+		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/orders", bytes.NewReader(body))
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := hc.Do(req)
@@ -310,8 +319,8 @@ func statusLine(ctx context.Context, pool *pgxpool.Pool, mail *handlers.MailSim)
 	ms := mail.Stats()
 	// The ledger's figures include earlier runs; the mail service starts
 	// from zero with each run.
-	return fmt.Sprintf("ledger, all runs: orders %d | jobs: %d succeeded, %d pending, %d running, %d failed (retrying), %d dead, %d discarded | mail service, this run: %d calls, %d mails, %d orders mailed twice",
-		orders, counts["succeeded"], counts["pending"], counts["running"], counts["failed"], counts["dead"], counts["discarded"],
+	return fmt.Sprintf("ledger, all runs: orders %d | jobs: %d succeeded, %d pending, %d running, %d failed (retrying), %d dead, %d discarded, %d cancelled | mail service, this run: %d calls, %d mails, %d orders mailed twice",
+		orders, counts["succeeded"], counts["pending"], counts["running"], counts["failed"], counts["dead"], counts["discarded"], counts["cancelled"],
 		ms.Calls, ms.Mails, ms.OrdersMailedTwice), nil
 }
 
