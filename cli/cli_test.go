@@ -544,6 +544,10 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	require.Error(t, err, "a dry run fails where the replay would")
 	require.Contains(t, out, "replay "+ids[0]+": would fail: ")
 	require.NotContains(t, out, "would replay 2 job(s)")
+	// And the question before a bulk replay says how many stay dead.
+	_, stderr, err = greeter(t, "no\n", "dead", "replay", "--all")
+	require.ErrorContains(t, err, "not confirmed")
+	require.Contains(t, stderr, "2 of them cannot be replayed")
 
 	for _, args := range [][]string{
 		{"dead", "resolve", ids[0], "charge"},

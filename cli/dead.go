@@ -446,6 +446,15 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				fmt.Fprintf(out, "%s: %d job(s)\n", action, len(ids))
 			}
 			if all && !d.yes && len(ids) > 0 {
+				if action == "replay" {
+					refused, err := idempotency.NewStore(pool).CountUnreplayable(ctx, f)
+					if err != nil {
+						return err
+					}
+					if refused > 0 {
+						fmt.Fprintf(cmd.ErrOrStderr(), "%d of them cannot be replayed (steps in doubt, effects committed, superseded) and stay dead; --dry-run names them\n", refused)
+					}
+				}
 				fmt.Fprintf(cmd.ErrOrStderr(), "type %d to %s them: ", len(ids), action)
 				line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
 				if strings.TrimSpace(line) != strconv.Itoa(len(ids)) {

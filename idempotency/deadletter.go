@@ -132,6 +132,23 @@ func replayable(ctx context.Context, db DB, j Job) (ReplayResult, error) {
 	return ReplayResult{Job: j}, nil
 }
 
+// unreplayableSQL selects the dead jobs replayable refuses, as it judges
+// them (TestCountUnreplayableAgreesWithReplay keeps the two together):
+// superseded, effects committed (recorded, or known by the error an older
+// keel wrote, as scanJob reads it), or a step in doubt no Verify settles.
+const unreplayableSQL = `(superseded_at IS NOT NULL OR effects_committed_at IS NOT NULL
+	OR (error_class = 'permanent' AND left(coalesce(last_error, ''), ` + "length('" + failedAfterCompleteMsg + "')) = '" + failedAfterCompleteMsg + `')
+	OR EXISTS (SELECT 1 FROM keel_steps s WHERE s.job_id = keel_jobs.id AND s.status = 'started' AND NOT s.verifiable))`
+
+// CountUnreplayable counts the dead jobs f matches that a replay would
+// refuse: a bulk replay's confirm page says how many stay dead.
+func (s *Store) CountUnreplayable(ctx context.Context, f DeadFilter) (int, error) {
+	where, args := f.where()
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE `+where+` AND `+unreplayableSQL, args...).Scan(&n)
+	return n, interpretError(err)
+}
+
 // CheckDiscard is what Discard would do with job id now, changing
 // nothing: an error for a job it refuses, already for one discarded
 // before (whose resolution stays).

@@ -532,3 +532,44 @@ func TestBulkActionsNeedTheConfirmedCount(t *testing.T) {
 	require.Equal(t, idempotency.StatusDiscarded, status(p1), "a discarded job ran again")
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM keel_audit WHERE actor = 'dave'`))
 }
+
+// The count of dead jobs a bulk replay would refuse, which its confirm page
+// shows, agrees with Replay's own verdict on each job: superseded, effects
+// committed (recorded, or known by an older keel's error), a step in doubt
+// no Verify can settle — and not a step its handler can Verify.
+func TestCountUnreplayableAgreesWithReplay(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	dead := func(key, extra string, args ...any) string {
+		res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: key}))
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = 'boom',
+			finished_at = now() WHERE id = $1`, res.Job.ID)
+		require.NoError(t, err)
+		if extra != "" {
+			_, err = b.pool.Exec(ctx, extra, append([]any{res.Job.ID}, args...)...)
+			require.NoError(t, err)
+		}
+		return res.Job.ID
+	}
+	ids := []string{
+		dead("plain", ""),
+		dead("superseded", `UPDATE keel_jobs SET superseded_at = now(), business_key = business_key || '#' || id WHERE id = $1`),
+		dead("effects", `UPDATE keel_jobs SET effects_committed_at = now() WHERE id = $1`),
+		dead("effects-old", `UPDATE keel_jobs SET last_error = $2 WHERE id = $1`,
+			"keel: handler failed after its completing InTx committed (its local effects are in): boom"),
+		dead("doubt", `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'started')`),
+		dead("verifiable", `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'mail', 'started', true)`),
+		dead("done-step", `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'done')`),
+	}
+	refused := 0
+	for _, id := range ids {
+		if _, err := b.store.CheckReplay(ctx, id); err != nil {
+			refused++
+		}
+	}
+	require.Equal(t, 4, refused, "superseded, effects, effects-old, doubt")
+	n, err := b.store.CountUnreplayable(ctx, idempotency.DeadFilter{Kind: receipt.Name()})
+	require.NoError(t, err)
+	require.Equal(t, refused, n)
+}

@@ -536,6 +536,9 @@ type confirmData struct {
 	Note    string
 	Changed bool
 	BackURL string
+	// Refused is how many of them a replay refuses (steps in doubt, effects
+	// committed, superseded): they stay dead.
+	Refused int
 	// Seen is when the page counted the jobs: a bulk action by filter acts
 	// only on jobs that had died by then, so that a confirmed count is of
 	// the jobs the person saw, not of others that died meanwhile.
@@ -698,6 +701,9 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int,
 	d.Seen = seen.UTC().Format(time.RFC3339Nano)
 	if err == nil {
 		d.Count, err = s.store.CountDead(ctx, df)
+	}
+	if err == nil && action == "replay" && d.Count > 0 {
+		d.Refused, err = s.store.CountUnreplayable(ctx, df)
 	}
 	if err == nil {
 		d.Sample, err = s.store.ListDead(ctx, df, 10, 0)

@@ -423,6 +423,16 @@ func TestBulkActionsConfirmTheCount(t *testing.T) {
 
 	page := op.get(t, "/dead?kind=order:send_receipt")
 	require.Contains(t, page.body, "3 dead jobs")
+	// One of them a replay would refuse: the replay's confirm page says so.
+	inDoubt, err := b.store.ListDead(t.Context(), idempotency.DeadFilter{Kind: "order:send_receipt"}, 1, 0)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'started')`, inDoubt[0].ID)
+	require.NoError(t, err)
+	replay := op.get(t, "/dead/confirm?action=replay&kind=order:send_receipt")
+	require.Contains(t, replay.body, `<p class="warn" id="refused">1 of them cannot be replayed`)
+	require.NotContains(t, op.get(t, "/dead/confirm?action=discard&kind=order:send_receipt").body, `id="refused"`, "a discard refuses none of them")
+	_, err = b.pool.Exec(t.Context(), `DELETE FROM keel_steps WHERE job_id = $1`, inDoubt[0].ID)
+	require.NoError(t, err)
 	require.Contains(t, page.body, `href="/dead/confirm?action=discard&amp;kind=order%3Asend_receipt"`)
 	res := op.get(t, "/dead/confirm?action=discard&kind=order:send_receipt")
 	require.Equal(t, http.StatusOK, res.status)
