@@ -851,3 +851,31 @@ func TestAStepInDoubtWithVerifyOnTheLastAttemptIsSettledByAReplay(t *testing.T) 
 	require.NoError(t, err)
 	require.Equal(t, "done", steps[0].Status)
 }
+
+var noVerifyNow = tasks.Define[order]("test:no_verify_now", tasks.MaxRetry(0), tasks.Key(func(o order) string { return "order:" + o.OrderID }))
+
+// A step in doubt that an earlier build could Verify, met by a handler that
+// cannot (Verify removed, or an older binary in a rolling deploy), waits
+// for a person: it is no longer offered to a replay, which would only die
+// on it again.
+func TestAStepInDoubtWithoutVerifyNowWaitsForAPerson(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, noVerifyNow, func(ctx context.Context, o order) error {
+		return idempotency.Step(ctx, "call", func(context.Context, string) error { calls.Add(1); return nil })
+	})
+	res, err := b.client.Enqueue(ctx, noVerifyNow.New(order{OrderID: "was-verifiable"}, tasks.Delay(2*time.Second)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'call', 'started', true)`, res.Job.ID)
+	require.NoError(t, err)
+	b.startWorker(t, mux, nil)
+	b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
+	require.Zero(t, calls.Load(), "a call in doubt is never made again blindly")
+	steps, err := b.store.Steps(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.False(t, steps[0].Verifiable)
+	_, err = b.store.CheckReplay(ctx, res.Job.ID)
+	require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
+}

@@ -271,8 +271,13 @@ type Guard struct {
 const minLedgerWait = time.Second
 
 // ledgerWait is how long a delivery the ledger could not take waits: as
-// long as the outage has lasted, within [minLedgerWait, LedgerRetry].
-func (g *Guard) ledgerWait() time.Duration {
+// long as the outage has lasted, within [minLedgerWait, LedgerRetry]. An
+// error that is no outage (a statement refused, a context ended) waits
+// LedgerRetry and starts no outage clock.
+func (g *Guard) ledgerWait(err error) time.Duration {
+	if !errors.Is(err, ErrLedgerUnavailable) && !ledgerUnreachable(err) {
+		return g.cfg.LedgerRetry
+	}
 	now := time.Now().UnixNano()
 	since := g.outageSince.Load()
 	if since == 0 && !g.outageSince.CompareAndSwap(0, now) {
@@ -871,7 +876,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		g.recording.leave()
 		if res.err != nil {
 			g.stats.ledgerErrs.Add(1)
-			return keepQueued(ctx, retry.Wait(g.ledgerWait(), fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err)))
+			return keepQueued(ctx, retry.Wait(g.ledgerWait(res.err), fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err)))
 		}
 		g.ledgerAnswered()
 		switch res.outcome {
@@ -962,7 +967,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		class := g.cfg.Classifier.Classify(herr)
 		if class == retry.ClassWait && errors.Is(herr, ErrLedgerUnavailable) {
-			herr = retry.Wait(g.ledgerWait(), herr)
+			herr = retry.Wait(g.ledgerWait(herr), herr)
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) && class != retry.ClassPermanent && class != retry.ClassWait {
 			class = retry.ClassTimeout
@@ -1046,10 +1051,11 @@ func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) err
 	}
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
-		return keepQueued(ctx, retry.Wait(g.ledgerWait(), fmt.Errorf("keel: ledger unavailable, job %s not retired: %w", id, err)))
+		return keepQueued(ctx, retry.Wait(g.ledgerWait(err), fmt.Errorf("keel: ledger unavailable, job %s not retired: %w", id, err)))
 	}
 	g.stats.crashed.Add(1)
 	g.stats.dead.Add(1)
+	noteOutcome(ctx, OutcomeRetired)
 	g.cfg.Logger.Error("keel: poison job retired", "job_id", id, "kind", t.Type(), "err", msg)
 	if g.cfg.OnDead != nil {
 		g.onDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
@@ -1142,6 +1148,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 	}
 	switch {
 	case err == nil:
+		g.ledgerAnswered()
 		g.stats.succeeded.Add(1)
 		return nil
 	case errors.Is(err, ErrLeaseLost):
@@ -1153,7 +1160,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		return nil
 	default:
 		g.stats.ledgerErrs.Add(1)
-		return retry.Wait(g.ledgerWait(), fmt.Errorf("keel: job %s finished but the ledger could not record it: %w", id, err))
+		return retry.Wait(g.ledgerWait(err), fmt.Errorf("keel: job %s finished but the ledger could not record it: %w", id, err))
 	}
 }
 
@@ -1278,6 +1285,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 		// The row stays running under our lease; it is retried after the lease.
 		return herr
 	}
+	g.ledgerAnswered()
 	noteFailure(ctx, status, class)
 	switch status {
 	case StatusDead:
@@ -1394,7 +1402,7 @@ func JobID(ctx context.Context) (string, bool) {
 // failure (metrics.Worker.Middleware does not count it as one).
 func Interrupted(ctx context.Context) bool {
 	jc, err := jobFrom(ctx)
-	return err == nil && jc.guard.stopping.Load() && errors.Is(context.Cause(ctx), context.Canceled)
+	return err == nil && jc.guard.stopping.Load() && !jc.completed.Load() && errors.Is(context.Cause(ctx), context.Canceled)
 }
 
 // Attempt returns which attempt (1-based) of the job this run is.

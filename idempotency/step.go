@@ -124,6 +124,11 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		}
 		// Started and never finished: the call may or may not have happened.
 		if cfg.verify == nil {
+			// This handler cannot Verify it (a build without Verify): a
+			// person must, and a replay must not be offered in their place.
+			if err := notVerifiable(ctx, pool, jc.id, name); err != nil {
+				return zero, err
+			}
 			return zero, retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jc.id, ErrInDoubt))
 		}
 		done, err := cfg.verify(ctx, key)
@@ -176,6 +181,13 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		}
 		// The call may have happened: keep "started" so that it is never
 		// repeated blindly.
+		if cfg.verify != nil && errors.Is(ferr, ErrResent) {
+			// Verify can say that a call happened, not that it happened
+			// once: this one is for a person, not for a replay.
+			if err := notVerifiable(bg, pool, jc.id, name); err != nil {
+				return zero, errors.Join(inDoubtError(jc.id, name, ferr, true), err)
+			}
+		}
 		return zero, inDoubtError(jc.id, name, ferr, cfg.verify != nil)
 	}
 	result, err := json.Marshal(v)
@@ -336,3 +348,11 @@ func (e *doubtError) Error() string {
 
 func (e *doubtError) Unwrap() error        { return e.err }
 func (e *doubtError) Is(target error) bool { return target == ErrInDoubt }
+
+// notVerifiable records that step name of job jobID, in doubt, is one no
+// Verify can settle: replayable then waits for a person's word on it.
+func notVerifiable(ctx context.Context, pool DB, jobID, name string) error {
+	_, err := pool.Exec(context.WithoutCancel(ctx), `UPDATE keel_steps SET verifiable = false
+		WHERE job_id = $1 AND name = $2 AND status = 'started'`, jobID, name)
+	return interpretError(err)
+}

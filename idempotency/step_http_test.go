@@ -591,6 +591,12 @@ func TestDoHTTPReportsAResend(t *testing.T) {
 	require.Equal(t, 1, j.Attempts)
 	_, applied := p.counts()
 	require.Equal(t, 2, applied, "the resending layer did send twice")
+	// Nor does a replay settle it by Verify in a person's place.
+	steps, err := b.store.Steps(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.False(t, steps[0].Verifiable)
+	_, err = b.store.CheckReplay(ctx, res.Job.ID)
+	require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
 }
 
 // A 303 after a POST says the work is done and the result is elsewhere;

@@ -404,7 +404,7 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 				return append(attrs, "err", err.Error())
 			}
 			// What the guard did, where the handler's error does not say it.
-			switch *outcome {
+			switch outcome() {
 			case idempotency.OutcomeDuplicate:
 				log.Info("keel: duplicate delivery acknowledged", attrs...)
 				return err
@@ -416,6 +416,9 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 				return err
 			case idempotency.OutcomeGivenUp:
 				log.Warn("keel: job given up", withErr()...)
+				return err
+			case idempotency.OutcomeRetired:
+				log.Warn("keel: job retired as a poison job", attrs...)
 				return err
 			}
 			switch {

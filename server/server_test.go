@@ -467,6 +467,15 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	msg, _ = attemptLine(log, quick.Job.ID, 2)
 	require.Equal(t, "keel: duplicate delivery acknowledged", msg)
 
+	// A poison job, retired at its delivery: nothing ran, and it is dead.
+	poison, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "poison"}, tasks.MaxRetry(0), tasks.Delay(2*time.Second)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET attempts = 1, crashes = 1 WHERE id = $1`, poison.Job.ID)
+	require.NoError(t, err)
+	testenv.Eventually(t, 15*time.Second, func() bool { _, ok := attemptLine(log, poison.Job.ID, 1); return ok }, "no line for the poison job")
+	msg, _ = attemptLine(log, poison.Job.ID, 1)
+	require.Equal(t, "keel: job retired as a poison job", msg)
+
 	// Cut short by the worker's shutdown.
 	cut, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "cut"}))
 	require.NoError(t, err)
