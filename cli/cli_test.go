@@ -324,6 +324,11 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	require.ErrorContains(t, err, "malformed")
 	_, _, err = greeter(t, "", "-o", "yaml", "version")
 	require.ErrorContains(t, err, `--output "yaml": want text or json`)
+	_, _, err = greeter(t, "", "-o", "text", "--json", "version")
+	require.ErrorContains(t, err, "--output text and --json disagree")
+	require.True(t, cli.IsUsageError(err))
+	_, _, err = greeter(t, "", "-o", "json", "--json", "version")
+	require.NoError(t, err, "they agree")
 
 	// Windows that hold no time are refused, not answered with nothing.
 	_, _, err = greeter(t, "", "dead", "ls", "--since", "-2h")

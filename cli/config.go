@@ -81,6 +81,9 @@ func (e *Env) prepare(cmd *cobra.Command) error {
 	}
 	switch strings.ToLower(e.output) {
 	case "text":
+		if e.asJSON && cmd.Flags().Changed("output") {
+			return usageError{errors.New("--output text and --json disagree: give one")}
+		}
 	case "json":
 		e.asJSON = true
 	default:
