@@ -50,15 +50,7 @@ func cancelCmd(e *Env) *cobra.Command {
 			if err := checkJobIDs(args); err != nil {
 				return err
 			}
-			seen := map[string]bool{}
-			ids := args[:0:0]
-			for _, id := range args {
-				if !seen[id] {
-					seen[id] = true
-					ids = append(ids, id)
-				}
-			}
-			args = ids
+			args = distinct(args)
 			ctx := cmd.Context()
 			redis, err := e.Redis(ctx)
 			if err != nil {

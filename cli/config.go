@@ -372,12 +372,13 @@ func (e *Env) own(msg string) string {
 // migrateHint names this program in the ledger's "run `keel migrate`": a
 // program's own migrate also creates its own tables.
 func (e *Env) migrateHint(err error) error {
-	name := e.app.name()
-	msg := err.Error()
-	if name == "keel" || errors.Is(err, idempotency.ErrSchemaTooNew) || !strings.Contains(msg, "run `keel migrate`") {
+	if errors.Is(err, idempotency.ErrSchemaTooNew) {
 		return err
 	}
-	return errors.New(strings.Replace(msg, "run `keel migrate`", "run `"+name+" migrate`", 1))
+	if msg := e.own(err.Error()); msg != err.Error() {
+		return errors.New(msg)
+	}
+	return err
 }
 
 // WorkerFlags are the worker's own settings (--queues, --concurrency, …),

@@ -308,6 +308,20 @@ func deadShowCmd(e *Env) *cobra.Command {
 }
 
 // checkJobID refuses what cannot be a job id before anything is asked.
+// distinct is ids, each once, in their order: an id given twice is acted
+// on once.
+func distinct(ids []string) []string {
+	seen := make(map[string]bool, len(ids))
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // checkJobIDs checks job ids and writes each back as the ledger keeps it:
 // uuid.Parse takes upper case, no hyphens, braces and urn:uuid:, the
 // ledger's ids are the lower-case hyphenated form.
@@ -383,13 +397,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			defer pool.Close()
 			var ids []string
 			if !all {
-				seen := map[string]bool{}
-				for _, id := range args {
-					if !seen[id] {
-						seen[id] = true
-						ids = append(ids, id)
-					}
-				}
+				ids = distinct(args)
 			}
 			if all {
 				if ids, err = allDead(ctx, pool, f); err != nil {

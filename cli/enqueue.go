@@ -297,18 +297,16 @@ func newTask(app App, kind string, payload []byte, key string, opts []tasks.Opti
 		return nil, fmt.Errorf("%s does not declare the kind %q (its kinds: %s)", app.name(), kind, strings.Join(app.kindNames(), ", "))
 	}
 	if k, ok := app.kind(kind); ok {
-		if key != "" {
-			// One business action, one key: a key that is not the one the
-			// kind derives (the order id typed for "order:123") would make
-			// a second job, and a second effect, for the same action.
-			own, err := k.task(payload, "", nil)
-			if err != nil {
-				return nil, err
-			}
-			if d := own.BusinessKey(); d != "" && d != key {
-				return nil, fmt.Errorf("the kind %s derives the business key %q from this payload, not %q: leave the key out (a second key for one action would make a second job)",
-					kind, d, key)
-			}
+		t, err := k.task(payload, "", opts)
+		if err != nil || key == "" || t.BusinessKey() == key {
+			return t, err
+		}
+		// One business action, one key: a key that is not the one the
+		// kind derives (the order id typed for "order:123") would make a
+		// second job, and a second effect, for the same action.
+		if d := t.BusinessKey(); d != "" {
+			return nil, fmt.Errorf("the kind %s derives the business key %q from this payload, not %q: leave the key out (a second key for one action would make a second job)",
+				kind, d, key)
 		}
 		return k.task(payload, key, opts)
 	}

@@ -279,11 +279,9 @@ func (g *Guard) ledgerWait(err error) time.Duration {
 		return g.cfg.LedgerRetry
 	}
 	now := time.Now().UnixNano()
+	g.outageSince.CompareAndSwap(0, now) // the first refusal starts the clock
 	since := g.outageSince.Load()
-	if since == 0 && !g.outageSince.CompareAndSwap(0, now) {
-		since = g.outageSince.Load()
-	}
-	if since == 0 {
+	if since == 0 { // the ledger answered meanwhile
 		since = now
 	}
 	return min(max(time.Duration(now-since), minLedgerWait), g.cfg.LedgerRetry)

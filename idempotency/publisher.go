@@ -126,10 +126,10 @@ func (p *Publisher) publish(ctx context.Context, queue string, jobs []Job, res [
 	}
 }
 
-// AsynqTimeout is a job's timeout as asynq keeps it, in whole seconds:
+// asynqTimeout is a job's timeout as asynq keeps it, in whole seconds:
 // rounded up, since truncated a timeout under a second would be none at all
 // (asynq's 30 minutes) and 1.9 s would cut the handler off at 1 s.
-func AsynqTimeout(d time.Duration) time.Duration {
+func asynqTimeout(d time.Duration) time.Duration {
 	if r := d.Truncate(time.Second); r < d {
 		return r + time.Second
 	}
@@ -165,7 +165,7 @@ func taskMessage(j Job) []byte {
 	str(3, j.ID)
 	str(4, j.Queue)
 	varint(5, int64(j.MaxRetry+AsynqRetryHeadroom))
-	timeout := AsynqTimeout(j.Timeout)
+	timeout := asynqTimeout(j.Timeout)
 	if timeout == 0 && j.Deadline == nil {
 		timeout = asynqDefaultTimeout
 	}

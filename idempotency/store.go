@@ -329,7 +329,7 @@ const AsynqRetryHeadroom = 5
 func TaskOptions(j Job) []asynq.Option {
 	opts := []asynq.Option{asynq.TaskID(j.ID), asynq.Queue(j.Queue), asynq.MaxRetry(j.MaxRetry + AsynqRetryHeadroom)}
 	if j.Timeout > 0 {
-		opts = append(opts, asynq.Timeout(AsynqTimeout(j.Timeout)))
+		opts = append(opts, asynq.Timeout(asynqTimeout(j.Timeout)))
 	}
 	if j.Deadline != nil {
 		opts = append(opts, asynq.Deadline(*j.Deadline))
