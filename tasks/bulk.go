@@ -225,7 +225,7 @@ func (c *Client) insert(ctx context.Context, nj idempotency.NewJob) (*Result, er
 // insertBatch writes the jobs of waiting Enqueue calls in one statement and
 // one commit, then publishes them in the background while the loop takes
 // the next calls: a round's publish overlaps the next round's commit.
-func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) {
+func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) <-chan struct{} {
 	njs := make([]idempotency.NewJob, len(reqs))
 	for i, r := range reqs {
 		njs[i] = r.nj
@@ -235,7 +235,7 @@ func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) {
 		for _, r := range reqs {
 			r.out <- insertOut{err: err}
 		}
-		return
+		return nil
 	}
 	res := results(njs, ins)
 	var pub []*Result
@@ -249,7 +249,9 @@ func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) {
 	for i, r := range reqs {
 		outs[i] = r.out
 	}
+	settled := make(chan struct{})
 	c.publishing.Go(func() {
+		defer close(settled)
 		// Not the round's context: Close cancels that, and a publish cut
 		// short only hands the jobs to the relay.
 		c.publish(context.WithoutCancel(ctx), pub)
@@ -257,4 +259,5 @@ func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) {
 			out <- insertOut{res: res[i]}
 		}
 	})
+	return settled
 }

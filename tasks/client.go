@@ -102,7 +102,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		insp:   asynq.NewInspectorFromRedisClient(rdb),
 		tracer: tracing.New(cfg.TracerProvider),
 	}
-	c.inserts = batch.New(insertLoops, maxInsertBatch, ErrClientClosed, c.insertBatch)
+	c.inserts = batch.NewSettling(insertLoops, maxInsertBatch, ErrClientClosed, c.insertBatch)
 	return c, nil
 }
 
