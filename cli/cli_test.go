@@ -916,3 +916,37 @@ func TestEnqueueRefusesAKeyTheKindDoesNotDerive(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "business key greet:ann")
 }
+
+// A line break or tab in a job's text cannot make status print a row of its
+// own: a business key "k\nstatus  succeeded" must not show a pending job
+// as succeeded at 3 a.m. Multi-line text (an error, a note) keeps its lines,
+// indented under its own row.
+func TestStatusRowsCannotBeForgedByJobText(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	key := "k1\nstatus            succeeded\nlease             nobody"
+	out, _, err := keelApp(t, "", "enqueue", "cli:greet", key, "--payload", `{"name": "forge"}`, "--delay", "1h", "--json")
+	require.NoError(t, err)
+	var j jobOut
+	require.NoError(t, json.Unmarshal([]byte(out), &j))
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'unknown', finished_at = now(),
+		last_error = $2 WHERE id = $1`, j.ID, "first line\nstatus  discarded\n\tresolved by  ops")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, $2, 'started')`, j.ID, "mail\nstatus succeeded")
+	require.NoError(t, err)
+	for _, args := range [][]string{{"status", "cli:greet", key}, {"status", "--id", j.ID}, {"dead", "show", j.ID}} {
+		out, _, err := keelApp(t, "", args...)
+		require.NoError(t, err, "%v", args)
+		var statusRows []string
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "status") || strings.HasPrefix(line, "lease") || strings.HasPrefix(line, "resolved by") {
+				statusRows = append(statusRows, line)
+			}
+			require.False(t, strings.HasPrefix(line, "\t"), "%v: a line starts with a tab: %q", args, line)
+		}
+		require.Len(t, statusRows, 1, "%v: one status row, no forged ones:\n%s", args, out)
+		require.Regexp(t, `^status +dead$`, statusRows[0], "%v", args)
+		require.Contains(t, out, "first line", "%v", args)
+	}
+}
