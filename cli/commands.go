@@ -433,11 +433,23 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 // program's name, in the commands it suggests.
 func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotency.StepRecord) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	// A line break or tab in a job's text would start a row or a column of
+	// its own ("status  succeeded" in a business key): names and keys show
+	// them as codes, and the further lines of a multi-line text (an error, a
+	// note) are indented under their row.
 	row := func(k, v string) {
-		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		if v == "" {
+			return
+		}
+		for i, line := range strings.Split(strings.ReplaceAll(v, "\t", "    "), "\n") {
+			if i == 0 {
+				fmt.Fprintf(tw, "%s\t%s\n", oneRow(k), line)
+			} else {
+				fmt.Fprintf(tw, "\t%s\n", line)
+			}
 		}
 	}
+	one := func(k, v string) { row(k, oneRow(v)) }
 	ts := func(t *time.Time) string {
 		if t == nil {
 			return ""
@@ -445,15 +457,15 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 		return t.Format(time.RFC3339)
 	}
 	row("job", j.ID)
-	row("kind", j.Kind)
-	row("business key", j.BusinessKey)
-	row("queue", j.Queue)
+	one("kind", j.Kind)
+	one("business key", j.BusinessKey)
+	one("queue", j.Queue)
 	row("status", string(j.Status))
 	row("attempts", fmt.Sprintf("%d (max retry %d)", j.Attempts, j.MaxRetry))
 	row("last error", j.LastError)
 	row("error class", j.ErrorClass)
 	if j.LeaseHolder != "" {
-		row("lease", fmt.Sprintf("%s until %s", j.LeaseHolder, ts(j.LeaseUntil)))
+		one("lease", fmt.Sprintf("%s until %s", j.LeaseHolder, ts(j.LeaseUntil)))
 	}
 	if next := nextRetry(j); next != nil {
 		row("next retry", fmt.Sprintf("%s (in %s)", next.Format(time.RFC3339), max(0, time.Until(*next)).Round(time.Second)))
@@ -470,9 +482,9 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 		row("effects committed", ts(j.EffectsCommittedAt)+" (its completing InTx committed before the handler failed: not replayable)")
 	}
 	row("payload summary", j.PayloadSummary)
-	row("trace id", j.TraceID)
+	one("trace id", j.TraceID)
 	row("resolution", j.ResolutionNote)
-	row("resolved by", j.ResolvedBy)
+	one("resolved by", j.ResolvedBy)
 	for _, s := range steps {
 		switch {
 		case s.Status == "started" && j.Status == idempotency.StatusDead:
@@ -480,11 +492,11 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 			switch {
 			case s.Verifiable:
 				how = fmt.Sprintf("its handler's Verify settles it when the job runs again: %s dead replay %s", prog, j.ID)
-			case strings.ContainsFunc(s.Name, visible.Hidden):
+			case strings.ContainsFunc(s.Name, visible.Hidden), strings.ContainsAny(s.Name, "\n\t"):
 				how = "say which on the job's dashboard page (the step's name has characters a terminal would act on)"
 			}
 			row("step "+s.Name, fmt.Sprintf("in doubt: its call may or may not have happened (calls %d, started %s, key %s); %s",
-				s.Calls, s.StartedAt.Format(time.RFC3339), idempotency.StepKey(j.ID, s.Name), how))
+				s.Calls, s.StartedAt.Format(time.RFC3339), oneRow(idempotency.StepKey(j.ID, s.Name)), how))
 		case s.FinishedAt == nil:
 			row("step "+s.Name, fmt.Sprintf("%s (calls %d, started %s)", s.Status, s.Calls, s.StartedAt.Format(time.RFC3339)))
 		default:
@@ -492,6 +504,13 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 		}
 	}
 	tw.Flush()
+}
+
+// oneRow shows the line breaks and tabs of a name or key as codes, as
+// internal/visible shows other control characters, so that it stays on its
+// row.
+func oneRow(s string) string {
+	return strings.NewReplacer("\n", "[U+000A]", "\t", "[U+0009]").Replace(s)
 }
 
 // shellWord quotes s for a POSIX shell unless it needs no quoting.
