@@ -950,3 +950,27 @@ func TestStatusRowsCannotBeForgedByJobText(t *testing.T) {
 		require.Contains(t, out, "first line", "%v", args)
 	}
 }
+
+// dead show prints one line per audit entry: a note's line breaks (the
+// dashboard's note is a textarea) cannot add an entry nobody made.
+func TestDeadShowAuditNoteCannotForgeAnEntry(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	j := enqueueGreet(t, "audited")
+	_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	note := "checked\naudit  2026-01-01T00:00:00Z  replay by the-boss: approved"
+	_, _, err = greeter(t, "", "dead", "discard", j.ID, "--note", note, "--actor", "ops")
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "dead", "show", j.ID)
+	require.NoError(t, err)
+	var entries []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "audit") {
+			entries = append(entries, line)
+		}
+	}
+	require.Len(t, entries, 1, "one audit entry:\n%s", out)
+	require.Contains(t, out, "approved", "the note is shown whole")
+}
