@@ -299,7 +299,10 @@ func deadShowCmd(e *Env) *cobra.Command {
 			}
 			printStatus(out, e.app.name(), j, steps)
 			for _, x := range audit {
-				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), x.Action, x.Actor, x.Note)
+				// A note's further lines are indented: at column 0 they
+				// would read as entries of their own.
+				note := strings.ReplaceAll(x.Note, "\n", "\n       ")
+				fmt.Fprintf(out, "audit  %s  %s by %s: %s\n", x.At.Format(time.RFC3339), oneRow(x.Action), oneRow(x.Actor), note)
 			}
 			return nil
 		},
