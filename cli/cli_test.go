@@ -974,3 +974,40 @@ func TestDeadShowAuditNoteCannotForgeAnEntry(t *testing.T) {
 	require.Len(t, entries, 1, "one audit entry:\n%s", out)
 	require.Contains(t, out, "approved", "the note is shown whole")
 }
+
+// A declared kind's payload is the business action: enqueue without one
+// (a forgotten --payload, an empty shell variable, null) would enqueue the
+// zero value's job — "greet:" for nobody — and take its key for good.
+func TestEnqueueRefusesAMissingPayload(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	for _, args := range [][]string{
+		{"enqueue", "cli:greet"},
+		{"enqueue", "cli:greet", "--payload", ""},
+		{"enqueue", "cli:greet", "--payload", " "},
+		{"enqueue", "cli:greet", "--payload", "null"},
+		{"enqueue", "cli:greet", "--dry-run"},
+	} {
+		_, _, err := greeter(t, "", args...)
+		require.Error(t, err, "%q", args)
+		require.True(t, cli.IsUsageError(err), "%q: %v", args, err)
+		require.Contains(t, err.Error(), "payload", "%q", args)
+	}
+	for _, line := range []string{`{"kind": "cli:greet"}`, `{"kind": "cli:greet", "payload": null}`} {
+		_, _, err := greeter(t, line+"\n", "enqueue", "--from", "-")
+		require.ErrorContains(t, err, "line 1", line)
+	}
+	// An empty payload file is as empty.
+	empty := filepath.Join(t.TempDir(), "empty.json")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	_, _, err := greeter(t, "", "enqueue", "cli:greet", "--payload-file", empty)
+	require.ErrorContains(t, err, "payload")
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM keel_jobs`).Scan(&n))
+	require.Zero(t, n, "nothing was enqueued")
+
+	// A kind the program does not declare keeps the {} default: keel
+	// cannot know its payload.
+	_, _, err = keelApp(t, "", "enqueue", "other:kind", "k1")
+	require.NoError(t, err)
+}
