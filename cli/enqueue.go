@@ -252,7 +252,7 @@ first job is enqueued.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&payload, "payload", "{}", "JSON payload")
+	fl.StringVar(&payload, "payload", "", "JSON payload (required for a kind the program declares; otherwise default {})")
 	fl.StringVar(&payloadFile, "payload-file", "", "read the JSON payload from this file (- for stdin)")
 	fl.StringVar(&from, "from", "", "enqueue many jobs: a file of JSON lines (- for stdin), see above")
 	fl.StringVar(&queue, "queue", "", "queue (default: the kind's queue, or default)")
@@ -287,16 +287,23 @@ func enqueueQueues() ([]string, error) {
 // newTask checks a job given on the command line or in a --from line: a
 // kind the program declares, a payload of the kind's type, a key.
 func newTask(app App, kind string, payload []byte, key string, opts []tasks.Option) (*tasks.Task, error) {
+	if !app.known(kind) {
+		return nil, fmt.Errorf("%s does not declare the kind %q (its kinds: %s)", app.name(), kind, strings.Join(app.kindNames(), ", "))
+	}
+	k, declared := app.kind(kind)
+	if declared && (len(payload) == 0 || string(payload) == "null") {
+		// The zero value would make a job for nobody ("order:" for no
+		// order) and keep its key: a forgotten --payload, or an empty
+		// shell variable, is a mistake, not {}.
+		return nil, fmt.Errorf("no payload: give the %s job's payload (--payload JSON, --payload-file FILE, or \"payload\" in a --from line); its business key comes from it", kind)
+	}
 	if len(payload) == 0 {
 		payload = []byte("{}")
 	}
 	if !json.Valid(payload) {
 		return nil, fmt.Errorf("the payload is not valid JSON: %q", oneLine(string(payload), 80))
 	}
-	if !app.known(kind) {
-		return nil, fmt.Errorf("%s does not declare the kind %q (its kinds: %s)", app.name(), kind, strings.Join(app.kindNames(), ", "))
-	}
-	if k, ok := app.kind(kind); ok {
+	if declared {
 		t, err := k.task(payload, "", opts)
 		if err != nil || key == "" || t.BusinessKey() == key {
 			return t, err
