@@ -1011,3 +1011,23 @@ func TestEnqueueRefusesAMissingPayload(t *testing.T) {
 	_, _, err = keelApp(t, "", "enqueue", "other:kind", "k1")
 	require.NoError(t, err)
 }
+
+// What the text says of a step in doubt — a person must settle it, or the
+// handler's Verify settles it on replay — the JSON says too, so a script can
+// tell the jobs that need a person from those a replay settles.
+func TestStatusJSONSaysWhetherAStepInDoubtNeedsAPerson(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	j := enqueueGreet(t, "verify")
+	_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'transient', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'checked', 'started', true), ($1, 'blind', 'started', false)`, j.ID)
+	require.NoError(t, err)
+	for _, args := range [][]string{{"status", "--id", j.ID, "--json"}, {"dead", "show", j.ID, "--json"}, {"dead", "ls", "--json"}} {
+		out, _, err := greeter(t, "", args...)
+		require.NoError(t, err, "%v", args)
+		require.Regexp(t, `"name": "checked",\s+"status": "started",[^}]*"verifiable": true`, out, "%v", args)
+		require.Regexp(t, `"name": "blind",\s+"status": "started",[^}]*"verifiable": false`, out, "%v", args)
+	}
+}
