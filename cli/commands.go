@@ -378,10 +378,13 @@ func statusCmd(e *Env) *cobra.Command {
 }
 
 type stepJSON struct {
-	Name       string     `json:"name"`
-	Status     string     `json:"status"`
-	Calls      int        `json:"calls"`
-	Result     string     `json:"result,omitempty"`
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Calls  int    `json:"calls"`
+	Result string `json:"result,omitempty"`
+	// Verifiable: a started step its handler's Verify settles on replay;
+	// false for a started step, a person says whether it happened.
+	Verifiable bool       `json:"verifiable"`
 	StartedAt  time.Time  `json:"started_at"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
 }
@@ -424,7 +427,7 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 		TraceID:            j.TraceID, ResolutionNote: j.ResolutionNote, ResolvedBy: j.ResolvedBy, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
 	for _, s := range steps {
 		out.Steps = append(out.Steps, stepJSON{Name: s.Name, Status: s.Status, Calls: s.Calls, Result: string(s.Result),
-			StartedAt: s.StartedAt, FinishedAt: s.FinishedAt})
+			Verifiable: s.Verifiable, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt})
 	}
 	return out
 }
