@@ -198,3 +198,49 @@ func TestBrowserCancel(t *testing.T) {
 	a := b.audit(t, two.ID)
 	require.Equal(t, "duplicate orders", a[0].Note)
 }
+
+// Archiving a waiting task of a keel job in asynqmon would look done (204)
+// and then be undone: the ledger still says the job should run, so the
+// reconciler removes the archived copy and publishes it again. keel refuses
+// it with a pointer to the job's page, where it can be cancelled; tasks keel
+// does not know are asynqmon's to archive.
+func TestAsynqmonArchiveOfAWaitingKeelJobIsRefused(t *testing.T) {
+	b := setup(t, nil)
+	op := b.signIn(t, operatorName, operatorPassword)
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+
+	j := b.waitingJob(t, "order:1")
+	res := op.do(t, http.MethodPost, "/monitoring/api/queues/default/scheduled_tasks/"+j.ID+":archive", nil, nil)
+	require.Equal(t, http.StatusConflict, res.status, res.body)
+	require.Contains(t, res.body, "/jobs/"+j.ID)
+	info, err := insp.GetTaskInfo("default", j.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State, "not archived")
+	require.Equal(t, idempotency.StatusPending, b.status(t, j.ID))
+
+	c := asynq.NewClient(b.redis)
+	defer c.Close()
+	other, err := c.Enqueue(asynq.NewTask("not:keel", nil), asynq.Queue("default"), asynq.ProcessIn(time.Hour))
+	require.NoError(t, err)
+	j2 := b.waitingJob(t, "order:2")
+	res = op.do(t, http.MethodPost, "/monitoring/api/queues/default/scheduled_tasks:batch_archive",
+		strings.NewReader(`{"task_ids":["`+j2.ID+`","`+other.ID+`"]}`), map[string]string{"Content-Type": "application/json"})
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	require.JSONEq(t, `{"archived_ids":["`+other.ID+`"],"error_ids":["`+j2.ID+`"]}`, res.body)
+	info, err = insp.GetTaskInfo("default", j2.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+	info, err = insp.GetTaskInfo("default", other.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateArchived, info.State, "a task keel does not know is archived")
+
+	for _, q := range []string{"pending", "scheduled", "retry"} {
+		res = op.do(t, http.MethodPost, "/monitoring/api/queues/default/"+q+"_tasks:archive_all", nil, nil)
+		require.Equal(t, http.StatusConflict, res.status, q)
+		require.Contains(t, res.body, "/jobs", q)
+	}
+	info, err = insp.GetTaskInfo("default", j.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateScheduled, info.State)
+}
