@@ -132,3 +132,74 @@ func nonNilIDs(ids []string) []string {
 	}
 	return ids
 }
+
+// monitorArchive matches asynqmon's API calls that archive waiting tasks.
+var monitorArchive = regexp.MustCompile(`^POST /queues/([^/]+)/(?:pending|scheduled|retry)_tasks(/[^/:]+:archive|:batch_archive|:archive_all)$`)
+
+// archiveThroughKeel refuses asynqmon's archive of a waiting task of a keel
+// job not finished: the ledger still says the job should run, so the
+// reconciler would remove the archived copy and publish it again — an
+// archive that answers 204 and is undone seconds later. keel has no
+// "park": the job's page cancels it. Tasks keel does not know, and stray
+// tasks of jobs that ended, are left to asynqmon. It reports whether it
+// answered.
+func (s *Server) archiveThroughKeel(w http.ResponseWriter, r *http.Request) bool {
+	rest, ok := strings.CutPrefix(r.URL.Path, MonitoringPath+"/api")
+	if !ok {
+		return false
+	}
+	m := monitorArchive.FindStringSubmatch(r.Method + " " + rest)
+	if m == nil {
+		return false
+	}
+	const why = "the ledger says it should run, and keel's reconciler would publish an archived copy again; cancel it on its page in keel"
+	switch action := m[2]; action {
+	case ":archive_all":
+		http.Error(w, "keel: these tasks are keel jobs: "+why+" (/jobs)", http.StatusConflict)
+		return true
+	case ":batch_archive":
+		var req struct {
+			TaskIDs []string `json:"task_ids"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, maxFormBytes)).Decode(&req); err != nil {
+			http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+			return true
+		}
+		archived, failed := []string{}, []string{}
+		for _, id := range req.TaskIDs {
+			open, err := s.openJob(r.Context(), id)
+			if err == nil && !open {
+				err = s.insp.ArchiveTask(m[1], id)
+			}
+			if err != nil || open {
+				failed = append(failed, id)
+				continue
+			}
+			archived = append(archived, id)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string][]string{"archived_ids": archived, "error_ids": failed})
+		return true
+	default: // "/ID:archive"
+		id := strings.TrimSuffix(strings.TrimPrefix(action, "/"), ":archive")
+		open, err := s.openJob(r.Context(), id)
+		switch {
+		case err != nil:
+			http.Error(w, "keel: "+err.Error(), http.StatusServiceUnavailable)
+		case open:
+			http.Error(w, "keel: task "+id+" is a keel job: "+why+": /jobs/"+url.PathEscape(id), http.StatusConflict)
+		default:
+			return false
+		}
+		return true
+	}
+}
+
+// openJob reports whether id is a keel job that has not finished.
+func (s *Server) openJob(ctx context.Context, id string) (bool, error) {
+	j, err := s.store.Get(ctx, id)
+	if errors.Is(err, idempotency.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil && cancellable(j.Status), err
+}
