@@ -1031,3 +1031,30 @@ func TestStatusJSONSaysWhetherAStepInDoubtNeedsAPerson(t *testing.T) {
 		require.Regexp(t, `"name": "blind",\s+"status": "started",[^}]*"verifiable": false`, out, "%v", args)
 	}
 }
+
+// A filter given empty — `--kind "$KIND"` with KIND unset — selects nothing
+// less than every dead job: with --yes a script would replay or discard all
+// of them. It is refused as the mistake it is.
+func TestBulkActionRefusesAnEmptyFilter(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	for _, name := range []string{"a", "b"} {
+		j := enqueueGreet(t, "empty-filter-"+name)
+		_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now() WHERE id = $1`, j.ID)
+		require.NoError(t, err)
+	}
+	for _, flag := range []string{"--kind", "--queue", "--class", "--since", "--until"} {
+		for _, action := range []string{"replay", "discard"} {
+			for _, value := range []string{"", " "} {
+				_, _, err := greeter(t, "", "dead", action, "--all", flag, value, "--yes", "--note", "cleanup")
+				require.Error(t, err, "%s %s %q", action, flag, value)
+				require.True(t, cli.IsUsageError(err), "%s %s %q: %v", action, flag, value, err)
+				require.Contains(t, err.Error(), flag)
+			}
+		}
+	}
+	var dead int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status = 'dead'`).Scan(&dead))
+	require.Equal(t, 2, dead, "nothing was acted on")
+}
