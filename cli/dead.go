@@ -375,11 +375,17 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			if err := checkJobIDs(args); err != nil {
 				return err
 			}
-			if !all {
-				for _, name := range []string{"kind", "queue", "class", "since", "until"} {
-					if cmd.Flags().Changed(name) {
-						return usageError{fmt.Errorf("--%s selects jobs with --all; it does not apply to jobs named by id", name)}
-					}
+			for _, name := range []string{"kind", "queue", "class", "since", "until"} {
+				if !cmd.Flags().Changed(name) {
+					continue
+				}
+				if !all {
+					return usageError{fmt.Errorf("--%s selects jobs with --all; it does not apply to jobs named by id", name)}
+				}
+				// An empty filter selects every dead job: `--kind "$KIND"`
+				// with KIND unset would act on all of them.
+				if v, _ := cmd.Flags().GetString(name); strings.TrimSpace(v) == "" {
+					return usageError{fmt.Errorf("--%s is empty, which would select every dead job: give a value, or leave the flag out to mean any", name)}
 				}
 			}
 			f, err := d.filter()
