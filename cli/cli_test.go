@@ -1058,3 +1058,24 @@ func TestBulkActionRefusesAnEmptyFilter(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status = 'dead'`).Scan(&dead))
 	require.Equal(t, 2, dead, "nothing was acted on")
 }
+
+// "Who has it?": a running job whose lease ran out is held by nobody — its
+// worker probably died — as the dashboard says; status must not name that
+// worker as the one running it.
+func TestStatusSaysALeaseHasExpired(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	live, gone := enqueueGreet(t, "lease-live"), enqueueGreet(t, "lease-gone")
+	_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', attempts = 1, lease_holder = 'host/1/alive', lease_until = now() + interval '1 minute' WHERE id = $1`, live.ID)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', attempts = 1, lease_holder = 'host/2/dead', lease_until = now() - interval '1 minute' WHERE id = $1`, gone.ID)
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "status", "--id", live.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "host/1/alive until")
+	require.NotContains(t, out, "expired")
+	out, _, err = greeter(t, "", "status", "--id", gone.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `lease +host/2/dead until \S+ \(expired`, out)
+}
