@@ -468,7 +468,12 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	row("last error", j.LastError)
 	row("error class", j.ErrorClass)
 	if j.LeaseHolder != "" {
-		one("lease", fmt.Sprintf("%s until %s", j.LeaseHolder, ts(j.LeaseUntil)))
+		lease := fmt.Sprintf("%s until %s", j.LeaseHolder, ts(j.LeaseUntil))
+		if j.Status == idempotency.StatusRunning && j.LeaseUntil != nil && time.Now().After(*j.LeaseUntil) {
+			// As the dashboard says: nobody holds it now.
+			lease += " (expired: the worker probably died; the next delivery takes the job over)"
+		}
+		one("lease", lease)
 	}
 	if next := nextRetry(j); next != nil {
 		row("next retry", fmt.Sprintf("%s (in %s)", next.Format(time.RFC3339), max(0, time.Until(*next)).Round(time.Second)))
