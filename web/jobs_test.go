@@ -218,3 +218,21 @@ func TestLookupFindsAKeyWithItsSpaces(t *testing.T) {
 	res := v.get(t, "/jobs?kind=order:send_receipt&key="+url.QueryEscape("order:7"))
 	require.Equal(t, http.StatusNotFound, res.status, "a key without its spaces is another key")
 }
+
+// A replay of jobs ticked on the jobs list warns, as one by filter does, of
+// those it will refuse (a step in doubt, effects committed): the count to
+// confirm is not the count that will run.
+func TestReplayOfSelectedJobsSaysWhichItRefuses(t *testing.T) {
+	b := setup(t, nil)
+	ok := b.deadJob(t, "order:send_receipt", "order:1", "boom")
+	doubt := b.deadJob(t, "order:send_receipt", "order:2", "in doubt")
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'started')`, doubt.ID)
+	require.NoError(t, err)
+	op := b.signIn(t, operatorName, operatorPassword)
+	sel := url.Values{"action": {"replay"}, "id": {ok.ID, doubt.ID}}
+	res := op.get(t, "/dead/confirm?"+sel.Encode())
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	require.Contains(t, res.body, `<p class="warn" id="refused">1 of them cannot be replayed`)
+	sel.Set("action", "discard")
+	require.NotContains(t, op.get(t, "/dead/confirm?"+sel.Encode()).body, `id="refused"`, "a discard refuses none of them")
+}
