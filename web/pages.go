@@ -641,6 +641,18 @@ func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status 
 	}
 	d := confirmData{Action: action, IDs: ids, Count: len(jobs), Note: note, Changed: changed, BackURL: selectedBackURL(action)}
 	d.Verb, d.State, _ = actsOn(action)
+	if action == "replay" {
+		// As the filter's page: those a replay refuses stay dead.
+		for _, j := range jobs {
+			if _, err := s.store.CheckReplay(ctx, j.ID); errors.Is(err, idempotency.ErrNotDead) ||
+				errors.Is(err, idempotency.ErrStepsInDoubt) || errors.Is(err, idempotency.ErrEffectsCommitted) {
+				d.Refused++
+			} else if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
+				s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+				return
+			}
+		}
+	}
 	d.Sample = jobs[:min(len(jobs), 10)]
 	s.render(w, r, status, "confirm", view{Title: "Confirm " + action, Nav: "jobs", Error: errMsg, Data: d})
 }
