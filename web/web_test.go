@@ -650,3 +650,16 @@ func TestDeadLetterFilterAndPages(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, res.status, "a class typo lists nothing, silently")
 	require.Contains(t, res.body, "no such class")
 }
+
+// The dead letters list tells a step its handler's Verify settles on replay
+// from one a person must settle, as the job's page and the in-doubt filter
+// do: both read "in doubt" there before.
+func TestDeadLettersTellAVerifiableStepFromOneForAPerson(t *testing.T) {
+	b := setup(t, nil)
+	j := b.deadJob(t, "order:send_receipt", "order:1", "in doubt; Verify settles it when the job runs again")
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'mail', 'started', true), ($1, 'charge', 'started', false)`, j.ID)
+	require.NoError(t, err)
+	body := b.signIn(t, viewerName, viewerPassword).get(t, "/dead").body
+	require.Regexp(t, `<bdi>mail</bdi>: [^<]*Verify settles it`, body)
+	require.Regexp(t, `<bdi>charge</bdi>: in doubt</span>`, body)
+}
