@@ -1079,3 +1079,28 @@ func TestStatusSaysALeaseHasExpired(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `lease +host/2/dead until \S+ \(expired`, out)
 }
+
+// A note is bounded as on the dashboard (2,000 characters): the CLI took a
+// note of any size into the job's row and audit log, which every page
+// showing the job then carries.
+func TestNotesAreBoundedAsOnTheDashboard(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	j := enqueueGreet(t, "long-note")
+	_, err := pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	long := strings.Repeat("é", 2001)
+	for _, args := range [][]string{
+		{"dead", "discard", j.ID, "--note", long},
+		{"dead", "replay", j.ID, "--note", long},
+		{"dead", "resolve", j.ID, "mail", "--happened", "--note", long},
+		{"cancel", j.ID, "--note", long},
+	} {
+		_, _, err := greeter(t, "", args...)
+		require.Error(t, err, args[:2])
+		require.True(t, cli.IsUsageError(err), "%v: %v", args[:2], err)
+		require.Contains(t, err.Error(), "2000", args[:2])
+	}
+	_, _, err = greeter(t, "", "dead", "discard", j.ID, "--note", strings.Repeat("é", 2000))
+	require.NoError(t, err)
+}
