@@ -47,6 +47,9 @@ func cancelCmd(e *Env) *cobra.Command {
 			if strings.TrimSpace(actor) == "" {
 				return usageError{idempotency.ErrActorRequired}
 			}
+			if err := checkNote(note); err != nil {
+				return err
+			}
 			if err := checkJobIDs(args); err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
@@ -22,6 +23,7 @@ import (
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/web"
 )
 
 // deadFlags are the dead-letter filters shared by ls, replay and discard.
@@ -146,6 +148,9 @@ Then replay the job (keel dead replay JOB_ID).`,
 			}
 			if strings.TrimSpace(actor) == "" {
 				return usageError{idempotency.ErrActorRequired}
+			}
+			if err := checkNote(note); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			pool, err := e.Ledger(ctx)
@@ -310,6 +315,15 @@ func deadShowCmd(e *Env) *cobra.Command {
 	return cmd
 }
 
+// checkNote bounds a note as the dashboard does: it is kept with the job
+// and in its audit log, which every page showing the job carries.
+func checkNote(note string) error {
+	if n := utf8.RuneCountInString(note); n > web.MaxNoteChars {
+		return usageError{fmt.Errorf("--note is %d characters; at most %d, as on the dashboard", n, web.MaxNoteChars)}
+	}
+	return nil
+}
+
 // checkJobID refuses what cannot be a job id before anything is asked.
 // distinct is ids, each once, in their order: an id given twice is acted
 // on once.
@@ -371,6 +385,9 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			}
 			if strings.TrimSpace(d.actor) == "" {
 				return usageError{idempotency.ErrActorRequired}
+			}
+			if err := checkNote(d.note); err != nil {
+				return err
 			}
 			if err := checkJobIDs(args); err != nil {
 				return err
