@@ -1104,3 +1104,24 @@ func TestNotesAreBoundedAsOnTheDashboard(t *testing.T) {
 	_, _, err = greeter(t, "", "dead", "discard", j.ID, "--note", strings.Repeat("é", 2000))
 	require.NoError(t, err)
 }
+
+// A replayed job keeps its last error until it fails again: status says it
+// is from an earlier attempt, as the dashboard does ("Earlier error"), and
+// does not show it as why the job stands where it is.
+func TestStatusShowsAnEarlierErrorAsHistory(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	j := enqueueGreet(t, "earlier")
+	_, err := pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = 'smtp said no', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "status", "--id", j.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^last error +smtp said no$`, out)
+	_, _, err = greeter(t, "", "dead", "replay", j.ID)
+	require.NoError(t, err)
+	out, _, err = greeter(t, "", "status", "--id", j.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^status +pending$`, out)
+	require.NotRegexp(t, `(?m)^last error`, out, "the pending job has no current error")
+	require.Regexp(t, `(?m)^earlier error +smtp said no \(permanent; from an earlier attempt`, out)
+}
