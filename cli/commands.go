@@ -465,8 +465,14 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	one("queue", j.Queue)
 	row("status", string(j.Status))
 	row("attempts", fmt.Sprintf("%d (max retry %d)", j.Attempts, j.MaxRetry))
-	row("last error", j.LastError)
-	row("error class", j.ErrorClass)
+	if j.Status == idempotency.StatusFailed || j.Status == idempotency.StatusDead {
+		row("last error", j.LastError)
+		row("error class", j.ErrorClass)
+	} else if j.LastError != "" {
+		// A replayed or closed job keeps its last error: history, not why it
+		// stands where it is (the dashboard's "Earlier error").
+		row("earlier error", fmt.Sprintf("%s (%s; from an earlier attempt, the job has moved on since)", j.LastError, j.ErrorClass))
+	}
 	if j.LeaseHolder != "" {
 		lease := fmt.Sprintf("%s until %s", j.LeaseHolder, ts(j.LeaseUntil))
 		if j.Status == idempotency.StatusRunning && j.LeaseUntil != nil && time.Now().After(*j.LeaseUntil) {
