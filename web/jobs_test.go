@@ -236,3 +236,19 @@ func TestReplayOfSelectedJobsSaysWhichItRefuses(t *testing.T) {
 	sel.Set("action", "discard")
 	require.NotContains(t, op.get(t, "/dead/confirm?"+sel.Encode()).body, `id="refused"`, "a discard refuses none of them")
 }
+
+// A failed job's next step does not promise the kind's whole budget when its
+// error is unclassified: the worker's policy retries those fewer times (3 by
+// default), so "attempt 2 of 9" would be 2 of 4.
+func TestJobPageSaysAnUnclassifiedFailureHasAShorterBudget(t *testing.T) {
+	b := setup(t, nil)
+	unknown := b.ledgerJob(t, "order:send_receipt", "order:1", `status = 'failed', attempts = 2, max_retry = 8,
+		error_class = 'unknown', last_error = 'weird', run_at = now() + interval '1 minute'`)
+	transient := b.ledgerJob(t, "order:send_receipt", "order:2", `status = 'failed', attempts = 2, max_retry = 8,
+		error_class = 'transient', last_error = 'timeout', run_at = now() + interval '1 minute'`)
+	v := b.signIn(t, viewerName, viewerPassword)
+	page := v.get(t, "/jobs/"+unknown.ID).body
+	require.NotContains(t, page, "Failed attempt 2 of 9")
+	require.Contains(t, page, "dies after attempt 4")
+	require.Contains(t, v.get(t, "/jobs/"+transient.ID).body, "Failed attempt 2 of 9")
+}
