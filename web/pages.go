@@ -421,6 +421,13 @@ func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 		}
 		return "Running on " + j.LeaseHolder + ", which holds the lease; no other worker may run it until the lease ends."
 	case idempotency.StatusFailed:
+		if n := retry.DefaultUnknownMaxRetry; j.ErrorClass == string(retry.ClassUnknown) && n < j.MaxRetry {
+			// The worker's policy, not the kind's budget, bounds an
+			// unclassified error's retries; this server knows only the default.
+			return fmt.Sprintf("Failed attempt %d; asynq retries it with backoff on any worker. Its error is unclassified: "+
+				"with the default retry policy it gets %d retries, not the kind's %d, so it dies after attempt %d unless a retry succeeds "+
+				"or fails with a classified error.", j.Attempts, n, j.MaxRetry, n+1)
+		}
 		return fmt.Sprintf("Failed attempt %d of %d; asynq retries it with backoff on any worker.", j.Attempts, j.MaxRetry+1)
 	case idempotency.StatusDead:
 		switch {
