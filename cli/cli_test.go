@@ -1125,3 +1125,17 @@ func TestStatusShowsAnEarlierErrorAsHistory(t *testing.T) {
 	require.NotRegexp(t, `(?m)^last error`, out, "the pending job has no current error")
 	require.Regexp(t, `(?m)^earlier error +smtp said no \(permanent; from an earlier attempt`, out)
 }
+
+// status does not promise the kind's whole budget to a job failing with an
+// unclassified error: the worker's policy retries those 3 times by default.
+func TestStatusSaysAnUnclassifiedFailureHasAShorterBudget(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	j := enqueueGreet(t, "unclassified")
+	_, err := pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'failed', attempts = 2, max_retry = 8, error_class = 'unknown',
+		last_error = 'weird', run_at = now() + interval '1 minute' WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "status", "--id", j.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^attempts +2 \(max retry 8; .*dies after attempt 4`, out)
+}
