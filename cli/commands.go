@@ -21,6 +21,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -464,7 +465,14 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	one("business key", j.BusinessKey)
 	one("queue", j.Queue)
 	row("status", string(j.Status))
-	row("attempts", fmt.Sprintf("%d (max retry %d)", j.Attempts, j.MaxRetry))
+	attempts := fmt.Sprintf("%d (max retry %d)", j.Attempts, j.MaxRetry)
+	if n := retry.DefaultUnknownMaxRetry; j.Status == idempotency.StatusFailed && j.ErrorClass == string(retry.ClassUnknown) && n < j.MaxRetry {
+		// The worker's policy, not the kind's budget, bounds an
+		// unclassified error's retries; this command knows only the default.
+		attempts = fmt.Sprintf("%d (max retry %d; its error is unclassified: with the default retry policy it gets %d retries and dies after attempt %d)",
+			j.Attempts, j.MaxRetry, n, n+1)
+	}
+	row("attempts", attempts)
 	if j.Status == idempotency.StatusFailed || j.Status == idempotency.StatusDead {
 		row("last error", j.LastError)
 		row("error class", j.ErrorClass)
