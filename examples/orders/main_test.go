@@ -73,7 +73,7 @@ func TestCLI(t *testing.T) {
 	require.Contains(t, out, "already existed")
 	_, err = orders(t, "", "enqueue", "order:send_receipt", "k", "--payload", `{not json`)
 	require.ErrorContains(t, err, "not valid JSON")
-	_, err = orders(t, "", "enqueue", "order:send_receipt", "--queue", "nope")
+	_, err = orders(t, "", "enqueue", "order:send_receipt", "--queue", "nope", "--payload", `{"order_id":"q","email":"a@example.com"}`)
 	require.ErrorContains(t, err, `unknown queue "nope"`)
 	_, err = orders(t, "", "enqueue", "order:refund", "k")
 	require.ErrorContains(t, err, `orders does not declare the kind "order:refund"`)
