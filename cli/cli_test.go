@@ -1139,3 +1139,17 @@ func TestStatusSaysAnUnclassifiedFailureHasAShorterBudget(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `(?m)^attempts +2 \(max retry 8; .*dies after attempt 4`, out)
 }
+
+// Discarding a job that has not finished is refused, and the refusal says
+// what stops such a job: cancel.
+func TestDiscardOfAnOpenJobPointsToCancel(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	testenv.Pool(t, schema)
+	j := enqueueGreet(t, "still-open")
+	_, stderr, err := greeter(t, "", "dead", "discard", j.ID, "--note", "stop it")
+	require.Error(t, err)
+	require.Contains(t, stderr, "`greeter cancel "+j.ID+"`")
+	out, _, err := greeter(t, "", "dead", "discard", j.ID, "--note", "stop it", "--json")
+	require.Error(t, err)
+	require.Contains(t, out, "greeter cancel "+j.ID)
+}
