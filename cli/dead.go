@@ -602,7 +602,20 @@ func discardOne(ctx context.Context, store *idempotency.Store, insp *asynq.Inspe
 	if err == nil && (j.ResolvedBy != actor || j.ResolutionNote != note) {
 		return already(j), nil // someone else closed it first
 	}
-	return "", err
+	return "", cancelHint(ctx, store, id, err)
+}
+
+// cancelHint adds to a discard refused for a job that has not finished what
+// stops such a job: discard closes dead jobs only.
+func cancelHint(ctx context.Context, store *idempotency.Store, id string, err error) error {
+	if !errors.Is(err, idempotency.ErrNotDead) {
+		return err
+	}
+	if j, gerr := store.Get(ctx, id); gerr == nil && (j.Status == idempotency.StatusPending ||
+		j.Status == idempotency.StatusRunning || j.Status == idempotency.StatusFailed) {
+		return fmt.Errorf("%w; discard closes dead jobs, a job that has not finished is stopped with `keel cancel %s`", err, id)
+	}
+	return err
 }
 
 func allDead(ctx context.Context, pool *pgxpool.Pool, f idempotency.DeadFilter) ([]string, error) {
