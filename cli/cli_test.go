@@ -1153,3 +1153,21 @@ func TestDiscardOfAnOpenJobPointsToCancel(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, out, "greeter cancel "+j.ID)
 }
+
+// dead ls prints one line per job, whatever its kind holds: the key and
+// error are kept to one line already, and so is the kind.
+func TestDeadLsKeepsEachJobOnOneLine(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	out, _, err := keelApp(t, "", "enqueue", "odd\nkind\tx", "k1", "--payload", `{}`, "--json")
+	require.NoError(t, err)
+	var j jobOut
+	require.NoError(t, json.Unmarshal([]byte(out), &j))
+	_, err = pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = 'boom', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	out, _, err = keelApp(t, "", "dead", "ls")
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, "header, the job, the count:\n%s", out)
+	require.Contains(t, lines[1], j.ID)
+}
