@@ -236,7 +236,7 @@ func deadLsCmd(e *Env) *cobra.Command {
 				if j.FinishedAt != nil {
 					died = j.FinishedAt.Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", died, j.ID, j.Kind, oneLine(j.BusinessKey, 40),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", died, j.ID, oneLine(j.Kind, 60), oneLine(j.BusinessKey, 40),
 					j.ErrorClass, j.Attempts, oneLine(j.LastError, 80))
 			}
 			tw.Flush()
