@@ -1171,3 +1171,22 @@ func TestDeadLsKeepsEachJobOnOneLine(t *testing.T) {
 	require.Len(t, lines, 3, "header, the job, the count:\n%s", out)
 	require.Contains(t, lines[1], j.ID)
 }
+
+// What enqueue prints of a job stays on its line: a line break in a kind or
+// key shows as a code.
+func TestEnqueueOutputKeepsAJobOnItsLine(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	testenv.Pool(t, schema)
+	for _, dry := range []bool{false, true} {
+		args := []string{"enqueue", "two\nlines", "k\nstatus dead", "--payload", `{}`}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		out, _, err := keelApp(t, "", args...)
+		require.NoError(t, err)
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			require.False(t, strings.HasPrefix(line, "status") || strings.HasPrefix(line, "lines"), "dry run %v: %q", dry, out)
+		}
+		require.Contains(t, out, "k[U+000A]status dead", "dry run %v", dry)
+	}
+}
