@@ -226,7 +226,7 @@ first job is enqueued.`,
 				if r.PayloadDiffers {
 					state += " with another payload, which it keeps"
 				}
-				fmt.Fprintf(out, "job %s %s (status %s, queue %s, business key %s)\n", r.ID, state, r.Status, r.Queue, r.BusinessKey)
+				fmt.Fprintf(out, "job %s %s (status %s, queue %s, business key %s)\n", r.ID, state, r.Status, oneRow(r.Queue), oneRow(r.BusinessKey))
 				if r.Existed && r.Status == string(idempotency.StatusDead) {
 					fmt.Fprintf(out, "it is dead: %[1]s dead show %[2]s says why, %[1]s dead replay %[2]s runs it again\n", e.app.name(), r.ID)
 				}
@@ -418,7 +418,7 @@ func printDryRun(e *Env, out io.Writer, jobs []*tasks.Task, lines []int) error {
 	}
 	fmt.Fprintf(out, "dry run: %d job(s) checked; nothing was enqueued\n", len(jobs))
 	for _, r := range results {
-		fmt.Fprintf(out, "  would enqueue %s %s on queue %s\n", r.Kind, r.BusinessKey, r.Queue)
+		fmt.Fprintf(out, "  would enqueue %s %s on queue %s\n", oneRow(r.Kind), oneRow(r.BusinessKey), oneRow(r.Queue))
 	}
 	return nil
 }
