@@ -105,3 +105,29 @@ func TestBatchCommands(t *testing.T) {
 		require.Contains(t, r.stderr, c.want, "%v", c.args)
 	}
 }
+
+// batch show keeps a batch's description on its row: one typed with a line
+// break "state  complete" must not show an open batch as complete.
+func TestBatchShowKeepsTheDescriptionOnItsRow(t *testing.T) {
+	redis := testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool})
+	require.NoError(t, err)
+	defer client.Close()
+	batch, err := client.NewBatch(ctx, tasks.BatchSpec{Description: "wave 2\nstate        complete"})
+	require.NoError(t, err)
+	_, err = client.Enqueue(ctx, tasks.NewRaw("odd\nkind", []byte(`{}`), "k1", tasks.InBatch(batch.ID)))
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "batch", "show", batch.ID)
+	require.NoError(t, err)
+	var states []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "state") {
+			states = append(states, line)
+		}
+		require.False(t, strings.HasPrefix(line, "kind"), "%q", out)
+	}
+	require.Len(t, states, 1, out)
+	require.Regexp(t, `^state +open$`, states[0])
+}
