@@ -199,7 +199,7 @@ func loadBatch(ctx context.Context, store *idempotency.Store, id string, limit i
 func printBatch(w io.Writer, v batchJSON) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "batch\t%s\n", v.ID)
-	fmt.Fprintf(tw, "description\t%s\n", v.Description)
+	fmt.Fprintf(tw, "description\t%s\n", oneRow(v.Description))
 	fmt.Fprintf(tw, "state\t%s\n", v.State)
 	fmt.Fprintf(tw, "ended\t%d of %d: %d succeeded, %d dead, %d discarded, %d cancelled\n",
 		v.Succeeded+v.Dead+v.Discarded+v.Cancelled, v.Total, v.Succeeded, v.Dead, v.Discarded, v.Cancelled)
@@ -218,7 +218,7 @@ func printBatch(w io.Writer, v batchJSON) {
 		if c.JobID != "" {
 			state = "job " + c.JobID + " " + c.Status
 		}
-		fmt.Fprintf(tw, "on %s\t%s (queue %s): %s\n", c.Event, c.Kind, c.Queue, state)
+		fmt.Fprintf(tw, "on %s\t%s (queue %s): %s\n", c.Event, oneRow(c.Kind), oneRow(c.Queue), state)
 	}
 	tw.Flush()
 	if len(v.OpenJobs) == 0 {
@@ -228,7 +228,7 @@ func printBatch(w io.Writer, v batchJSON) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tKIND\tBUSINESS KEY\tSTATUS\tATTEMPTS\tLAST ERROR")
 	for _, j := range v.OpenJobs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, j.Kind, oneLine(j.BusinessKey, 40), j.Status, j.Attempts, oneLine(j.LastError, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, oneLine(j.Kind, 60), oneLine(j.BusinessKey, 40), j.Status, j.Attempts, oneLine(j.LastError, 60))
 	}
 	tw.Flush()
 }
