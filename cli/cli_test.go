@@ -1190,3 +1190,31 @@ func TestEnqueueOutputKeepsAJobOnItsLine(t *testing.T) {
 		require.Contains(t, out, "k[U+000A]status dead", "dry run %v", dry)
 	}
 }
+
+// --all reads every dead job the filter matches, past a thousand too, each
+// once: the ids are read in one statement, not in pages that a job dying or
+// leaving meanwhile would shift.
+func TestBulkActionSelectsEveryDeadJobOnce(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	ctx := context.Background()
+	const n = 1003
+	_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, error_class, finished_at)
+		SELECT gen_random_uuid()::text, 'cli:greet', 'many-' || g, 'default', '{"name": "many"}', 3, 'dead', 'permanent',
+			now() - g * interval '1 second' FROM generate_series(1, $1) g`, n)
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "dead", "replay", "--all", "--kind", "cli:greet", "--dry-run", "--json")
+	require.NoError(t, err)
+	var dry struct {
+		Count int      `json:"count"`
+		IDs   []string `json:"ids"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &dry))
+	require.Equal(t, n, dry.Count)
+	seen := map[string]bool{}
+	for _, id := range dry.IDs {
+		require.False(t, seen[id], "job %s selected twice", id)
+		seen[id] = true
+	}
+	require.Len(t, seen, n)
+}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -426,7 +425,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				ids = distinct(args)
 			}
 			if all {
-				if ids, err = allDead(ctx, pool, f); err != nil {
+				if ids, err = idempotency.NewStore(pool).DeadIDs(ctx, f); err != nil {
 					return err
 				}
 			}
@@ -616,23 +615,6 @@ func cancelHint(ctx context.Context, store *idempotency.Store, id string, err er
 		return fmt.Errorf("%w; discard closes dead jobs, a job that has not finished is stopped with `keel cancel %s`", err, id)
 	}
 	return err
-}
-
-func allDead(ctx context.Context, pool *pgxpool.Pool, f idempotency.DeadFilter) ([]string, error) {
-	store := idempotency.NewStore(pool)
-	var ids []string
-	for offset := 0; ; offset += 1000 {
-		jobs, err := store.ListDead(ctx, f, 1000, offset)
-		if err != nil {
-			return nil, err
-		}
-		for _, j := range jobs {
-			ids = append(ids, j.ID)
-		}
-		if len(jobs) < 1000 {
-			return ids, nil
-		}
-	}
 }
 
 func nonNilResults(rs []actionResult) []actionResult {

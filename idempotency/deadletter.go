@@ -341,6 +341,19 @@ func (s *Store) ListDead(ctx context.Context, f DeadFilter, limit, offset int) (
 	return jobs, interpretError(err)
 }
 
+// DeadIDs returns the ids of every dead job f matches, oldest death first,
+// read in one statement: pages read one after another would skip a job
+// that left the set meanwhile and repeat one when another joined it.
+func (s *Store) DeadIDs(ctx context.Context, f DeadFilter) ([]string, error) {
+	where, args := f.where()
+	rows, err := s.pool.Query(ctx, `SELECT id FROM keel_jobs WHERE `+where+` ORDER BY finished_at, id`, args...)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return ids, interpretError(err)
+}
+
 // BulkResult says what a bulk action did.
 type BulkResult struct {
 	Matched, Done int
@@ -372,14 +385,9 @@ func (s *Store) bulk(ctx context.Context, f DeadFilter, expect int, actor string
 	if strings.TrimSpace(actor) == "" {
 		return BulkResult{}, ErrActorRequired
 	}
-	where, args := f.where()
-	rows, err := s.pool.Query(ctx, `SELECT id FROM keel_jobs WHERE `+where+` ORDER BY finished_at, id`, args...)
+	ids, err := s.DeadIDs(ctx, f)
 	if err != nil {
-		return BulkResult{}, interpretError(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return BulkResult{}, interpretError(err)
+		return BulkResult{}, err
 	}
 	res := BulkResult{Matched: len(ids), Failed: map[string]string{}}
 	if len(ids) != expect {
