@@ -21,6 +21,7 @@ import (
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
+	"github.com/keeljobs/keel/web"
 )
 
 const chromium = "/usr/bin/chromium"
@@ -381,6 +382,22 @@ func TestBrowserJobsList(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, j.Status)
 	}
+
+	// A bulk action by filter still running when its request stops waiting
+	// goes on in the background, on a page that refreshes itself until done.
+	web.SetBulkInlineWait(t, 0)
+	run(t, ctx, chromedp.Navigate(base+"/dead/confirm?action=discard&kind=order:send_receipt"), chromedp.WaitVisible(chromedp.ID("confirm")))
+	run(t, ctx,
+		chromedp.SendKeys(chromedp.CSS(`textarea[name="note"]`), "one more"),
+		chromedp.Click(chromedp.ID("confirm")),
+	)
+	waitJS(t, ctx, `document.location.pathname.startsWith('/bulk/') &&
+		(document.querySelector('main h1') || {innerText: ''}).innerText === 'Bulk discard: 1 of 1 done'`,
+		"the bulk discard's progress page did not show it done")
+	noCSPViolations(t, ctx, "the bulk action's progress page")
+	j3, err := b.store.Get(context.Background(), dead3.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusDiscarded, j3.Status)
 
 	// The payload reads as JSON, with < as <.
 	run(t, ctx, chromedp.Navigate(base+"/jobs/"+done.Job.ID), chromedp.WaitVisible(chromedp.CSS("pre.payload")))

@@ -11,3 +11,11 @@ func SetClock(s *Server, now func() time.Time) { s.auth.now = now }
 
 // AccountSpacing is how far apart a slowed-down account's attempts are.
 const AccountSpacing = loginAccountSpacing
+
+// SetBulkInlineWait sets how long a bulk action's request waits for it
+// before sending the operator to its progress page, until the test ends.
+func SetBulkInlineWait(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := bulkInlineWait
+	bulkInlineWait = d
+	t.Cleanup(func() { bulkInlineWait = old })
+}

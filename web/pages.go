@@ -738,6 +738,9 @@ type bulkData struct {
 	Action  string
 	Result  idempotency.BulkResult
 	BackURL string
+	// Running: a background bulk action's progress page (see runBulk).
+	Running bool
+	Actor   string
 }
 
 func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
@@ -782,26 +785,32 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 			shown.Until = at
 		}
 	}
-	var res idempotency.BulkResult
-	if action == "replay" {
-		res, err = s.store.ReplayMatching(r.Context(), s.insp, shown, expect, p.Name, note)
-	} else {
-		res, err = s.store.DiscardMatching(r.Context(), s.insp, shown, expect, p.Name, note)
-	}
-	switch {
-	case errors.Is(err, idempotency.ErrCountChanged):
-		s.confirmPage(w, r, http.StatusConflict, action, f, df, note, true, "")
-		return
-	case errors.Is(err, idempotency.ErrNoteRequired):
+	if action == "discard" && note == "" {
 		s.confirmPage(w, r, http.StatusBadRequest, action, f, df, note, false, "a note saying why is required to discard")
 		return
-	case err != nil:
-		s.cfg.Logger.Error("keel web: bulk action failed", "action", action, "err", err)
-		s.errorPage(w, r, http.StatusInternalServerError, "bulk "+action+" failed: "+err.Error())
+	}
+	// Selected now and checked against the count the person confirmed, so
+	// that a confirmation always means what it said; acted on in the
+	// background (see runBulk).
+	ids, err = s.store.DeadIDs(r.Context(), shown)
+	if err != nil {
+		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
 		return
 	}
-	s.cfg.Logger.Info("keel web: bulk action", "action", action, "actor", p.Name, "matched", res.Matched,
-		"done", res.Done, "failed", len(res.Failed), "filter", f.values().Encode())
-	s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + action, Nav: "dead",
-		Data: bulkData{Action: action, Result: res, BackURL: "/dead?" + f.values().Encode()}})
+	if len(ids) != expect {
+		s.confirmPage(w, r, http.StatusConflict, action, f, df, note, true, "")
+		return
+	}
+	act := func(ctx context.Context, id string) error {
+		if action == "replay" {
+			_, err := s.store.Replay(ctx, s.insp, id, p.Name, note)
+			return err
+		}
+		_, err := s.store.Discard(ctx, s.insp, id, p.Name, note)
+		return err
+	}
+	s.runBulk(w, r, action, "dead", ids, "/dead?"+f.values().Encode(), act, func(res idempotency.BulkResult) {
+		s.cfg.Logger.Info("keel web: bulk action", "action", action, "actor", p.Name, "matched", res.Matched,
+			"done", res.Done, "failed", len(res.Failed), "filter", f.values().Encode())
+	})
 }

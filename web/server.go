@@ -40,6 +40,7 @@ type Server struct {
 	pageCSP string
 	hosts   hostPolicy
 	handler http.Handler
+	bulks   *bulkRuns
 
 	closeOnce sync.Once
 }
@@ -59,7 +60,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	cfg.Redis = redisconn.Follow(cfg.Redis)
-	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret)}
+	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret), bulks: newBulkRuns()}
 	if cfg.Origin != "" {
 		s.origin, _ = parseOrigin(cfg.Origin)
 	}
@@ -107,6 +108,7 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("GET /dead", s.deadLetters)
 	app.HandleFunc("GET /dead/confirm", operatorOnly(s.bulkConfirm))
 	app.HandleFunc("POST /dead/bulk", operatorOnly(checkToken(s.bulk)))
+	app.HandleFunc("GET /bulk/{id}", s.bulkProgress)
 	app.HandleFunc("GET /jobs", s.lookup)
 	app.HandleFunc("GET /jobs/{id}", s.job)
 	app.HandleFunc("GET /batches", s.batches)
@@ -226,6 +228,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // Close stops sampling and releases the server's Redis connections.
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
+		s.bulks.close() // before the clients its actions use
 		s.sampler.close()
 		s.closeClients()
 	})

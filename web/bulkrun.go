@@ -1,0 +1,156 @@
+package web
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"maps"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/keeljobs/keel/idempotency"
+)
+
+// A bulk action by filter can select tens of thousands of jobs: run inside
+// the request, it outlived the server's write timeout (the operator got an
+// empty reply while it went on) and stopped part-way when the browser or a
+// proxy hung up. It runs in the background instead, detached from the
+// request; the request waits bulkInlineWait for it, long enough for the
+// usual few hundred jobs, and otherwise sends the operator to a page that
+// shows its progress. Every job it acts on is in that job's audit log.
+var bulkInlineWait = 5 * time.Second
+
+// bulkKeep is how long a finished bulk action's result stays viewable.
+const bulkKeep = time.Hour
+
+// bulkRun is one bulk action running, or run, in the background.
+type bulkRun struct {
+	id, action, actor, backURL string
+	finished                   time.Time
+	done                       chan struct{}
+
+	mu  sync.Mutex
+	res idempotency.BulkResult
+}
+
+func (b *bulkRun) result() (idempotency.BulkResult, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	res := b.res
+	res.Failed = maps.Clone(b.res.Failed)
+	select {
+	case <-b.done:
+		return res, true
+	default:
+		return res, false
+	}
+}
+
+// bulkRuns are the server's background bulk actions.
+type bulkRuns struct {
+	ctx    context.Context // ended by Close: a job's action in progress finishes, no other starts
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	runs   map[string]*bulkRun
+}
+
+func newBulkRuns() *bulkRuns {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &bulkRuns{ctx: ctx, cancel: cancel, runs: map[string]*bulkRun{}}
+}
+
+func (br *bulkRuns) close() {
+	br.cancel()
+	br.wg.Wait()
+}
+
+// start acts on ids one by one in the background.
+func (br *bulkRuns) start(action, actor, backURL string, ids []string, act func(ctx context.Context, id string) error) *bulkRun {
+	var raw [16]byte
+	_, _ = rand.Read(raw[:])
+	b := &bulkRun{id: hex.EncodeToString(raw[:]), action: action, actor: actor, backURL: backURL, done: make(chan struct{}),
+		res: idempotency.BulkResult{Matched: len(ids), Failed: map[string]string{}}}
+	br.mu.Lock()
+	for id, old := range br.runs {
+		select {
+		case <-old.done:
+			if time.Since(old.finished) > bulkKeep {
+				delete(br.runs, id)
+			}
+		default:
+		}
+	}
+	br.runs[b.id] = b
+	br.mu.Unlock()
+	br.wg.Go(func() {
+		defer close(b.done)
+		for _, id := range ids {
+			err := br.ctx.Err()
+			if err == nil {
+				err = act(br.ctx, id)
+			}
+			b.mu.Lock()
+			if err != nil {
+				b.res.Failed[id] = err.Error()
+			} else {
+				b.res.Done++
+			}
+			b.mu.Unlock()
+		}
+		b.mu.Lock()
+		b.finished = time.Now()
+		b.mu.Unlock()
+	})
+	return b
+}
+
+func (br *bulkRuns) get(id string) *bulkRun {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	return br.runs[id]
+}
+
+// runBulk starts a bulk action and shows its result, or, if it is still
+// running after bulkInlineWait, sends the operator to its progress page.
+func (s *Server) runBulk(w http.ResponseWriter, r *http.Request, action, nav string, ids []string,
+	backURL string, act func(ctx context.Context, id string) error, logged func(idempotency.BulkResult)) {
+	p := principalFrom(r.Context())
+	b := s.bulks.start(action, p.Name, backURL, ids, act)
+	go func() {
+		<-b.done
+		res, _ := b.result()
+		logged(res)
+	}()
+	t := time.NewTimer(bulkInlineWait)
+	defer t.Stop()
+	select {
+	case <-b.done:
+		res, _ := b.result()
+		s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + action, Nav: nav,
+			Data: bulkData{Action: action, Result: res, BackURL: backURL}})
+	case <-t.C:
+		http.Redirect(w, r, "/bulk/"+b.id, http.StatusSeeOther)
+	case <-r.Context().Done():
+		// The browser left; the action goes on, and its page shows it.
+	}
+}
+
+// bulkProgress shows a background bulk action: how far it is, refreshing
+// itself until it is done, then what it did.
+func (s *Server) bulkProgress(w http.ResponseWriter, r *http.Request) {
+	b := s.bulks.get(r.PathValue("id"))
+	if b == nil {
+		s.errorPage(w, r, http.StatusNotFound, "no such bulk action on this server: it finished over an hour ago, "+
+			"or this server restarted (each job's page shows what was done to it)")
+		return
+	}
+	res, finished := b.result()
+	v := view{Title: "Bulk " + b.action, Nav: "dead",
+		Data: bulkData{Action: b.action, Result: res, BackURL: b.backURL, Running: !finished, Actor: b.actor}}
+	if !finished {
+		v.Refresh = 2
+	}
+	s.render(w, r, http.StatusOK, "bulk", v)
+}

@@ -1,0 +1,105 @@
+package web_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/web"
+)
+
+// deadMany makes n dead jobs of kind.
+func (b *bundle) deadMany(t *testing.T, kind string, n int) {
+	t.Helper()
+	for i := range n {
+		b.deadJob(t, kind, fmt.Sprintf("many:%d", i), "boom")
+	}
+}
+
+// A bulk action by filter can take longer than anyone waits for a page: an
+// operator whose browser (or proxy) gives up must not leave it done
+// part-way, the rest silently left.
+func TestBulkActionGoesOnWhenTheBrowserLeaves(t *testing.T) {
+	b := setup(t, nil)
+	const n = 150
+	b.deadMany(t, "order:send_receipt", n)
+	op := b.signIn(t, operatorName, operatorPassword)
+	form := url.Values{"csrf": {op.token(t)}, "action": {"discard"}, "kind": {"order:send_receipt"},
+		"note": {"cleanup"}, "expect": {fmt.Sprint(n)}}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.ts.URL+"/dead/bulk", strings.NewReader(form.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Origin", op.origin)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	res, err := op.c.Do(req)
+	if err == nil {
+		res.Body.Close()
+		t.Fatalf("the request was answered (%d) within 50 ms: too few jobs to outlast it", res.StatusCode)
+	}
+	require.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		left, err := b.store.CountDead(context.Background(), idempotency.DeadFilter{Kind: "order:send_receipt"})
+		require.NoError(t, err)
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d jobs are still dead a minute after the browser left", left, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var discarded int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM keel_jobs WHERE kind = 'order:send_receipt' AND status = 'discarded'`).Scan(&discarded))
+	require.Equal(t, n, discarded)
+}
+
+var bulkPage = regexp.MustCompile(`^/bulk/[0-9a-f]{32}$`)
+
+// A bulk action still running when its request has waited long enough
+// sends the operator to a page that shows its progress until it is done.
+func TestLongBulkActionShowsItsProgress(t *testing.T) {
+	b := setup(t, nil)
+	web.SetBulkInlineWait(t, 0)
+	const n = 40
+	b.deadMany(t, "order:send_receipt", n)
+	op := b.signIn(t, operatorName, operatorPassword)
+	res := op.post(t, "/dead/bulk", url.Values{"csrf": {op.token(t)}, "action": {"replay"}, "kind": {"order:send_receipt"},
+		"expect": {fmt.Sprint(n)}})
+	require.Equal(t, http.StatusSeeOther, res.status, res.body)
+	where := res.header.Get("Location")
+	require.Regexp(t, bulkPage, where)
+
+	require.Equal(t, http.StatusFound, b.anonymous().get(t, where).status, "the progress page needs a signed-in user")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		page := op.get(t, where)
+		require.Equal(t, http.StatusOK, page.status)
+		if strings.Contains(page.body, fmt.Sprintf("Bulk replay: %d of %d done</h1>", n, n)) {
+			require.NotContains(t, page.body, `http-equiv="refresh"`, "a finished action's page stays put")
+			break
+		}
+		require.Contains(t, page.body, "done so far")
+		require.Contains(t, page.body, `http-equiv="refresh"`)
+		require.Contains(t, page.body, "Started by "+operatorName)
+		if time.Now().After(deadline) {
+			t.Fatalf("the bulk replay did not finish: %s", page.body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	left, err := b.store.CountDead(context.Background(), idempotency.DeadFilter{})
+	require.NoError(t, err)
+	require.Zero(t, left)
+	require.Equal(t, http.StatusNotFound, op.get(t, "/bulk/0123456789abcdef0123456789abcdef").status)
+}
