@@ -1,17 +1,22 @@
 package web_test
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/web"
 )
 
@@ -332,4 +337,33 @@ func TestSignInsAndAsynqmonWritesAreAudited(t *testing.T) {
 		"|asynqmon POST /queues/default:pause|" + operatorName + "|answered 204",
 		j.ID + "|asynqmon DELETE /queues/default/pending_tasks/" + j.ID + "|" + operatorName + "|answered 204",
 	}, got)
+}
+
+// A page the ledger cannot answer tells the viewer so, and gives the
+// details — which name the database, its user and host — only to the
+// server's log, under a reference the page shows.
+func TestLedgerErrorsStayInTheLog(t *testing.T) {
+	var logged testenv.SyncBuffer
+	b := setup(t, func(c *web.Config) {
+		pool, err := pgxpool.New(context.Background(), "postgres://secretuser@127.0.0.1:1/secretdb?sslmode=disable&connect_timeout=2")
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		c.Pool = pool
+		c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+	})
+	viewer := b.signIn(t, viewerName, viewerPassword)
+	for _, path := range []string{"/", "/dead", "/jobs", "/batches", "/jobs/0190f1e2-0000-7000-8000-000000000000"} {
+		res := viewer.get(t, path)
+		if path == "/" {
+			require.Equal(t, http.StatusOK, res.status, "the overview shows what it can")
+		} else {
+			require.Equal(t, http.StatusServiceUnavailable, res.status, path)
+		}
+		require.Contains(t, res.body, "could not be read", path)
+		require.NotContains(t, res.body, "secretuser", path)
+		require.NotContains(t, res.body, "secretdb", path)
+		m := regexp.MustCompile(`ref ([0-9a-f]{8})`).FindStringSubmatch(res.body)
+		require.NotNil(t, m, "%s: the page gives a reference to the log: %s", path, res.body)
+		require.Regexp(t, `ref=`+m[1]+`.*secretuser`, logged.String(), path)
+	}
 }

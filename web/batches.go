@@ -29,7 +29,7 @@ func (s *Server) batches(w http.ResponseWriter, r *http.Request) {
 	d := batchesData{OpenOnly: r.URL.Query().Get("open") == "1"}
 	bs, err := s.store.ListBatches(ctx, idempotency.BatchFilter{Open: d.OpenOnly, Limit: 200})
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	for _, b := range bs {
@@ -79,7 +79,7 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	d := batchData{Batch: b, State: b.State()}
@@ -111,7 +111,7 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 		d.Callbacks = append(d.Callbacks, v)
 	}
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	title := "Batch " + b.ID

@@ -223,7 +223,7 @@ func (s *Server) jobsList(w http.ResponseWriter, r *http.Request) {
 	}
 	rows, more, err := listJobs(ctx, s.cfg.Pool, f, s.cfg.PageSize)
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	d.Rows = rows

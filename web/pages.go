@@ -60,10 +60,10 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	d := overviewData{OutboxBacklog: snap.OutboxBacklog, OutboxLag: snap.OutboxLag,
 		Sampling: fmt.Sprintf("sampled every %s by this server", s.cfg.SampleInterval)}
 	if snap.RedisErr != nil {
-		d.RedisErr = snap.RedisErr.Error()
+		d.RedisErr = s.logRef("reading Redis failed", r, snap.RedisErr)
 	}
 	if snap.PostgresErr != nil {
-		d.LedgerErr = snap.PostgresErr.Error()
+		d.LedgerErr = s.logRef("reading the ledger failed", r, snap.PostgresErr)
 	}
 	deadByQueue := map[string]int{}
 	for _, dc := range snap.Dead {
@@ -219,7 +219,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 	d.Page, _ = strconv.Atoi(r.URL.Query().Get("page"))
 	d.Page = max(d.Page, 1)
 	if d.Total, err = s.store.CountDead(ctx, df); err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	size := s.cfg.PageSize
@@ -227,13 +227,13 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 	d.Page = min(d.Page, d.Pages)
 	jobs, err := s.store.ListDead(ctx, df, size, (d.Page-1)*size)
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	for _, j := range jobs {
 		steps, err := s.store.Steps(ctx, j.ID)
 		if err != nil {
-			s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+			s.ledgerError(w, r, err)
 			return
 		}
 		d.Rows = append(d.Rows, deadRow{Job: j, Steps: steps})
@@ -308,7 +308,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 		}
 		s.render(w, r, http.StatusNotFound, "lookup", view{Title: "Look up a job", Nav: "lookup", Error: msg, Data: d})
 	case err != nil:
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 	default:
 		http.Redirect(w, r, "/jobs/"+url.PathEscape(j.ID), http.StatusSeeOther)
 	}
@@ -372,7 +372,7 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 		return
 	}
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	d := jobData{Job: j, Payload: prettyPayload(s.cfg.PayloadFormatter(j.Kind, j.Payload)), Note: note,
@@ -381,7 +381,7 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 		d.Audit, err = s.store.Audit(ctx, j.ID)
 	}
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	for _, st := range d.Steps {
@@ -394,7 +394,7 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 	relay := j.PublishedAt == nil
 	if j.Status == idempotency.StatusPending && !relay {
 		if relay, err = s.store.InOutbox(ctx, j.ID); err != nil {
-			s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+			s.ledgerError(w, r, err)
 			return
 		}
 	}
@@ -643,7 +643,7 @@ func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status 
 	defer cancel()
 	jobs, err := s.among(ctx, action, ids)
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	d := confirmData{Action: action, IDs: ids, Count: len(jobs), Note: note, Changed: changed, BackURL: selectedBackURL(action)}
@@ -655,7 +655,7 @@ func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status 
 				errors.Is(err, idempotency.ErrStepsInDoubt) || errors.Is(err, idempotency.ErrEffectsCommitted) {
 				d.Refused++
 			} else if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
-				s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+				s.ledgerError(w, r, err)
 				return
 			}
 		}
@@ -673,7 +673,7 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 	}
 	jobs, err := s.among(r.Context(), action, ids)
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	if len(jobs) != expect {
@@ -728,7 +728,7 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int,
 		d.Sample, err = s.store.ListDead(ctx, df, 10, 0)
 	}
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	s.render(w, r, status, "confirm", view{Title: "Confirm bulk " + action, Nav: "dead", Error: errMsg, Data: d})
@@ -794,7 +794,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	// background (see runBulk).
 	ids, err = s.store.DeadIDs(r.Context(), shown)
 	if err != nil {
-		s.errorPage(w, r, http.StatusServiceUnavailable, "reading the ledger: "+err.Error())
+		s.ledgerError(w, r, err)
 		return
 	}
 	if len(ids) != expect {

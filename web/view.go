@@ -2,7 +2,9 @@ package web
 
 import (
 	"bytes"
+	"crypto/rand"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"html/template"
 	"math"
@@ -77,6 +79,23 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, name
 
 func (s *Server) errorPage(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	s.render(w, r, status, "error", view{Title: http.StatusText(status), Error: msg})
+}
+
+// ledgerError answers a page the ledger could not give: Postgres's errors
+// name the database, its user and host, which are the server's log's to
+// know, not every viewer's. The page gives the log line's reference.
+func (s *Server) ledgerError(w http.ResponseWriter, r *http.Request, err error) {
+	s.errorPage(w, r, http.StatusServiceUnavailable,
+		"The ledger (Postgres) could not be read; the server's log says why ("+s.logRef("reading the ledger failed", r, err)+").")
+}
+
+// logRef logs err under a fresh reference and returns "ref X" for the page.
+func (s *Server) logRef(msg string, r *http.Request, err error) string {
+	var raw [4]byte
+	_, _ = rand.Read(raw[:])
+	ref := hex.EncodeToString(raw[:])
+	s.cfg.Logger.Error("keel web: "+msg, "ref", ref, "path", r.URL.Path, "err", err)
+	return "ref " + ref
 }
 
 var funcs = template.FuncMap{
