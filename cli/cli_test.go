@@ -1218,3 +1218,16 @@ func TestBulkActionSelectsEveryDeadJobOnce(t *testing.T) {
 	}
 	require.Len(t, seen, n)
 }
+
+// A filter value pasted with spaces around it means what the dashboard's
+// filter takes it to mean, not "nothing matches".
+func TestDeadFiltersIgnoreSurroundingSpaces(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	j := enqueueGreet(t, "spaced-filter")
+	_, err := pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "dead", "ls", "--kind", " cli:greet ", "--queue", "default ", "--class", " permanent", "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, j.ID)
+}

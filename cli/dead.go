@@ -88,6 +88,8 @@ func classNames() []string {
 }
 
 func (d *deadFlags) filter() (idempotency.DeadFilter, error) {
+	// As the dashboard's filter does: a pasted " order:x" means order:x.
+	d.kind, d.queue, d.class = strings.TrimSpace(d.kind), strings.TrimSpace(d.queue), strings.TrimSpace(d.class)
 	if d.class != "" && !slices.Contains(classNames(), d.class) {
 		return idempotency.DeadFilter{}, usageError{fmt.Errorf("--class %q: no such class; dead jobs carry %s", d.class, strings.Join(classNames(), ", "))}
 	}
