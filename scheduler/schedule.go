@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +56,9 @@ func parseSpec(spec string, loc *time.Location, zoneGiven bool) (sched schedule,
 			sched, err = nil, fmt.Errorf("unparsable: %v", r)
 		}
 	}()
+	if err := checkSteps(s); err != nil {
+		return nil, err
+	}
 	cs, err := parser.Parse(s)
 	if err != nil {
 		return nil, err
@@ -70,6 +74,41 @@ func parseSpec(spec string, loc *time.Location, zoneGiven bool) (sched schedule,
 		return ss, nil
 	}
 	return wallClock{spec: ss, loc: loc}, nil
+}
+
+// fieldSpans name a spec's fields and count their values, seconds first
+// (a 5-field spec starts at the minutes).
+var fieldSpans = []struct {
+	name string
+	n    int
+	per  string // what the field cycles within
+}{{"second", 60, "minute"}, {"minute", 60, "hour"}, {"hour", 24, "day"}, {"day of month", 31, "month"},
+	{"month", 12, "year"}, {"day of week", 7, "week"}}
+
+// checkSteps refuses a step longer than its field, which the parser takes:
+// */90 in the minutes reads as "every 90 minutes" and fires hourly, at :00.
+func checkSteps(s string) error {
+	fields := strings.Fields(s)
+	if len(fields) == 0 || strings.HasPrefix(fields[0], "@") || len(fields) > 6 {
+		return nil // a descriptor, or the parser's error to give
+	}
+	spans := fieldSpans[6-len(fields):]
+	for i, f := range fields {
+		if i >= len(spans) {
+			break
+		}
+		for _, part := range strings.Split(f, ",") {
+			_, step, ok := strings.Cut(part, "/")
+			if !ok {
+				continue
+			}
+			if n, err := strconv.Atoi(step); err == nil && n > spans[i].n {
+				return fmt.Errorf("%s field %q: a step of %d is longer than the field's %d values, so it fires once per %s, not every %d; for a fixed interval use @every (e.g. @every 90m)",
+					spans[i].name, f, n, spans[i].n, spans[i].per, n)
+			}
+		}
+	}
+	return nil
 }
 
 // every ticks at whole multiples of a duration since the Unix epoch.

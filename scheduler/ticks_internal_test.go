@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -103,6 +104,36 @@ func TestTicksDoNotDependOnWhereCountingStarts(t *testing.T) {
 				}
 				require.Equal(t, want, ticksBetween(sch, start, end), "%s from %s", spec, start)
 			}
+		}
+	}
+}
+
+// A step longer than its field is a spec that reads as one thing and
+// fires as another: */90 in the minutes fires hourly, at :00, not every
+// 90 minutes. It is refused, with the spec that says what was meant.
+func TestStepsLongerThanTheirFieldAreRefused(t *testing.T) {
+	for spec, field := range map[string]string{
+		"*/61 * * * *":         "minute",
+		"*/90 * * * *":         "minute",
+		"0 */25 * * *":         "hour",
+		"0 0 */32 * *":         "day of month",
+		"0 0 1 */13 *":         "month",
+		"0 0 * * 1-5/8":        "day of week",
+		"*/61 * * * * *":       "second",
+		"0 5,10-59/61 * * * *": "minute",
+	} {
+		_, err := parseSpec(spec, time.UTC, false)
+		if err == nil {
+			t.Errorf("%q: accepted", spec)
+			continue
+		}
+		if !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), "@every") {
+			t.Errorf("%q: %v, want it to name the %s field and suggest @every", spec, err, field)
+		}
+	}
+	for _, spec := range []string{"*/60 * * * *", "*/15 * * * *", "0 */12 * * *", "0 0 1-31/31 * *", "0 0 * * */7", "@hourly", "@every 90m"} {
+		if _, err := parseSpec(spec, time.UTC, false); err != nil {
+			t.Errorf("%q: %v", spec, err)
 		}
 	}
 }
