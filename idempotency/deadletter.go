@@ -26,6 +26,9 @@ var (
 	// completing InTx committed before its handler failed: its local
 	// effects are in, and running the handler again would repeat them.
 	ErrEffectsCommitted = errors.New("keel: the job's completing InTx committed before its handler failed; its local effects are in and a replay would run them again: finish what came after by hand, then discard it with a note")
+	// ErrTaskActive means a replay or discard found asynq still holding the
+	// job's task as running; it can act once asynq takes the task back.
+	ErrTaskActive = errors.New("keel: asynq still holds the job's task as running")
 	// ErrCountChanged means a bulk action's confirmed count no longer matches.
 	ErrCountChanged = errors.New("keel: the number of matching jobs changed since it was confirmed")
 )
@@ -70,8 +73,8 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 		// The archived task still reserves the id in Redis; without removing
 		// it the new publish would be a silent conflict.
 		if insp != nil {
-			if err := insp.DeleteTask(j.Queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-				return fmt.Errorf("keel: remove archived task %s: %w", id, err)
+			if err := deleteTask(insp, j.Queue, id); err != nil {
+				return err
 			}
 		}
 		j, err = scanJob(tx.QueryRow(ctx, `UPDATE keel_jobs SET status = 'pending', attempts = 0, run_at = now(),
@@ -87,6 +90,21 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 		return NotifyRelay(ctx, tx)
 	})
 	return res, err
+}
+
+// deleteTask removes asynq's copy of job id, if any. A task asynq holds as
+// running cannot be removed: a worker that died running it holds it until
+// asynq's lease on it lapses and asynq takes it back.
+func deleteTask(insp *asynq.Inspector, queue, id string) error {
+	err := insp.DeleteTask(queue, id)
+	if err == nil || errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		return nil
+	}
+	if info, ierr := insp.GetTaskInfo(queue, id); ierr == nil && info.State == asynq.TaskStateActive {
+		return fmt.Errorf("%w (job %s; the worker that ran it may have died, and asynq takes the task back once "+
+			"its lease lapses, within about a minute): try again then", ErrTaskActive, id)
+	}
+	return fmt.Errorf("keel: remove the task of job %s from asynq: %w", id, err)
 }
 
 // CheckReplay is what Replay would do with job id now, changing nothing:

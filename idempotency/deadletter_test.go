@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -572,4 +573,35 @@ func TestCountUnreplayableAgreesWithReplay(t *testing.T) {
 	n, err := b.store.CountUnreplayable(ctx, idempotency.DeadFilter{Kind: receipt.Name()})
 	require.NoError(t, err)
 	require.Equal(t, refused, n)
+}
+
+// A job retired while asynq still holds its task as running (the worker
+// that ran it died, and asynq's lease on the task has not lapsed) cannot be
+// replayed yet: the replay says so, and when to try again, instead of
+// passing on asynq's "use CancelProcessing", and changes nothing.
+func TestReplayOfAJobAsynqHoldsAsRunningSaysToWait(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	insp := inspector(t, b)
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "held"}))
+	require.NoError(t, err)
+	rdb := redis.NewClient(&redis.Options{Addr: b.redis.Addr, DB: b.redis.DB})
+	t.Cleanup(func() { rdb.Close() })
+	require.NoError(t, testenv.AsynqFetch(ctx, rdb, "default", time.Now().Add(30*time.Second)))
+	info, err := insp.GetTaskInfo("default", res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateActive, info.State)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', attempts = 3, error_class = 'crashed', finished_at = now() WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+
+	_, err = b.store.Replay(ctx, insp, res.Job.ID, "alice", "")
+	require.ErrorIs(t, err, idempotency.ErrTaskActive)
+	require.NotContains(t, err.Error(), "CancelProcessing")
+	require.Contains(t, err.Error(), "again")
+	j, err := b.store.Get(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusDead, j.Status)
+	entries, err := b.store.Audit(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Empty(t, entries)
 }

@@ -524,7 +524,7 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 	case errors.Is(err, idempotency.ErrNoteRequired):
 		status = http.StatusBadRequest
 	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrStepsInDoubt), errors.Is(err, idempotency.ErrEffectsCommitted),
-		errors.Is(err, idempotency.ErrNotCancellable):
+		errors.Is(err, idempotency.ErrNotCancellable), errors.Is(err, idempotency.ErrTaskActive):
 	default:
 		status = http.StatusInternalServerError
 		s.cfg.Logger.Error("keel web: action failed", "action", action, "job_id", id, "err", err)
