@@ -1,0 +1,107 @@
+// Package guarantees_test attacks keel's promises across its packages with
+// real worker processes, a private Redis and its own ledger schema.
+package guarantees_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+const (
+	schema = "hunt_guarantees"
+	// childEnv names the test a child worker runs for; childRedisEnv its
+	// Redis address.
+	childEnv      = "KEEL_GUARANTEES_CHILD"
+	childRedisEnv = "KEEL_GUARANTEES_REDIS"
+)
+
+func TestMain(m *testing.M) {
+	if testenv.RunChildWorker(childEnv, childWorker) {
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// childWorker builds the worker a child process runs: the handlers of the
+// test named in childEnv.
+func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+	cfg := server.Config{
+		Redis:           asynq.RedisClientOpt{Addr: os.Getenv(childRedisEnv)},
+		Concurrency:     5,
+		ShutdownTimeout: time.Second,
+	}
+	cfg.Retry.Base, cfg.Retry.Cap = time.Second, time.Second
+	mux := tasks.NewMux()
+	switch os.Getenv(childEnv) {
+	case "poison":
+		cfg.Guard.Lease = 2 * time.Second
+		poisonHandlers(mux, pool)
+	}
+	return cfg, mux
+}
+
+type env struct {
+	redis  *testenv.RedisServer
+	pool   *pgxpool.Pool
+	client *tasks.Client
+	store  *idempotency.Store
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	e := &env{redis: testenv.StartRedis(t), pool: testenv.Pool(t, schema)}
+	c, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redisOpt(), Pool: e.pool})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	e.client, e.store = c, c.Store()
+	_, err = e.pool.Exec(context.Background(), `CREATE TABLE started (job_id text, at timestamptz DEFAULT clock_timestamp());
+		CREATE TABLE effects (job_id text, at timestamptz DEFAULT clock_timestamp())`)
+	require.NoError(t, err)
+	return e
+}
+
+func (e *env) redisOpt() asynq.RedisClientOpt { return asynq.RedisClientOpt{Addr: e.redis.Addr()} }
+
+func (e *env) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// startChild starts a worker process running which's handlers; it is
+// killed when the test ends. The channel closes when it exits.
+func (e *env) startChild(t *testing.T, which string) (*exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), childEnv+"="+which, childRedisEnv+"="+e.redis.Addr(),
+		testenv.ChildDatabaseURLEnv+"="+testenv.URL(schema))
+	child.Stdout, child.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, child.Start())
+	exited := make(chan struct{})
+	go func() { _ = child.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = child.Process.Kill()
+		<-exited
+	})
+	return child, exited
+}
+
+// started records that a handler began, committed before anything else.
+func started(ctx context.Context, pool *pgxpool.Pool) error {
+	id, _ := idempotency.JobID(ctx)
+	_, err := pool.Exec(ctx, `INSERT INTO started (job_id) VALUES ($1)`, id)
+	return err
+}

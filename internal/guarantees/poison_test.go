@@ -1,0 +1,97 @@
+package guarantees_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
+)
+
+type item struct {
+	ID string `json:"id"`
+}
+
+var (
+	// poisonKind kills its worker every time it runs, a moment after it
+	// starts (an OOM kill, a fatal runtime error).
+	poisonKind = tasks.Define[item]("hunt:poison", tasks.MaxRetry(1), tasks.Key(func(i item) string { return i.ID }))
+	// slowKind is an innocent job that takes a few seconds and then commits
+	// its effect.
+	slowKind = tasks.Define[item]("hunt:slow", tasks.MaxRetry(1), tasks.Key(func(i item) string { return i.ID }))
+)
+
+func poisonHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
+	tasks.Handle(mux, poisonKind, func(ctx context.Context, i item) error {
+		if err := started(ctx, pool); err != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond)
+		os.Exit(3)
+		return nil
+	})
+	tasks.Handle(mux, slowKind, func(ctx context.Context, i item) error {
+		if err := started(ctx, pool); err != nil {
+			return err
+		}
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id) VALUES ($1)`, id)
+			return err
+		})
+	})
+}
+
+// A poison job retires after its budget; a job that merely ran beside it
+// on the workers it killed did nothing wrong and must not be retired as a
+// poison job with it.
+func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	slow, err := e.client.Enqueue(ctx, slowKind.New(item{ID: "innocent"}))
+	require.NoError(t, err)
+
+	child, exited := e.startChild(t, "poison")
+	_ = child
+	// The poison job arrives while the innocent one runs.
+	require.Eventually(t, func() bool {
+		return e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, slow.Job.ID) == 1
+	}, 20*time.Second, 20*time.Millisecond)
+	bad, err := e.client.Enqueue(ctx, poisonKind.New(item{ID: "poison"}))
+	require.NoError(t, err)
+
+	// Each worker the poison job kills is replaced at once, as a supervisor
+	// does.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		p, err := e.store.Get(ctx, bad.Job.ID)
+		require.NoError(t, err)
+		s, err := e.store.Get(ctx, slow.Job.ID)
+		require.NoError(t, err)
+		if p.Status.Terminal() || p.Status == idempotency.StatusDead {
+			if s.Status == idempotency.StatusSucceeded || s.Status == idempotency.StatusDead {
+				require.Equal(t, idempotency.StatusDead, p.Status, "the poison job: %+v", p)
+				require.Equal(t, idempotency.StatusSucceeded, s.Status,
+					"an innocent job that ran beside a poison job was retired with it: %s: %s", s.ErrorClass, s.LastError)
+				return
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "not settled: poison %+v, innocent %+v", p, s)
+		select {
+		case <-exited:
+			_, exited = e.startChild(t, "poison")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
