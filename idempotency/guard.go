@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/internal/batch"
@@ -410,6 +411,7 @@ func (g *Guard) giveUpLive(which func(*jobContext) bool) {
 		if jc.state.CompareAndSwap(runLive, runInterrupted) {
 			g.untrack(jc)
 			jc.cancel(ErrGuardClosed)
+			jc.dropTx()
 			g.release(context.Background(), jc)
 		}
 	}
@@ -1016,6 +1018,10 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 	}
 	g.untrack(jc)
 	jc.cancel(ErrRunGivenUp)
+	// A handler hung inside InTx holds a pool connection for as long as it
+	// hangs: a few such runs would leave the guard no connection to record
+	// anything with, this timeout included.
+	jc.dropTx()
 	g.stats.overran.Add(1)
 	g.cfg.Logger.Warn("keel: handler outlived its timeout; its attempt counts as failed and nothing it does now can commit",
 		"job_id", jc.id, "kind", t.Type(), "attempt", jc.attempt, "deadline", deadline, "grace", g.cfg.TimeoutGrace)
@@ -1343,6 +1349,66 @@ type jobContext struct {
 	cancel     context.CancelCauseFunc
 	ended      context.Context // see ProcessTask: ended by cancel, not by asynq
 	inCall     atomic.Int32    // steps' calls in flight, with their records
+
+	// The connection of the run's InTx while it is open (see dropTx).
+	txMu      sync.Mutex
+	txConn    *pgxpool.Conn
+	txDropped bool
+	txTaken   *pgx.Conn // the connection dropTx took from the pool
+}
+
+// holdTx notes conn as the open InTx's connection; false once the run was
+// given up.
+func (jc *jobContext) holdTx(conn *pgxpool.Conn) bool {
+	jc.txMu.Lock()
+	defer jc.txMu.Unlock()
+	if jc.txDropped {
+		return false
+	}
+	jc.txConn = conn
+	return true
+}
+
+// endTx gives the InTx's connection back to the pool, or, if dropTx took it,
+// closes what is left of it. Called by the run's own goroutine.
+func (jc *jobContext) endTx(conn *pgxpool.Conn) {
+	jc.txMu.Lock()
+	mine := jc.txConn == conn
+	if mine {
+		jc.txConn = nil
+	}
+	taken := jc.txTaken
+	jc.txTaken = nil
+	jc.txMu.Unlock()
+	if mine {
+		conn.Release()
+	} else if taken != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = taken.Close(ctx)
+	}
+}
+
+// dropTx ends the open InTx of a run keel gave up, from another goroutine:
+// the handler may hang in its own code for ever, holding the transaction.
+// Its connection leaves the pool, which may open another, and its socket
+// is closed (safe while the handler's goroutine uses it), so Postgres rolls
+// the transaction back and frees its locks. The run could commit nothing
+// any more anyway.
+func (jc *jobContext) dropTx() {
+	jc.txMu.Lock()
+	jc.txDropped = true
+	conn := jc.txConn
+	jc.txConn = nil
+	var raw *pgx.Conn
+	if conn != nil {
+		raw = conn.Hijack()
+		jc.txTaken = raw
+	}
+	jc.txMu.Unlock()
+	if raw != nil {
+		_ = raw.PgConn().Conn().Close()
+	}
 }
 
 // usable refuses ledger work from a run keel has given up (timed out,
@@ -1438,7 +1504,16 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return err
 	}
 	g := jc.guard
-	tx, err := g.store.pool.Begin(ctx)
+	conn, err := g.store.pool.Acquire(ctx)
+	if err != nil {
+		return jc.refused(ctx, interpretError(err))
+	}
+	if !jc.holdTx(conn) {
+		conn.Release()
+		return jc.usable()
+	}
+	defer jc.endTx(conn)
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return jc.refused(ctx, interpretError(err))
 	}
