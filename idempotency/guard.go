@@ -953,9 +953,16 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			g.stats.succeeded.Add(1)
 			return nil
 		}
-		if herr != nil && g.stopping.Load() && errors.Is(ctx.Err(), context.Canceled) {
-			// The deploy cut the run short: not the job's failure. asynq puts
-			// the task back; the lease goes at once so the next worker can start.
+		if herr != nil && errors.Is(ctx.Err(), context.Canceled) {
+			if !g.stopping.Load() && g.cancelledLate(ctx, jc) {
+				return nil
+			}
+			// asynq cut the run short: the deploy's shutdown, or asynq's task
+			// lease ran out because Redis was unreachable for its 30 s (asynq
+			// then cancels every run it holds, though the ledger's lease
+			// held). Neither is the job's failure. asynq puts the task back,
+			// or its recoverer and keel's reconciler do; the lease goes at
+			// once so the next worker can start.
 			g.stats.interrupted.Add(1)
 			jc.state.Store(runInterrupted)
 			g.release(ctx, jc)
@@ -1460,13 +1467,14 @@ func JobID(ctx context.Context) (string, bool) {
 	return jc.id, true
 }
 
-// Interrupted reports whether the run of ctx was cut short by its worker's
-// shutdown, as the guard judges when the handler returns: the job is then
-// released, its attempt not counted, so it is neither a success nor a
+// Interrupted reports whether the run of ctx was cut short by asynq (its
+// worker's shutdown, or asynq's task lease running out while Redis was
+// unreachable), as the guard judges when the handler returns: the job is
+// then released, its attempt not counted, so it is neither a success nor a
 // failure (metrics.Worker.Middleware does not count it as one).
 func Interrupted(ctx context.Context) bool {
 	jc, err := jobFrom(ctx)
-	return err == nil && jc.guard.stopping.Load() && !jc.completed.Load() && errors.Is(context.Cause(ctx), context.Canceled)
+	return err == nil && !jc.completed.Load() && errors.Is(context.Cause(ctx), context.Canceled)
 }
 
 // Attempt returns which attempt (1-based) of the job this run is.

@@ -209,11 +209,12 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	return v, nil
 }
 
-// callStep makes a step's call. One in flight when a deploy's shutdown
-// timeout cancels the run is let finish (the guard's Close waits for it and
-// its record, renewing the lease): cut off, it would leave the step in
-// doubt, and the next worker would park the job for a person. The run's other ends still
-// stop it: the job's deadline, a cancel, a lost lease, a run given up.
+// callStep makes a step's call. One in flight when asynq cancels the run
+// (a deploy's shutdown timeout; the guard's Close waits for it and its
+// record, renewing the lease) is let finish: cut off, it would leave the
+// step in doubt, and the next worker would park the job for a person. The
+// run's other ends still stop it: the job's deadline, a cancel, a lost
+// lease, a run given up.
 func callStep[T any](ctx context.Context, jc *jobContext, key string, fn func(ctx context.Context, key string) (T, error)) (T, error) {
 	g := jc.guard
 	cctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -224,8 +225,12 @@ func callStep[T any](ctx context.Context, jc *jobContext, key string, fn func(ct
 		defer stop()
 	}
 	defer context.AfterFunc(ctx, func() {
-		if g.stopping.Load() && context.Cause(ctx) == context.Canceled {
-			return // the deploy's cancellation
+		// asynq cancelling the run (a deploy's shutdown, its task lease
+		// running out while Redis was unreachable) is no reason to cut a
+		// call that has left: it would be in doubt. A cancel of the job
+		// through keel is; keel's other reasons come through jc.ended.
+		if context.Cause(ctx) == context.Canceled && (g.stopping.Load() || !g.isCancelled(ctx, jc.id)) {
+			return
 		}
 		cancel(context.Cause(ctx))
 	})()
