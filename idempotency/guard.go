@@ -1169,6 +1169,17 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		// Another worker took the job over while this one ran; its run decides.
 		g.cfg.Logger.Warn("keel: lease lost before completion was recorded", "job_id", id)
 		return nil
+	case errors.Is(err, ErrGuardClosed):
+		// The worker closed before the success was recorded: its round
+		// waited past Close's wait (on its batch's row, held by a
+		// producer's transaction adding members, say). Left running, the
+		// lease would run out into a crash charged to the job, which
+		// retires a job without retries as a poison job. It is handed back
+		// uncounted instead; its next run does again what is not recorded.
+		g.stats.interrupted.Add(1)
+		g.release(ctx, jc)
+		noteOutcome(ctx, OutcomeInterrupted)
+		return retry.Wait(minLedgerWait, fmt.Errorf("keel: job %s finished but its worker closed before that was recorded; released to run again: %w", id, err))
 	default:
 		g.stats.ledgerErrs.Add(1)
 		return retry.Wait(g.ledgerWait(err), fmt.Errorf("keel: job %s finished but the ledger could not record it: %w", id, err))
