@@ -1,6 +1,9 @@
 package idempotency
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // ClaimedRun is a job a test claimed through a guard's round.
 type ClaimedRun struct {
@@ -57,4 +60,12 @@ func SetTestHooks(inTxCommitted func(jobID string), renewed func()) {
 	if renewed != nil {
 		renewedHook.Store(&renewed)
 	}
+}
+
+// SetGateWaitForTest bounds waits at the guard's gate to d until the test
+// ends.
+func SetGateWaitForTest(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := gateWait
+	gateWait = d
+	t.Cleanup(func() { gateWait = old })
 }

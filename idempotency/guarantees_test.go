@@ -888,3 +888,90 @@ func TestAStepInDoubtWithoutVerifyNowWaitsForAPerson(t *testing.T) {
 	_, err = b.store.CheckReplay(ctx, res.Job.ID)
 	require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
 }
+
+var (
+	soloLong    = tasks.Define[order]("test:solo_long", tasks.Key(func(o order) string { return o.OrderID }))
+	soloSuspect = tasks.Define[order]("test:solo_suspect", tasks.Key(func(o order) string { return o.OrderID }))
+)
+
+// A job whose runs have crashed runs alone on its worker: it starts once
+// the runs beside it have ended, nothing starts beside it, and a run held
+// back past the gate's wait goes back to the queue without using an
+// attempt. (A crash of such a run is then its own; see
+// TestPoisonJobRetires.)
+func TestAJobWhoseRunsCrashedRunsAlone(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	idempotency.SetGateWaitForTest(t, 500*time.Millisecond)
+	_, err := b.pool.Exec(ctx, `CREATE TABLE runs (job_id text, event text, at timestamptz DEFAULT clock_timestamp())`)
+	require.NoError(t, err)
+	note := func(ctx context.Context, event string) {
+		id, _ := idempotency.JobID(ctx)
+		_, err := b.pool.Exec(context.WithoutCancel(ctx), `INSERT INTO runs (job_id, event) VALUES ($1, $2)`, id, event)
+		require.NoError(t, err)
+	}
+	release := map[string]chan struct{}{}
+	for _, k := range []string{"long-1", "suspect", "long-2"} {
+		release[k] = make(chan struct{})
+	}
+	hold := func(ctx context.Context, o order) error {
+		note(ctx, "start")
+		<-release[o.OrderID]
+		note(ctx, "end")
+		return nil
+	}
+	mux := tasks.NewMux()
+	tasks.Handle(mux, soloLong, hold)
+	tasks.Handle(mux, soloSuspect, hold)
+	b.startWorker(t, mux, nil)
+	started := func(id string) bool {
+		return b.count(t, `SELECT count(*) FROM runs WHERE job_id = $1 AND event = 'start'`, id) > 0
+	}
+
+	long1, err := b.client.Enqueue(ctx, soloLong.New(order{OrderID: "long-1"}))
+	require.NoError(t, err)
+	testenv.Eventually(t, 10*time.Second, func() bool { return started(long1.Job.ID) }, "the first job never started")
+	// A job that crashed before, as a claim over a dead worker's lease
+	// leaves it.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	suspect, err := b.client.EnqueueTx(ctx, tx, soloSuspect.New(order{OrderID: "suspect"}))
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE keel_jobs SET crashes = 1 WHERE id = $1`, suspect.Job.ID)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	// Held back while the first job runs, past the gate's wait: handed
+	// back, uncounted, more than once.
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		// Claimed once (it has a last holder), and back to pending, uncounted.
+		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND crashes = 1 AND attempts = 0 AND status = 'pending'
+			AND last_holder IS NOT NULL`, suspect.Job.ID) == 1
+	}, "the held-back job was not handed back uncounted")
+	require.False(t, started(suspect.Job.ID), "it started beside another job")
+
+	close(release["long-1"])
+	testenv.Eventually(t, 20*time.Second, func() bool { return started(suspect.Job.ID) }, "it never started once alone")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND solo AND attempts = 1`, suspect.Job.ID))
+
+	// Nothing starts beside it.
+	long2, err := b.client.Enqueue(ctx, soloLong.New(order{OrderID: "long-2"}))
+	require.NoError(t, err)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND last_holder IS NOT NULL
+			AND (status = 'running' OR (status = 'pending' AND attempts = 0))`, long2.Job.ID) == 1
+	}, "the second job was never delivered")
+	require.False(t, started(long2.Job.ID))
+	close(release["suspect"])
+	testenv.Eventually(t, 20*time.Second, func() bool { return started(long2.Job.ID) }, "the second job never started")
+	close(release["long-2"])
+	for _, id := range []string{long1.Job.ID, suspect.Job.ID, long2.Job.ID} {
+		j := b.waitStatus(t, id, idempotency.StatusSucceeded, 20*time.Second)
+		require.Equal(t, 1, j.Attempts, "job %s: a run held back at the gate counted as an attempt", id)
+	}
+	// No run overlapped the suspect's.
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM runs s JOIN runs se ON se.job_id = s.job_id AND se.event = 'end'
+		JOIN runs o ON o.job_id <> s.job_id AND o.event = 'start'
+		JOIN runs oe ON oe.job_id = o.job_id AND oe.event = 'end'
+		WHERE s.job_id = $1 AND s.event = 'start' AND o.at < se.at AND oe.at > s.at`, suspect.Job.ID))
+}
