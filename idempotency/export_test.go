@@ -1,9 +1,6 @@
 package idempotency
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 // ClaimedRun is a job a test claimed through a guard's round.
 type ClaimedRun struct {
@@ -60,12 +57,4 @@ func SetTestHooks(inTxCommitted func(jobID string), renewed func()) {
 	if renewed != nil {
 		renewedHook.Store(&renewed)
 	}
-}
-
-// SetGateWaitForTest bounds waits at the guard's gate to d until the test
-// ends.
-func SetGateWaitForTest(t interface{ Cleanup(func()) }, d time.Duration) {
-	old := gateWait
-	gateWait = d
-	t.Cleanup(func() { gateWait = old })
 }

@@ -1023,12 +1023,11 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 const (
 	// soloWeight is the gate's size: a solo run takes all of it.
 	soloWeight = math.MaxInt32
+	// gateWait bounds a wait at the gate (and half the run's time to its
+	// deadline does): a run held back longer goes back to the queue,
+	// uncounted, for this worker or another to run when it can.
+	gateWait = 10 * time.Second
 )
-
-// gateWait bounds a wait at the gate (and half the run's time to its
-// deadline does): a run held back longer goes back to the queue,
-// uncounted, for this worker or another to run when it can.
-var gateWait = 10 * time.Second
 
 // errNotStarted: the run went back to the queue before its handler ran.
 var errNotStarted = errors.New("keel: not started")
