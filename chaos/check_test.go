@@ -293,10 +293,8 @@ func (d *driver) check(ctx context.Context) report {
 		}
 		switch c {
 		case poisonClass:
-			// Its budget, and the first run, beside other jobs: a crash
-			// in company is not counted, and the job then runs alone.
-			if row.status != "dead" || row.errClass != string(retry.ClassCrashed) || runs[key] > poisonMaxRetry+2 {
-				inv.fail(invPoison, fmt.Sprintf("%s: %s (%s) after %d runs, %d attempts, budget %d runs and one beside others: %s",
+			if row.status != "dead" || row.errClass != string(retry.ClassCrashed) || runs[key] > poisonMaxRetry+1 {
+				inv.fail(invPoison, fmt.Sprintf("%s: %s (%s) after %d runs, %d attempts, budget %d runs: %s",
 					key, row.status, row.errClass, runs[key], row.attempts, poisonMaxRetry+1, firstLine(row.lastErr)))
 			}
 		case hungClass, hungOnceClass:

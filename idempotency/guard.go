@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/keeljobs/keel/internal/batch"
 	"github.com/keeljobs/keel/internal/tracing"
@@ -265,10 +263,6 @@ type Guard struct {
 
 	tracer tracing.Tracer // the spans of each run (trace.go)
 
-	// gate lets a job whose runs have crashed run alone on this worker
-	// (soloWeight), the others one unit each: a crash is then its own.
-	gate *semaphore.Weighted
-
 	// outageSince is when the ledger was first found unreachable (unix
 	// nanoseconds), 0 while it answers: ledgerWait grows with the outage.
 	outageSince atomic.Int64
@@ -351,8 +345,7 @@ func (p *phases) closeAndWait(timeout time.Duration) {
 // NewGuard starts a guard on store. Close it after the server has stopped.
 func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	cfg = cfg.withDefaults()
-	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{}),
-		gate: semaphore.NewWeighted(soloWeight)}
+	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{})}
 	g.tracer = tracing.New(cfg.TracerProvider)
 	g.ledger = batch.New(DefaultBatchLoops, cfg.BatchSize, ErrGuardClosed, g.runRound)
 	g.members = &memberRounds{open: map[string]*memberBatch{}, size: cfg.BatchSize, run: g.runRound}
@@ -446,7 +439,6 @@ type claimResult struct {
 	maxWait    time.Duration
 	leaseUntil time.Time
 	status     Status
-	crashes    int // runs of the job that ended in a crash: one or more, and it runs alone
 	err        error
 }
 
@@ -471,9 +463,9 @@ type ledgerReq struct {
 // not update one row twice. A claim's last column is the job's batch, if
 // it is a batch member.
 const roundSQL = roundCTEs + `
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0 FROM done
+SELECT id, 0, 0, 0::bigint, 0::bigint, '' FROM done
 UNION ALL
-SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, ''), crashes FROM c`
+SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, '') FROM c`
 
 // roundBatchSQL is roundSQL for a round that completes batch members. Each
 // member's trigger updates its batch's row, at the end of the statement, in
@@ -486,9 +478,9 @@ locked AS (
 	SELECT id FROM keel_batches
 	WHERE id = ANY (ARRAY (SELECT batch_id FROM done WHERE batch_id IS NOT NULL))
 	ORDER BY id FOR UPDATE)
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0 FROM done WHERE (SELECT count(*) FROM locked) >= 0
+SELECT id, 0, 0, 0::bigint, 0::bigint, '' FROM done WHERE (SELECT count(*) FROM locked) >= 0
 UNION ALL
-SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, ''), crashes FROM c`
+SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, '') FROM c`
 
 const roundCTEs = `WITH done AS (
 	UPDATE keel_jobs j SET status = 'succeeded', lease_holder = NULL,
@@ -498,26 +490,18 @@ const roundCTEs = `WITH done AS (
 	WHERE j.id = d.id AND j.attempts = d.attempt AND j.status = 'running' AND j.lease_holder = $1
 	RETURNING j.id, j.batch_id),
 free AS (
-	SELECT id, status, solo FROM keel_jobs WHERE id = ANY($3)
+	SELECT id, status FROM keel_jobs WHERE id = ANY($3)
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
-	  AND attempts - ` + crashInCompany + ` <= max_retry
+	  AND attempts <= max_retry
 	FOR UPDATE SKIP LOCKED),
 c AS (
 	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
 		lease_until = now() + $2 * interval '1 millisecond',
-		attempts = j.attempts + 1 - CASE WHEN free.status = 'running' AND NOT free.solo THEN 1 ELSE 0 END,
-		updated_at = now(), solo = false,
+		attempts = j.attempts + 1, updated_at = now(),
 		crashes = j.crashes + CASE WHEN free.status = 'running' THEN 1 ELSE 0 END,
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
-	RETURNING j.id, j.attempts, j.max_retry, j.waited_ms, j.max_wait_ms, j.batch_id, j.crashes)`
-
-// crashInCompany is 1 for a row whose run ended in a crash (its lease ran
-// out) while it ran beside other jobs on its worker, else 0: that run does
-// not count against the job's budget, since any of them may have killed
-// the worker. The job runs alone from then on (Guard.gate), and a crash
-// then is its own.
-const crashInCompany = `(CASE WHEN status = 'running' AND lease_until < now() AND NOT solo THEN 1 ELSE 0 END)`
+	RETURNING j.id, j.attempts, j.max_retry, j.waited_ms, j.max_wait_ms, j.batch_id)`
 
 // RoundSQL is the statement a guard round runs ($1 holder, $2 lease in
 // milliseconds, $3 ids to claim, $4 ids to complete, $5 their attempts),
@@ -526,7 +510,7 @@ func RoundSQL() string { return roundSQL }
 
 // unclaimedSQL reads why jobs could not be claimed (the rare path).
 const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()),
-	attempts - ` + crashInCompany + ` > max_retry AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+	attempts > max_retry AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
 	FROM keel_jobs WHERE id = ANY($1)`
 
 // runRound runs one round of waiting claims and completions: one statement
@@ -632,8 +616,7 @@ func (g *Guard) round(ctx context.Context, sql string, completing map[string]boo
 		var attempts, maxRetry int
 		var waited, maxWait int64
 		var batchID string
-		var crashes int
-		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID, &crashes); err != nil {
+		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID); err != nil {
 			return nil, nil, err
 		}
 		if completing[id] {
@@ -641,7 +624,7 @@ func (g *Guard) round(ctx context.Context, sql string, completing map[string]boo
 		} else {
 			results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning,
 				waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond,
-				batchID: batchID, crashes: crashes}
+				batchID: batchID}
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -931,11 +914,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		if deadline, ok := ctx.Deadline(); ok {
 			watchdog = time.AfterFunc(time.Until(deadline)+g.cfg.TimeoutGrace, func() { g.overran(ctx, t, jc, res, deadline) })
 		}
-		leave, herr := g.enterGate(hctx, jc, res)
-		if herr == nil {
-			herr = next.ProcessTask(retry.WithRetried(hctx, res.attempts-1), t)
-			leave()
-		}
+		herr := next.ProcessTask(retry.WithRetried(hctx, res.attempts-1), t)
 		if watchdog != nil {
 			watchdog.Stop()
 		}
@@ -974,15 +953,6 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			g.stats.succeeded.Add(1)
 			return nil
 		}
-		if errors.Is(herr, errNotStarted) {
-			// The handler never ran: the job goes back uncounted, for this
-			// worker or another to run when it can.
-			g.stats.interrupted.Add(1)
-			jc.state.Store(runInterrupted)
-			g.release(ctx, jc)
-			noteOutcome(ctx, OutcomeInterrupted)
-			return keepQueued(ctx, retry.Wait(minLedgerWait, herr))
-		}
 		if herr != nil && errors.Is(ctx.Err(), context.Canceled) {
 			if !g.stopping.Load() && g.cancelledLate(ctx, jc) {
 				return nil
@@ -1011,66 +981,6 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		return g.recordFailure(ctx, t, jc, res, herr, class)
 	}))
-}
-
-// A worker that dies takes every job it runs down with it, and any one of
-// them may have killed it. So a job whose runs have crashed runs alone on
-// its worker: the gate lets it in once nothing else runs there, and holds
-// other runs back while it runs. A crash of such a run is its own and
-// counts against its budget; a crash of a run in company does not
-// (crashInCompany). A poison job is then retired by its own crashes, and
-// the jobs that happened to run beside it are not retired with it.
-const (
-	// soloWeight is the gate's size: a solo run takes all of it.
-	soloWeight = math.MaxInt32
-	// gateWait bounds a wait at the gate (and half the run's time to its
-	// deadline does): a run held back longer goes back to the queue,
-	// uncounted, for this worker or another to run when it can.
-	gateWait = 10 * time.Second
-)
-
-// errNotStarted: the run went back to the queue before its handler ran.
-var errNotStarted = errors.New("keel: not started")
-
-// markSoloSQL records that the run runs alone (see crashInCompany).
-const markSoloSQL = `UPDATE keel_jobs SET solo = true
-	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $3`
-
-// enterGate waits until the run of jc may start (see soloWeight); leave
-// lets the next in. An error wraps errNotStarted.
-func (g *Guard) enterGate(ctx context.Context, jc *jobContext, res claimResult) (leave func(), err error) {
-	n := int64(1)
-	if res.crashes > 0 {
-		n = soloWeight
-	}
-	if !g.gate.TryAcquire(n) {
-		wait := gateWait
-		if d, ok := ctx.Deadline(); ok {
-			wait = min(wait, time.Until(d)/2)
-		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		err := g.gate.Acquire(wctx, n)
-		cancel()
-		if err != nil {
-			why := "a job that crashed before runs alone on this worker"
-			if n == soloWeight {
-				why = "it crashed before and runs alone, and this worker was busy"
-			}
-			return nil, fmt.Errorf("%w: job %s: %s: %w", errNotStarted, jc.id, why, err)
-		}
-	}
-	if n == soloWeight {
-		tag, err := g.store.pool.Exec(ctx, markSoloSQL, jc.id, g.cfg.Holder, jc.attempt)
-		if err == nil && tag.RowsAffected() == 0 {
-			err = ErrLeaseLost
-		}
-		if err != nil {
-			g.gate.Release(n)
-			return nil, fmt.Errorf("%w: job %s: %w", errNotStarted, jc.id, interpretError(err))
-		}
-		g.cfg.Logger.Info("keel: job whose runs crashed before runs alone on this worker", "job_id", jc.id, "crashes", res.crashes)
-	}
-	return func() { g.gate.Release(n) }, nil
 }
 
 // keepQueued makes sure a wait at asynq's last try is not archived: asynq
@@ -1131,11 +1041,11 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 // outcome. It re-checks the claim conditions: another worker may have moved it.
 const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed',
 	crashes = crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
-	last_error = format('keel: %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL), the last while it ran alone on its worker; last held by %s; retired as a poison job',
-		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END, coalesce(last_holder, lease_holder, 'an unknown worker')),
+	last_error = format('keel: %s of %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL); last held by %s; retired as a poison job',
+		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END, attempts, coalesce(last_holder, lease_holder, 'an unknown worker')),
 	lease_holder = NULL, lease_until = NULL, finished_at = now(), updated_at = now(),
 	payload_summary = $2
-	WHERE id = $1 AND attempts - ` + crashInCompany + ` > max_retry
+	WHERE id = $1 AND attempts > max_retry
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
 	RETURNING business_key, coalesce(trace_id, ''), last_error, attempts`
 
@@ -1570,14 +1480,12 @@ func JobID(ctx context.Context) (string, bool) {
 
 // Interrupted reports whether the run of ctx was cut short by asynq (its
 // worker's shutdown, or asynq's task lease running out while Redis was
-// unreachable), or handed back before its handler ran (see enterGate), as
-// the guard judges when the handler returns: the job is then released, its
-// attempt not counted, so it is neither a success nor a failure
-// (metrics.Worker.Middleware does not count it as one).
+// unreachable), as the guard judges when the handler returns: the job is
+// then released, its attempt not counted, so it is neither a success nor a
+// failure (metrics.Worker.Middleware does not count it as one).
 func Interrupted(ctx context.Context) bool {
 	jc, err := jobFrom(ctx)
-	return err == nil && !jc.completed.Load() && (errors.Is(context.Cause(ctx), context.Canceled) ||
-		jc.state.Load() == runInterrupted)
+	return err == nil && !jc.completed.Load() && errors.Is(context.Cause(ctx), context.Canceled)
 }
 
 // Attempt returns which attempt (1-based) of the job this run is.
