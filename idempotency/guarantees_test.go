@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -705,7 +706,11 @@ func TestDoHTTPWriteErrorAfterTheWholeRequestIsInDoubt(t *testing.T) {
 	var received atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		received.Add(1)
-		w.WriteHeader(http.StatusOK)
+		// No answer until the client hangs up: an answer racing the
+		// client's write error would be taken, and rightly, as the
+		// request's outcome.
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
 	}))
 	defer srv.Close()
 	body := make([]byte, 8292)
