@@ -1425,7 +1425,16 @@ func (jc *jobContext) dropTx() {
 	}
 	jc.txMu.Unlock()
 	if raw != nil {
-		_ = raw.PgConn().Conn().Close()
+		// A backend waiting on a lock notices a closed socket only when it
+		// next writes: the cancel ends the wait first, so the rollback and
+		// the freed locks come at once. Off this goroutine (the watchdog's,
+		// or Close's, going through every run): the cancel dials Postgres.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = raw.PgConn().CancelRequest(ctx)
+			_ = raw.PgConn().Conn().Close()
+		}()
 	}
 }
 
@@ -1527,12 +1536,15 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	if err != nil {
 		return jc.refused(ctx, interpretError(err))
 	}
+	// Taken before holdTx: from then on dropTx may hijack conn from the
+	// pool, and the pool's handle must not be read again.
+	raw := conn.Conn()
 	if !jc.holdTx(conn) {
 		conn.Release()
 		return jc.usable()
 	}
 	defer jc.endTx(conn)
-	tx, err := conn.Begin(ctx)
+	tx, err := raw.Begin(ctx)
 	if err != nil {
 		return jc.refused(ctx, interpretError(err))
 	}
