@@ -1231,3 +1231,15 @@ func TestDeadFiltersIgnoreSurroundingSpaces(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, j.ID)
 }
+
+// hash-password refuses a password short enough to be among a guesser's
+// first tries, and hashes one that is not.
+func TestHashPasswordRefusesAShortPassword(t *testing.T) {
+	_, _, err := greeter(t, "pw123\n", "web", "hash-password")
+	require.Error(t, err)
+	require.True(t, cli.IsUsageError(err), "%v", err)
+	require.ErrorContains(t, err, "at least 8")
+	out, _, err := greeter(t, "correct horse battery\n", "web", "hash-password")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(strings.TrimSpace(out), "$2a$"), out)
+}

@@ -36,11 +36,17 @@ const PasswordCost = 12
 // than silently cut.
 const MaxPasswordBytes = 72
 
+// MinPasswordBytes is the shortest password HashPassword takes: shorter
+// ones are among a guesser's first tries, whatever the sign-in limits.
+const MinPasswordBytes = 8
+
 // HashPassword returns the bcrypt hash of password for KEEL_WEB_USERS.
 func HashPassword(password []byte) (string, error) {
 	switch {
 	case len(password) == 0:
 		return "", errors.New("keel web: the password is empty")
+	case len(password) < MinPasswordBytes:
+		return "", fmt.Errorf("keel web: the password is %d bytes; use at least %d", len(password), MinPasswordBytes)
 	case len(password) > MaxPasswordBytes:
 		return "", fmt.Errorf("keel web: the password is %d bytes; bcrypt takes at most %d", len(password), MaxPasswordBytes)
 	}

@@ -609,6 +609,8 @@ func TestHashPassword(t *testing.T) {
 	require.Equal(t, web.PasswordCost, cost)
 	_, err = web.HashPassword(nil)
 	require.Error(t, err)
+	_, err = web.HashPassword([]byte("1234567"))
+	require.ErrorContains(t, err, "at least 8", "a password a guesser tries early is refused")
 	_, err = web.HashPassword([]byte(strings.Repeat("x", 73)))
 	require.Error(t, err, "bcrypt would silently ignore the rest")
 	_, err = web.ParseUsers("ana:viewer:" + h)
