@@ -1243,3 +1243,20 @@ func TestHashPasswordRefusesAShortPassword(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(strings.TrimSpace(out), "$2a$"), out)
 }
+
+// A look-up that finds nothing says what was likely mistyped: the shape of
+// the kind's keys (order:123, not 123), or the kinds the ledger holds.
+func TestStatusNotFoundSaysWhatKeysLookLike(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	testenv.Pool(t, schema)
+	j := enqueueGreet(t, "shape")
+	_, _, err := greeter(t, "", "status", "cli:greet", "shape-typo")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
+	require.ErrorContains(t, err, `its newest job's key is "`)
+	_, _, err = greeter(t, "", "status", "cli:nosuch", "x")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
+	require.ErrorContains(t, err, "the ledger holds no job of that kind; its kinds: ")
+	require.ErrorContains(t, err, j.Kind)
+	_, _, err = greeter(t, "", "status", "cli:greet", "")
+	require.True(t, cli.IsUsageError(err), "%v", err)
+}

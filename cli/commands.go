@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/flow"
@@ -323,6 +325,32 @@ func relayCmd(e *Env) *cobra.Command {
 	return cmd
 }
 
+// lookupHint says what a look-up that found nothing may have got wrong: the
+// shape of the kind's keys (order:123, not 123), or that the ledger has no
+// job of that kind at all, and which kinds it has.
+func lookupHint(ctx context.Context, pool *pgxpool.Pool, kind string) string {
+	var key string
+	err := pool.QueryRow(ctx, `SELECT business_key FROM keel_jobs WHERE kind = $1 ORDER BY id DESC LIMIT 1`, kind).Scan(&key)
+	if err == nil {
+		return fmt.Sprintf(" (its newest job's key is %q)", visible.Text(key))
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return ""
+	}
+	rows, err := pool.Query(ctx, `SELECT DISTINCT kind FROM keel_jobs ORDER BY kind LIMIT 20`)
+	if err != nil {
+		return ""
+	}
+	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(kinds) == 0 {
+		return " (the ledger holds no jobs)"
+	}
+	for i, k := range kinds {
+		kinds[i] = visible.Text(k)
+	}
+	return fmt.Sprintf(" (the ledger holds no job of that kind; its kinds: %s)", strings.Join(kinds, ", "))
+}
+
 func statusCmd(e *Env) *cobra.Command {
 	var id string
 	cmd := &cobra.Command{
@@ -333,6 +361,9 @@ func statusCmd(e *Env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (id == "") == (len(args) != 2) {
 				return usageError{fmt.Errorf("give KIND and BUSINESS_KEY, or --id")}
+			}
+			if len(args) == 2 && (strings.TrimSpace(args[0]) == "" || args[1] == "") {
+				return usageError{fmt.Errorf("KIND and BUSINESS_KEY must not be empty (an unset shell variable?)")}
 			}
 			if id != "" {
 				u, err := uuid.Parse(strings.TrimSpace(id))
@@ -357,7 +388,7 @@ func statusCmd(e *Env) *cobra.Command {
 			} else {
 				job, err = store.Lookup(ctx, args[0], args[1])
 				if errors.Is(err, idempotency.ErrNotFound) {
-					return fmt.Errorf("no job of kind %q with business key %q: %w", args[0], args[1], err)
+					return fmt.Errorf("no job of kind %q with business key %q%s: %w", args[0], args[1], lookupHint(ctx, pool, args[0]), err)
 				}
 			}
 			if err != nil {
