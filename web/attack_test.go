@@ -309,6 +309,9 @@ func TestDiscardingTwiceSaysItWasAlreadyClosed(t *testing.T) {
 	res = op.post(t, "/jobs/"+j.ID+"/discard", url.Values{"csrf": {tok}, "note": {"second"}})
 	require.Equal(t, "/jobs/"+j.ID+"?done=already-discarded", res.header.Get("Location"))
 	require.Contains(t, op.get(t, res.header.Get("Location")).body, "already closed")
+	// A second discard without a note is told the same, not asked for a note.
+	res = op.post(t, "/jobs/"+j.ID+"/discard", url.Values{"csrf": {tok}})
+	require.Equal(t, "/jobs/"+j.ID+"?done=already-discarded", res.header.Get("Location"))
 	require.Len(t, b.audit(t, j.ID), 1)
 }
 

@@ -470,7 +470,9 @@ func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 	id, p := r.PathValue("id"), principalFrom(r.Context())
 	note := strings.TrimSpace(r.PostForm.Get("note"))
 	before, err := s.store.Get(r.Context(), id)
-	if err == nil && before.Status == idempotency.StatusDiscarded && note != "" {
+	// Already closed: said so, whatever the note (the form's own check
+	// would otherwise ask for one to do nothing).
+	if err == nil && before.Status == idempotency.StatusDiscarded {
 		http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done=already-discarded", http.StatusSeeOther)
 		return
 	}
