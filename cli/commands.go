@@ -23,7 +23,6 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/outbox"
-	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -497,9 +496,7 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	one("queue", j.Queue)
 	row("status", string(j.Status))
 	attempts := fmt.Sprintf("%d (max retry %d)", j.Attempts, j.MaxRetry)
-	if n := retry.DefaultUnknownMaxRetry; j.Status == idempotency.StatusFailed && j.ErrorClass == string(retry.ClassUnknown) && n < j.MaxRetry {
-		// The worker's policy, not the kind's budget, bounds an
-		// unclassified error's retries; this command knows only the default.
+	if n, ok := j.DefaultPolicyRetries(); ok {
 		attempts = fmt.Sprintf("%d (max retry %d; its error is unclassified: with the default retry policy it gets %d retries and dies after attempt %d)",
 			j.Attempts, j.MaxRetry, n, n+1)
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keeljobs/keel/retry"
 )
 
 // Status is where a job stands in its life.
@@ -91,6 +93,15 @@ type StepRecord struct {
 	// Verifiable: the run that started the step could Verify it, so a
 	// replay settles the step in doubt without a person (ResolveStep).
 	Verifiable bool
+}
+
+// DefaultPolicyRetries is, for a failed job whose error is unclassified,
+// how many retries the default retry policy gives it when that is fewer
+// than its kind's budget: the worker's policy, not the budget, bounds them
+// then. Pages that know only the default say so.
+func (j Job) DefaultPolicyRetries() (int, bool) {
+	n := retry.DefaultUnknownMaxRetry
+	return n, j.Status == StatusFailed && j.ErrorClass == string(retry.ClassUnknown) && n < j.MaxRetry
 }
 
 const jobColumns = `id, kind, business_key, queue, payload, status, attempts, max_retry,

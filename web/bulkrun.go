@@ -2,8 +2,6 @@ package web
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"maps"
 	"net/http"
 	"sync"
@@ -66,11 +64,11 @@ func (br *bulkRuns) close() {
 	br.wg.Wait()
 }
 
-// start acts on ids one by one in the background.
-func (br *bulkRuns) start(action, actor, backURL string, ids []string, act func(ctx context.Context, id string) error) *bulkRun {
-	var raw [16]byte
-	_, _ = rand.Read(raw[:])
-	b := &bulkRun{id: hex.EncodeToString(raw[:]), action: action, actor: actor, backURL: backURL, done: make(chan struct{}),
+// start acts on ids one by one in the background, then hands the result to
+// finished.
+func (br *bulkRuns) start(action, actor, backURL string, ids []string, act func(ctx context.Context, id string) error,
+	finished func(idempotency.BulkResult)) *bulkRun {
+	b := &bulkRun{id: randomHex(16), action: action, actor: actor, backURL: backURL, done: make(chan struct{}),
 		res: idempotency.BulkResult{Matched: len(ids), Failed: map[string]string{}}}
 	br.mu.Lock()
 	for id, old := range br.runs {
@@ -101,7 +99,9 @@ func (br *bulkRuns) start(action, actor, backURL string, ids []string, act func(
 		}
 		b.mu.Lock()
 		b.finished = time.Now()
+		res := b.res
 		b.mu.Unlock()
+		finished(res)
 	})
 	return b
 }
@@ -116,13 +116,7 @@ func (br *bulkRuns) get(id string) *bulkRun {
 // running after bulkInlineWait, sends the operator to its progress page.
 func (s *Server) runBulk(w http.ResponseWriter, r *http.Request, action, nav string, ids []string,
 	backURL string, act func(ctx context.Context, id string) error, logged func(idempotency.BulkResult)) {
-	p := principalFrom(r.Context())
-	b := s.bulks.start(action, p.Name, backURL, ids, act)
-	go func() {
-		<-b.done
-		res, _ := b.result()
-		logged(res)
-	}()
+	b := s.bulks.start(action, principalFrom(r.Context()).Name, backURL, ids, act, logged)
 	t := time.NewTimer(bulkInlineWait)
 	defer t.Stop()
 	select {

@@ -421,9 +421,7 @@ func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 		}
 		return "Running on " + j.LeaseHolder + ", which holds the lease; no other worker may run it until the lease ends."
 	case idempotency.StatusFailed:
-		if n := retry.DefaultUnknownMaxRetry; j.ErrorClass == string(retry.ClassUnknown) && n < j.MaxRetry {
-			// The worker's policy, not the kind's budget, bounds an
-			// unclassified error's retries; this server knows only the default.
+		if n, ok := j.DefaultPolicyRetries(); ok {
 			return fmt.Sprintf("Failed attempt %d; asynq retries it with backoff on any worker. Its error is unclassified: "+
 				"with the default retry policy it gets %d retries, not the kind's %d, so it dies after attempt %d unless a retry succeeds "+
 				"or fails with a classified error.", j.Attempts, n, j.MaxRetry, n+1)
@@ -682,17 +680,10 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 		s.confirmSelected(w, r, http.StatusConflict, action, ids, note, true, "")
 		return
 	}
+	act := s.actOn(action, p.Name, note)
 	res := idempotency.BulkResult{Matched: len(jobs), Failed: map[string]string{}}
 	for _, j := range jobs {
-		switch action {
-		case "replay":
-			_, err = s.store.Replay(r.Context(), s.insp, j.ID, p.Name, note)
-		case "cancel":
-			_, err = s.store.Cancel(r.Context(), s.insp, j.ID, p.Name, note)
-		default:
-			_, err = s.store.Discard(r.Context(), s.insp, j.ID, p.Name, note)
-		}
-		if err != nil {
+		if err := act(r.Context(), j.ID); err != nil {
 			res.Failed[j.ID] = err.Error()
 			continue
 		}
@@ -702,6 +693,23 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 		"done", res.Done, "failed", len(res.Failed))
 	s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + action, Nav: "jobs",
 		Data: bulkData{Action: action, Result: res, BackURL: selectedBackURL(action)}})
+}
+
+// actOn is what a bulk action does to each job: replay, cancel or discard
+// it, as actor, with note.
+func (s *Server) actOn(action, actor, note string) func(ctx context.Context, id string) error {
+	return func(ctx context.Context, id string) error {
+		var err error
+		switch action {
+		case "replay":
+			_, err = s.store.Replay(ctx, s.insp, id, actor, note)
+		case "cancel":
+			_, err = s.store.Cancel(ctx, s.insp, id, actor, note)
+		default:
+			_, err = s.store.Discard(ctx, s.insp, id, actor, note)
+		}
+		return err
+	}
 }
 
 func selectedBackURL(action string) string {
@@ -803,15 +811,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		s.confirmPage(w, r, http.StatusConflict, action, f, df, note, true, "")
 		return
 	}
-	act := func(ctx context.Context, id string) error {
-		if action == "replay" {
-			_, err := s.store.Replay(ctx, s.insp, id, p.Name, note)
-			return err
-		}
-		_, err := s.store.Discard(ctx, s.insp, id, p.Name, note)
-		return err
-	}
-	s.runBulk(w, r, action, "dead", ids, "/dead?"+f.values().Encode(), act, func(res idempotency.BulkResult) {
+	s.runBulk(w, r, action, "dead", ids, "/dead?"+f.values().Encode(), s.actOn(action, p.Name, note), func(res idempotency.BulkResult) {
 		s.cfg.Logger.Info("keel web: bulk action", "action", action, "actor", p.Name, "matched", res.Matched,
 			"done", res.Done, "failed", len(res.Failed), "filter", f.values().Encode())
 	})

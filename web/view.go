@@ -91,11 +91,16 @@ func (s *Server) ledgerError(w http.ResponseWriter, r *http.Request, err error) 
 
 // logRef logs err under a fresh reference and returns "ref X" for the page.
 func (s *Server) logRef(msg string, r *http.Request, err error) string {
-	var raw [4]byte
-	_, _ = rand.Read(raw[:])
-	ref := hex.EncodeToString(raw[:])
+	ref := randomHex(4)
 	s.cfg.Logger.Error("keel web: "+msg, "ref", ref, "path", r.URL.Path, "err", err)
 	return "ref " + ref
+}
+
+// randomHex is n random bytes in hex: an identifier no one can guess.
+func randomHex(n int) string {
+	raw := make([]byte, n)
+	_, _ = rand.Read(raw)
+	return hex.EncodeToString(raw)
 }
 
 var funcs = template.FuncMap{

@@ -16,13 +16,13 @@ import (
 type Batcher[R any] struct {
 	in  chan R
 	max int
-	run func(ctx context.Context, reqs []R)
-	// runSettling, when set instead of run, returns a channel closed once
-	// the round's callers have their answers (see awaitSettled).
-	runSettling func(ctx context.Context, reqs []R) <-chan struct{}
-	closedErr   error
-	wg          sync.WaitGroup
-	stop        context.CancelFunc
+	// run runs a round; a round that answers its callers after run returns
+	// (in the background) returns a channel closed once they have their
+	// answers (see awaitSettled), others nil.
+	run       func(ctx context.Context, reqs []R) <-chan struct{}
+	closedErr error
+	wg        sync.WaitGroup
+	stop      context.CancelFunc
 	// closed ends every wait once the batcher stops, so a caller that
 	// outlives its owner's shutdown gets an error instead of hanging.
 	closed <-chan struct{}
@@ -31,12 +31,10 @@ type Batcher[R any] struct {
 // New starts loops loops, each running up to max waiting requests at a
 // time through run. Submit returns closedErr once Close was called.
 func New[R any](loops, max int, closedErr error, run func(ctx context.Context, reqs []R)) *Batcher[R] {
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &Batcher[R]{in: make(chan R, max*loops), max: max, run: run, closedErr: closedErr, stop: cancel, closed: ctx.Done()}
-	for range loops {
-		b.wg.Go(func() { b.loop(ctx) })
-	}
-	return b
+	return NewSettling(loops, max, closedErr, func(ctx context.Context, reqs []R) <-chan struct{} {
+		run(ctx, reqs)
+		return nil
+	})
 }
 
 // NewSettling is New for rounds that answer their callers after run
@@ -44,7 +42,7 @@ func New[R any](loops, max int, closedErr error, run func(ctx context.Context, r
 // their answers, and the next round waits for it unless it fills up first.
 func NewSettling[R any](loops, max int, closedErr error, run func(ctx context.Context, reqs []R) <-chan struct{}) *Batcher[R] {
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &Batcher[R]{in: make(chan R, max*loops), max: max, runSettling: run, closedErr: closedErr, stop: cancel, closed: ctx.Done()}
+	b := &Batcher[R]{in: make(chan R, max*loops), max: max, run: run, closedErr: closedErr, stop: cancel, closed: ctx.Done()}
 	for range loops {
 		b.wg.Go(func() { b.loop(ctx) })
 	}
@@ -72,11 +70,7 @@ func (b *Batcher[R]) loop(ctx context.Context) {
 				return
 			}
 			b.drain(&reqs)
-			if b.runSettling != nil {
-				settled = b.runSettling(ctx, reqs)
-			} else {
-				b.run(ctx, reqs)
-			}
+			settled = b.run(ctx, reqs)
 		}
 	}
 }
