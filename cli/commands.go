@@ -428,6 +428,7 @@ type statusJSON struct {
 	Status       string     `json:"status"`
 	Attempts     int        `json:"attempts"`
 	MaxRetry     int        `json:"max_retry"`
+	ExtraRuns    int        `json:"extra_runs,omitempty"`
 	LastError    string     `json:"last_error,omitempty"`
 	ErrorClass   string     `json:"error_class,omitempty"`
 	LeaseHolder  string     `json:"lease_holder,omitempty"`
@@ -451,7 +452,7 @@ type statusJSON struct {
 
 func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON {
 	out := statusJSON{ID: j.ID, Kind: j.Kind, BusinessKey: j.BusinessKey, Queue: j.Queue, Status: string(j.Status),
-		Attempts: j.Attempts, MaxRetry: j.MaxRetry, LastError: j.LastError, ErrorClass: j.ErrorClass,
+		Attempts: j.Attempts, MaxRetry: j.MaxRetry, ExtraRuns: j.ExtraRuns, LastError: j.LastError, ErrorClass: j.ErrorClass,
 		LeaseHolder: j.LeaseHolder, LeaseUntil: j.LeaseUntil, RunAt: j.RunAt, PublishedAt: j.PublishedAt,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt, SupersededAt: j.SupersededAt, PayloadSummary: j.PayloadSummary,
 		EffectsCommittedAt: j.EffectsCommittedAt,
@@ -499,6 +500,9 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	if n, ok := j.DefaultPolicyRetries(); ok {
 		attempts = fmt.Sprintf("%d (max retry %d; its error is unclassified: with the default retry policy it gets %d retries and dies after attempt %d)",
 			j.Attempts, j.MaxRetry, n, n+1)
+	}
+	if j.ExtraRuns > 0 {
+		attempts += fmt.Sprintf("; %d run(s) added by keel, since a run crashed beside other jobs: it runs alone before it can be retired as a poison job", j.ExtraRuns)
 	}
 	row("attempts", attempts)
 	if j.Status == idempotency.StatusFailed || j.Status == idempotency.StatusDead {

@@ -78,7 +78,7 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 			}
 		}
 		j, err = scanJob(tx.QueryRow(ctx, `UPDATE keel_jobs SET status = 'pending', attempts = 0, run_at = now(),
-			crashes = 0, waited_ms = 0, published_at = NULL, lease_holder = NULL, lease_until = NULL, finished_at = NULL, updated_at = now()
+			crashes = 0, extra_runs = 0, waited_ms = 0, published_at = NULL, lease_holder = NULL, lease_until = NULL, finished_at = NULL, updated_at = now()
 			WHERE id = $1 RETURNING `+jobColumns, id))
 		if err != nil {
 			return interpretError(err)

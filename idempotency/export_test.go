@@ -6,6 +6,8 @@ import "context"
 type ClaimedRun struct {
 	ID      string
 	Attempt int
+	Alone   bool // it must run alone on its worker
+	run     int
 	inBatch bool
 }
 
@@ -15,7 +17,7 @@ func (g *Guard) ClaimForTest(ctx context.Context, id string) (ClaimedRun, error)
 	if res.err == nil && res.outcome != claimed {
 		return ClaimedRun{}, ErrLeaseHeld
 	}
-	return ClaimedRun{ID: id, Attempt: res.attempts, inBatch: res.batchID != ""}, res.err
+	return ClaimedRun{ID: id, Attempt: res.attempts, Alone: res.alone, run: res.run, inBatch: res.batchID != ""}, res.err
 }
 
 // CompleteRoundForTest runs one round that marks runs succeeded, in the
@@ -24,7 +26,7 @@ func (g *Guard) ClaimForTest(ctx context.Context, id string) (ClaimedRun, error)
 func (g *Guard) CompleteRoundForTest(ctx context.Context, runs ...ClaimedRun) []error {
 	reqs := make([]ledgerReq, len(runs))
 	for i, r := range runs {
-		reqs[i] = ledgerReq{id: r.ID, attempt: r.Attempt, inBatch: r.inBatch, complete: true, doneOut: make(chan error, 1)}
+		reqs[i] = ledgerReq{id: r.ID, run: r.run, inBatch: r.inBatch, complete: true, doneOut: make(chan error, 1)}
 	}
 	g.runRound(ctx, reqs)
 	errs := make([]error, len(reqs))
@@ -38,11 +40,11 @@ func (g *Guard) CompleteRoundForTest(ctx context.Context, runs ...ClaimedRun) []
 // loop does, and returns the ids it renewed.
 func (g *Guard) RenewForTest(ctx context.Context, runs ...ClaimedRun) ([]string, error) {
 	ids := make([]string, len(runs))
-	attempts := make([]int32, len(runs))
+	nums := make([]int32, len(runs))
 	for i, r := range runs {
-		ids[i], attempts[i] = r.ID, int32(r.Attempt)
+		ids[i], nums[i] = r.ID, int32(r.run)
 	}
-	return g.renew(ctx, ids, attempts)
+	return g.renew(ctx, ids, nums)
 }
 
 // SetTestHooks sets what InTx calls after its commit lands and before the
@@ -57,4 +59,17 @@ func SetTestHooks(inTxCommitted func(jobID string), renewed func()) {
 	if renewed != nil {
 		renewedHook.Store(&renewed)
 	}
+}
+
+// ReleaseForTest hands run back uncounted, as a deploy's interrupted run
+// is handed back.
+func (g *Guard) ReleaseForTest(ctx context.Context, r ClaimedRun) {
+	g.release(ctx, &jobContext{id: r.ID, attempt: r.Attempt, run: r.run})
+}
+
+// ClaimExhaustedForTest reports whether a claim of job id finds it to be
+// retired as a poison job rather than run.
+func (g *Guard) ClaimExhaustedForTest(ctx context.Context, id string) (bool, error) {
+	res := g.claim(ctx, id)
+	return res.outcome == claimExhausted, res.err
 }

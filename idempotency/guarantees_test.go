@@ -884,3 +884,63 @@ func TestAStepInDoubtWithoutVerifyNowWaitsForAPerson(t *testing.T) {
 	_, err = b.store.CheckReplay(ctx, res.Job.ID)
 	require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
 }
+
+// Which run of a job that crashed runs alone on its worker, and when such
+// a job is retired as a poison job: only for a crash while it ran alone, or
+// once keel added its two extra runs. The rows are set as the ledger holds
+// them after each history; the claim is a guard round's.
+func TestACrashedJobsLastRunRunsAloneBeforeItIsRetired(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// the row after the history: max_retry 1
+		attempts, crashes, run, soloRun, extraRuns int
+		running                                    bool // its last run ended without an outcome
+		wantExhausted, wantAlone                   bool
+		wantAttempt, wantExtra                     int
+	}{
+		{name: "first run crashed: the last runs alone", attempts: 1, run: 1, running: true, wantAlone: true, wantAttempt: 2},
+		{name: "never crashed: the last runs as any other", attempts: 1, run: 1, wantAttempt: 2},
+		{name: "crashed long ago: the last runs alone", attempts: 1, crashes: 1, run: 4, wantAlone: true, wantAttempt: 2},
+		{name: "last run crashed beside others: one run more, alone", attempts: 2, crashes: 1, run: 2, running: true,
+			wantAlone: true, wantAttempt: 3, wantExtra: 1},
+		{name: "last run crashed while it ran alone: retired", attempts: 2, crashes: 1, run: 2, soloRun: 2, running: true,
+			wantExhausted: true},
+		{name: "an extra run crashed beside others: one more", attempts: 3, crashes: 2, run: 3, soloRun: 2, extraRuns: 1,
+			running: true, wantAlone: true, wantAttempt: 4, wantExtra: 2},
+		{name: "two extra runs crashed: retired", attempts: 4, crashes: 3, run: 4, extraRuns: 2, running: true,
+			wantExhausted: true},
+		{name: "budget used by failures: retired", attempts: 2, run: 2, wantExhausted: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			res, err := b.client.Enqueue(ctx, poison.New(order{OrderID: "history"}))
+			require.NoError(t, err)
+			status, lease := "failed", "NULL"
+			if tc.running {
+				status, lease = "running", "now() - interval '1 second'"
+			}
+			_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = $2, lease_until = `+lease+`,
+				lease_holder = CASE WHEN $2 = 'running' THEN 'a-dead-worker' END,
+				attempts = $3, crashes = $4, run = $5, solo_run = $6, extra_runs = $7 WHERE id = $1`,
+				res.Job.ID, status, tc.attempts, tc.crashes, tc.run, tc.soloRun, tc.extraRuns)
+			require.NoError(t, err)
+			g := idempotency.NewGuard(b.store, idempotency.GuardConfig{Holder: "next-worker"})
+			defer g.Close()
+			if tc.wantExhausted {
+				exhausted, err := g.ClaimExhaustedForTest(ctx, res.Job.ID)
+				require.NoError(t, err)
+				require.True(t, exhausted, "the job was not to be retired")
+				return
+			}
+			r, err := g.ClaimForTest(ctx, res.Job.ID)
+			require.NoError(t, err)
+			require.Equal(t, tc.wantAlone, r.Alone, "must it run alone")
+			require.Equal(t, tc.wantAttempt, r.Attempt)
+			got, err := b.store.Get(ctx, res.Job.ID)
+			require.NoError(t, err)
+			require.Equal(t, tc.wantExtra, got.ExtraRuns)
+			require.Equal(t, tc.run+1, b.count(t, `SELECT run FROM keel_jobs WHERE id = $1`, res.Job.ID))
+		})
+	}
+}

@@ -262,6 +262,7 @@ type Guard struct {
 	calls phases
 
 	tracer tracing.Tracer // the spans of each run (trace.go)
+	gate   *aloneGate     // lets a job's last run after a crash run alone (alone.go)
 
 	// outageSince is when the ledger was first found unreachable (unix
 	// nanoseconds), 0 while it answers: ledgerWait grows with the outage.
@@ -345,7 +346,7 @@ func (p *phases) closeAndWait(timeout time.Duration) {
 // NewGuard starts a guard on store. Close it after the server has stopped.
 func NewGuard(store *Store, cfg GuardConfig) *Guard {
 	cfg = cfg.withDefaults()
-	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{})}
+	g := &Guard{store: store, cfg: cfg, running: map[*jobContext]struct{}{}, renewDone: make(chan struct{}), gate: newAloneGate()}
 	g.tracer = tracing.New(cfg.TracerProvider)
 	g.ledger = batch.New(DefaultBatchLoops, cfg.BatchSize, ErrGuardClosed, g.runRound)
 	g.members = &memberRounds{open: map[string]*memberBatch{}, size: cfg.BatchSize, run: g.runRound}
@@ -372,7 +373,10 @@ func (g *Guard) Stats() GuardStats {
 // whose context is cancelled was interrupted by the deploy, so it does not
 // count as an attempt and its lease is released at once. The server calls
 // it before it stops asynq.
-func (g *Guard) BeginShutdown() { g.stopping.Store(true) }
+func (g *Guard) BeginShutdown() {
+	g.stopping.Store(true)
+	g.gate.close()
+}
 
 // Close stops the guard's background loops. Runs still going (handlers that
 // ignored their cancelled context) are given up as interrupted: their
@@ -381,6 +385,7 @@ func (g *Guard) BeginShutdown() { g.stopping.Store(true) }
 func (g *Guard) Close() {
 	g.closeOnce.Do(func() {
 		g.stopping.Store(true)
+		g.gate.close()
 		// Runs outside a step's call are given up at once; those inside
 		// one get callFinishWait to finish it and record its answer, their
 		// leases renewed meanwhile, and are given up then.
@@ -433,6 +438,8 @@ const (
 type claimResult struct {
 	outcome    claimOutcome
 	attempts   int
+	run        int    // the run's number: with the holder, its identity
+	alone      bool   // it must run alone on this worker (the job's last run, after a crash)
 	batchID    string // the job's batch, if it is a member: its completion moves the batch's counters
 	maxRetry   int
 	waited     time.Duration
@@ -445,7 +452,7 @@ type claimResult struct {
 // ledgerReq is one claim or one completion waiting for the next round.
 type ledgerReq struct {
 	id       string
-	attempt  int // completions: the run's attempt number, so a stale run cannot complete
+	run      int // completions: the run's number, so a stale run cannot complete
 	complete bool
 	inBatch  bool             // completions: a batch member's (roundBatchSQL)
 	claimOut chan claimResult // claims
@@ -463,9 +470,9 @@ type ledgerReq struct {
 // not update one row twice. A claim's last column is the job's batch, if
 // it is a batch member.
 const roundSQL = roundCTEs + `
-SELECT id, 0, 0, 0::bigint, 0::bigint, '' FROM done
+SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false FROM done
 UNION ALL
-SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, '') FROM c`
+SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone FROM c`
 
 // roundBatchSQL is roundSQL for a round that completes batch members. Each
 // member's trigger updates its batch's row, at the end of the statement, in
@@ -478,52 +485,71 @@ locked AS (
 	SELECT id FROM keel_batches
 	WHERE id = ANY (ARRAY (SELECT batch_id FROM done WHERE batch_id IS NOT NULL))
 	ORDER BY id FOR UPDATE)
-SELECT id, 0, 0, 0::bigint, 0::bigint, '' FROM done WHERE (SELECT count(*) FROM locked) >= 0
+SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false FROM done WHERE (SELECT count(*) FROM locked) >= 0
 UNION ALL
-SELECT id, attempts, max_retry, waited_ms, max_wait_ms, coalesce(batch_id, '') FROM c`
+SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone FROM c`
 
 const roundCTEs = `WITH done AS (
 	UPDATE keel_jobs j SET status = 'succeeded', lease_holder = NULL,
 		lease_until = NULL, finished_at = now(), updated_at = now(),
 		last_error = NULL, error_class = NULL
-	FROM unnest($4::text[], $5::int[]) AS d(id, attempt)
-	WHERE j.id = d.id AND j.attempts = d.attempt AND j.status = 'running' AND j.lease_holder = $1
+	FROM unnest($4::text[], $5::int[]) AS d(id, run)
+	WHERE j.id = d.id AND j.run = d.run AND j.status = 'running' AND j.lease_holder = $1
 	RETURNING j.id, j.batch_id),
 free AS (
-	SELECT id, status FROM keel_jobs WHERE id = ANY($3)
+	SELECT id, status, attempts > max_retry + extra_runs AS extra FROM keel_jobs WHERE id = ANY($3)
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
-	  AND attempts <= max_retry
+	  AND (attempts <= max_retry + extra_runs OR (` + crashedBesideOthers + `))
 	FOR UPDATE SKIP LOCKED),
 c AS (
 	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
 		lease_until = now() + $2 * interval '1 millisecond',
-		attempts = j.attempts + 1, updated_at = now(),
+		attempts = j.attempts + 1, run = j.run + 1, updated_at = now(),
 		crashes = j.crashes + CASE WHEN free.status = 'running' THEN 1 ELSE 0 END,
+		extra_runs = j.extra_runs + CASE WHEN free.extra THEN 1 ELSE 0 END,
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
-	RETURNING j.id, j.attempts, j.max_retry, j.waited_ms, j.max_wait_ms, j.batch_id)`
+	RETURNING j.id, j.attempts, j.max_retry + j.extra_runs AS budget, j.waited_ms, j.max_wait_ms, j.batch_id, j.run,
+		j.attempts > j.max_retry + j.extra_runs AND j.crashes > 0 AS alone)`
+
+// crashedBesideOthers holds for a running job whose lease expired (its
+// run ended without an outcome) and whose run did not run alone on its
+// worker, while keel may still add runs to its budget: the crash may have
+// been a neighbour's, so the job is not retired as a poison job before it
+// has crashed running alone (or used up maxExtraRuns).
+const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run AND extra_runs < ` + maxExtraRunsSQL
+
+// maxExtraRunsSQL bounds the runs keel adds to a job's budget (see
+// crashedBesideOthers): a job that kills its worker while it waits to run
+// alone (a neighbour's crash again, or a deploy's SIGKILL) still retires.
+const maxExtraRunsSQL = "2"
 
 // RoundSQL is the statement a guard round runs ($1 holder, $2 lease in
-// milliseconds, $3 ids to claim, $4 ids to complete, $5 their attempts),
+// milliseconds, $3 ids to claim, $4 ids to complete, $5 their runs),
 // exported for plan inspection and for timing it on a large ledger.
 func RoundSQL() string { return roundSQL }
 
 // unclaimedSQL reads why jobs could not be claimed (the rare path).
-const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()),
-	attempts > max_retry AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()), ` + exhaustedSQL + `
 	FROM keel_jobs WHERE id = ANY($1)`
+
+// exhaustedSQL holds for a job that is claimable but whose budget runs
+// that ended without an outcome have used up: it retires, it does not run.
+const exhaustedSQL = `(attempts > max_retry + extra_runs
+	AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+	AND NOT (` + crashedBesideOthers + `))`
 
 // runRound runs one round of waiting claims and completions: one statement
 // in the common case, a second one only for claims that did not succeed.
 func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	var claimIDs, doneIDs []string
-	var doneAttempts []int32
+	var doneRuns []int32
 	completing := map[string]bool{}
 	sql := roundSQL
 	for _, r := range reqs {
 		if r.complete {
 			doneIDs = append(doneIDs, r.id)
-			doneAttempts = append(doneAttempts, int32(r.attempt))
+			doneRuns = append(doneRuns, int32(r.run))
 			completing[r.id] = true
 			if r.inBatch {
 				sql = roundBatchSQL
@@ -544,14 +570,14 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 		claimIDs = []string{}
 	}
 	if doneIDs == nil {
-		doneIDs, doneAttempts = []string{}, []int32{}
+		doneIDs, doneRuns = []string{}, []int32{}
 	}
 	var results map[string]claimResult
 	var done map[string]bool
 	var err error
 	// An aborted round changed nothing: it runs again as it was.
 	for try := 1; ; try++ {
-		results, done, err = g.round(ctx, sql, completing, claimIDs, doneIDs, doneAttempts)
+		results, done, err = g.round(ctx, sql, completing, claimIDs, doneIDs, doneRuns)
 		if err == nil || try == roundTries || !lockConflict(err) {
 			break
 		}
@@ -603,10 +629,10 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 // round runs the round's statement once: the claims it made, the
 // completions it marked.
 func (g *Guard) round(ctx context.Context, sql string, completing map[string]bool, claimIDs, doneIDs []string,
-	doneAttempts []int32) (map[string]claimResult, map[string]bool, error) {
+	doneRuns []int32) (map[string]claimResult, map[string]bool, error) {
 	results := make(map[string]claimResult, len(claimIDs))
 	done := make(map[string]bool, len(doneIDs))
-	rows, err := g.store.pool.Query(ctx, sql, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs, doneAttempts)
+	rows, err := g.store.pool.Query(ctx, sql, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs, doneRuns)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -616,13 +642,15 @@ func (g *Guard) round(ctx context.Context, sql string, completing map[string]boo
 		var attempts, maxRetry int
 		var waited, maxWait int64
 		var batchID string
-		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID); err != nil {
+		var run int
+		var alone bool
+		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID, &run, &alone); err != nil {
 			return nil, nil, err
 		}
 		if completing[id] {
 			done[id] = true
 		} else {
-			results[id] = claimResult{outcome: claimed, attempts: attempts, maxRetry: maxRetry, status: StatusRunning,
+			results[id] = claimResult{outcome: claimed, attempts: attempts, run: run, alone: alone, maxRetry: maxRetry, status: StatusRunning,
 				waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond,
 				batchID: batchID}
 		}
@@ -694,7 +722,7 @@ func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
 	select {
 	case res := <-out:
 		if res.outcome == claimed && res.err == nil {
-			g.release(context.Background(), &jobContext{id: id, attempt: res.attempts})
+			g.release(context.Background(), &jobContext{id: id, attempt: res.attempts, run: res.run})
 		}
 	case <-g.ledger.Closed():
 	}
@@ -710,7 +738,7 @@ func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
 		}
 		defer g.members.release(jc.batchID)
 	}
-	if err := b.Submit(ctx, ledgerReq{id: jc.id, attempt: jc.attempt, inBatch: jc.batchID != "", complete: true, doneOut: out}); err != nil {
+	if err := b.Submit(ctx, ledgerReq{id: jc.id, run: jc.run, inBatch: jc.batchID != "", complete: true, doneOut: out}); err != nil {
 		return err
 	}
 	select {
@@ -729,10 +757,13 @@ func (g *Guard) track(jc *jobContext) {
 	g.mu.Unlock()
 }
 
+// untrack ends jc's renewals and its place at the gate: the run ended, or
+// keel gave it up.
 func (g *Guard) untrack(jc *jobContext) {
 	g.mu.Lock()
 	delete(g.running, jc)
 	g.mu.Unlock()
+	jc.pass.leave()
 }
 
 // renewLoop extends the leases of every job this worker is running, in one
@@ -760,21 +791,21 @@ func (g *Guard) renewRunning(ctx context.Context) {
 	g.mu.Lock()
 	jcs := make([]*jobContext, 0, len(g.running))
 	ids := make([]string, 0, len(g.running))
-	attempts := make([]int32, 0, len(g.running))
+	runs := make([]int32, 0, len(g.running))
 	for jc := range g.running {
 		if jc.completed.Load() {
 			continue // its InTx ended the lease
 		}
 		jcs = append(jcs, jc)
 		ids = append(ids, jc.id)
-		attempts = append(attempts, int32(jc.attempt))
+		runs = append(runs, int32(jc.run))
 	}
 	g.mu.Unlock()
 	if len(ids) == 0 {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
-	renewed, err := g.renew(rctx, ids, attempts)
+	renewed, err := g.renew(rctx, ids, runs)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -833,10 +864,10 @@ var (
 // It never waits for a row lock, so it cannot deadlock with the statements
 // that finish the same rows in another order; a locked row is renewed at
 // the next tick, well inside the lease.
-const renewSQL = `WITH r AS (SELECT * FROM unnest($2::text[], $3::int[]) AS r(id, attempt)),
+const renewSQL = `WITH r AS (SELECT * FROM unnest($2::text[], $3::int[]) AS r(id, run)),
 mine AS (
 	SELECT j.id FROM keel_jobs j JOIN r ON j.id = r.id
-	WHERE j.attempts = r.attempt AND j.lease_holder = $4 AND j.status = 'running'
+	WHERE j.run = r.run AND j.lease_holder = $4 AND j.status = 'running'
 	FOR UPDATE OF j SKIP LOCKED),
 upd AS (
 	UPDATE keel_jobs j SET lease_until = now() + $1 * interval '1 millisecond'
@@ -845,13 +876,13 @@ upd AS (
 SELECT id FROM upd
 UNION ALL
 SELECT j.id FROM keel_jobs j JOIN r ON j.id = r.id
-WHERE j.attempts = r.attempt AND j.lease_holder = $4 AND j.status = 'running'
+WHERE j.run = r.run AND j.lease_holder = $4 AND j.status = 'running'
   AND NOT EXISTS (SELECT 1 FROM mine WHERE mine.id = j.id)`
 
-// renew extends the leases of the runs ids (with their attempts) and
+// renew extends the leases of the runs ids (with their run numbers) and
 // returns the ids still theirs (renewSQL).
-func (g *Guard) renew(ctx context.Context, ids []string, attempts []int32) ([]string, error) {
-	rows, err := g.store.pool.Query(ctx, renewSQL, g.cfg.Lease.Milliseconds(), ids, attempts, g.cfg.Holder)
+func (g *Guard) renew(ctx context.Context, ids []string, runs []int32) ([]string, error) {
+	rows, err := g.store.pool.Query(ctx, renewSQL, g.cfg.Lease.Milliseconds(), ids, runs, g.cfg.Holder)
 	if err != nil {
 		return nil, err
 	}
@@ -868,6 +899,16 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			// share (and fail) a round with the others.
 			return fmt.Errorf("%w: task id %q: %w", ErrUnknownJob, id, asynq.SkipRetry)
 		}
+		// Deliveries wait here while a run runs alone on this worker.
+		pass, err := g.gate.enter(ctx, gateWait(ctx))
+		if err != nil {
+			why := "another job runs alone on this worker"
+			if errors.Is(err, ErrGuardClosed) {
+				why = "worker shutting down"
+			}
+			return keepQueued(ctx, retry.Wait(time.Second, fmt.Errorf("keel: job %s not started: %s: %w", id, why, err)))
+		}
+		defer pass.leave()
 		if !g.recording.enter(false) {
 			// Another worker takes it: the wait only puts it back.
 			return retry.Wait(minLedgerWait, fmt.Errorf("keel: worker shutting down, job %s not started: %w", id, ErrGuardClosed))
@@ -898,7 +939,8 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		g.stats.claimed.Add(1)
 
-		jc := &jobContext{guard: g, id: id, attempt: res.attempts, batchID: res.batchID, kind: t.Type(), queue: queueName(ctx)}
+		jc := &jobContext{guard: g, id: id, attempt: res.attempts, run: res.run, batchID: res.batchID, kind: t.Type(),
+			queue: queueName(ctx), pass: pass}
 		noteRun(ctx, jc)
 		hctx, cancel := context.WithCancelCause(withJob(ctx, jc))
 		defer cancel(nil)
@@ -914,10 +956,17 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		if deadline, ok := ctx.Deadline(); ok {
 			watchdog = time.AfterFunc(time.Until(deadline)+g.cfg.TimeoutGrace, func() { g.overran(ctx, t, jc, res, deadline) })
 		}
-		herr := next.ProcessTask(retry.WithRetried(hctx, res.attempts-1), t)
+		var herr error
+		if res.alone {
+			herr = g.runAlone(hctx, jc)
+		}
+		if herr == nil {
+			herr = next.ProcessTask(retry.WithRetried(hctx, res.attempts-1), t)
+		}
 		if watchdog != nil {
 			watchdog.Stop()
 		}
+		pass.leave()
 		// Entered before the state changes, so that Close, which gives up
 		// live runs first and then waits, either sees this one live or
 		// waits for its outcome.
@@ -1007,7 +1056,7 @@ func (g *Guard) release(ctx context.Context, jc *jobContext) {
 	defer cancel()
 	_, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
 		attempts = attempts - 1, updated_at = now()
-		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $3`, jc.id, g.cfg.Holder, jc.attempt)
+		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not release an interrupted job; its lease expires on its own", "job_id", jc.id, "err", err)
@@ -1041,12 +1090,13 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 // outcome. It re-checks the claim conditions: another worker may have moved it.
 const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed',
 	crashes = crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
-	last_error = format('keel: %s of %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL); last held by %s; retired as a poison job',
-		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END, attempts, coalesce(last_holder, lease_holder, 'an unknown worker')),
+	last_error = format('keel: %s of %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL)%s; last held by %s; retired as a poison job',
+		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END, attempts,
+		CASE WHEN status = 'running' AND solo_run = run THEN ', the last while it ran alone on its worker' ELSE '' END,
+		coalesce(last_holder, lease_holder, 'an unknown worker')),
 	lease_holder = NULL, lease_until = NULL, finished_at = now(), updated_at = now(),
 	payload_summary = $2
-	WHERE id = $1 AND attempts > max_retry
-	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+	WHERE id = $1 AND ` + exhaustedSQL + `
 	RETURNING business_key, coalesce(trace_id, ''), last_error, attempts`
 
 // retireCrashed retires a poison job: the delivery is acknowledged (the job
@@ -1194,7 +1244,7 @@ const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class 
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
 	trace_id = coalesce(nullif($10, ''), trace_id, nullif($13, '')),
 	waited_ms = waited_ms + $12
-	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $11
+	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $11
 	RETURNING business_key, coalesce(trace_id, '')`
 
 // maxErrorBytes bounds the error text and summary kept with a job.
@@ -1285,7 +1335,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	var businessKey, storedTrace string
 	err := g.untilLedgerAnswers(id, func() error {
 		return g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-			runIn.Milliseconds(), summary, traceID, jc.attempt, waited.Milliseconds(), spanTraceID(ctx)).Scan(&businessKey, &storedTrace)
+			runIn.Milliseconds(), summary, traceID, jc.run, waited.Milliseconds(), spanTraceID(ctx)).Scan(&businessKey, &storedTrace)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		if jc.commitInDoubt.Load() {
@@ -1355,6 +1405,8 @@ type jobContext struct {
 	guard         *Guard
 	id            string
 	attempt       int
+	run           int // with the holder, the run's identity in the ledger (attempt can repeat)
+	pass          *gatePass
 	batchID       string // its batch, if it is a member
 	kind, queue   string
 	completed     atomic.Bool
@@ -1559,7 +1611,7 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	}
 	tag, err := tx.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL, lease_until = NULL,
 		last_error = NULL, error_class = NULL, finished_at = now(), updated_at = now()
-		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND attempts = $3`, jc.id, g.cfg.Holder, jc.attempt)
+		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		return jc.refused(ctx, interpretError(err))
 	}

@@ -22,12 +22,9 @@ const (
 )
 
 // leaseFates reads the fates of runs a renewal did not keep. An InTx that
-// commits just before the renewal reads the row leaves it succeeded at the
-// run's attempt before the run notes it has completed: that run lost
-// nothing. The attempt alone does not say so (a replay counts attempts
-// from 0 again, so another worker's run can succeed at the same number):
-// the run must have sent its COMMIT, and no other worker claimed the job
-// since this one did.
+// commits just before the renewal reads the row leaves it succeeded by this
+// run before the run notes it has completed: that run lost nothing. It
+// must have sent its COMMIT, and the job's last run must be this one.
 func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobContext]leaseFate, error) {
 	ids := make([]string, len(jcs))
 	for i, jc := range jcs {
@@ -35,14 +32,14 @@ func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobCont
 	}
 	ctx, cancel := context.WithTimeout(ctx, cancelCheckTimeout)
 	defer cancel()
-	rows, err := g.store.pool.Query(ctx, `SELECT id, status, attempts, coalesce(last_holder, '') FROM keel_jobs WHERE id = ANY($1)`, ids)
+	rows, err := g.store.pool.Query(ctx, `SELECT id, status, run, coalesce(last_holder, '') FROM keel_jobs WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return nil, err
 	}
 	type row struct {
 		ID         string
 		Status     Status
-		Attempts   int
+		Run        int
 		LastHolder string
 	}
 	found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
@@ -59,7 +56,7 @@ func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobCont
 		switch {
 		case ok && r.Status == StatusCancelled:
 			out[jc] = fateCancelled
-		case ok && r.Status == StatusSucceeded && r.Attempts == jc.attempt && r.LastHolder == g.cfg.Holder && jc.committing.Load():
+		case ok && r.Status == StatusSucceeded && r.Run == jc.run && r.LastHolder == g.cfg.Holder && jc.committing.Load():
 			out[jc] = fateDone
 		default:
 			out[jc] = fateLost

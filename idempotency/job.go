@@ -40,9 +40,14 @@ type Job struct {
 	Status      Status
 	Attempts    int
 	MaxRetry    int
-	Timeout     time.Duration
-	Deadline    *time.Time
-	RunAt       time.Time
+	// ExtraRuns is what keel added to the budget (MaxRetry+1 runs) of a
+	// job whose last run crashed beside other jobs on its worker: it runs
+	// again alone, so that it is retired as a poison job only for a crash
+	// of its own.
+	ExtraRuns int
+	Timeout   time.Duration
+	Deadline  *time.Time
+	RunAt     time.Time
 	// PublishedAt is when the job was handed over for publishing: to
 	// Redis, or, for a job EnqueueTx or EnqueueManyTx wrote, to the relay's
 	// outbox in the same transaction (the relay publishes it moments after
@@ -109,7 +114,7 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
 	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
-	coalesce(batch_id, ''), effects_committed_at`
+	coalesce(batch_id, ''), effects_committed_at, extra_runs`
 
 // publishColumns are what publishing reads of a job's row (taskMessage,
 // the publish spans, PublishMany's mark): the relay's claims read only
@@ -165,7 +170,7 @@ func scanJob(row pgx.Row) (Job, error) {
 		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
 		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
-		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt)
+		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt, &j.ExtraRuns)
 	if j.SupersededAt != nil {
 		j.BusinessKey = OriginalKey(j.BusinessKey, j.ID)
 	}

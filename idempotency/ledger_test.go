@@ -583,3 +583,28 @@ func TestRenewalStopsARunWhoseJobWasTakenOver(t *testing.T) {
 		})
 	}
 }
+
+// A run handed back uncounted (a deploy, a wait) and claimed again by the
+// same worker is a new run: the old one, still going in a goroutine keel
+// gave up, must not be able to complete the new one's job.
+func TestARunHandedBackUncountedCannotActForTheNextRun(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "handed-back"}))
+	require.NoError(t, err)
+	g := idempotency.NewGuard(b.store, idempotency.GuardConfig{Holder: "one-worker"})
+	defer g.Close()
+	old, err := g.ClaimForTest(ctx, res.Job.ID)
+	require.NoError(t, err)
+	g.ReleaseForTest(ctx, old)
+	next, err := g.ClaimForTest(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, old.Attempt, next.Attempt, "a run handed back uncounted used up an attempt")
+
+	require.ErrorIs(t, g.CompleteRoundForTest(ctx, old)[0], idempotency.ErrLeaseLost,
+		"the old run completed the job the next run holds")
+	renewed, err := g.RenewForTest(ctx, old)
+	require.NoError(t, err)
+	require.Empty(t, renewed, "the old run renewed the next run's lease")
+	require.NoError(t, g.CompleteRoundForTest(ctx, next)[0])
+}

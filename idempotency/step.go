@@ -95,11 +95,11 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	// during the call, the next attempt knows the call may have happened.
 	var leased, fresh bool
 	err = pool.QueryRow(ctx, `WITH lease AS (
-			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND attempts = $4),
+			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4),
 		ins AS (
 			INSERT INTO keel_steps (job_id, name, status, verifiable) SELECT $1, $2, 'started', $5 FROM lease
 			ON CONFLICT (job_id, name) DO NOTHING RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.attempt, cfg.verify != nil).Scan(&leased, &fresh)
+		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.run, cfg.verify != nil).Scan(&leased, &fresh)
 	if err != nil {
 		return zero, jc.refused(ctx, interpretError(err))
 	}
@@ -139,7 +139,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		// a run that lost the job meanwhile must neither record nor call.
 		if done {
 			tag, err := pool.Exec(ctx, `UPDATE keel_steps SET status = 'done', finished_at = now()
-				WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt)
+				WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run)
 			if err != nil {
 				return zero, interpretError(err)
 			}
@@ -149,7 +149,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 			return zero, nil
 		}
 		tag, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now(), verifiable = true
-			WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt)
+			WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run)
 		if err != nil {
 			return zero, interpretError(err)
 		}
@@ -174,7 +174,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 			// Only while this run still holds the job: a run given up while
 			// its call failed must not erase the record a newer run made.
 			if _, err := pool.Exec(bg, `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'
-				AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.attempt); err != nil {
+				AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run); err != nil {
 				return zero, errors.Join(ferr, interpretError(err))
 			}
 			return zero, ferr
@@ -277,9 +277,9 @@ func InDoubt(err error) error {
 	return fmt.Errorf("%w: %w", ErrInDoubt, err)
 }
 
-// stepLeaseHeld is the condition, on $1 job id, $3 holder and $4 attempt,
+// stepLeaseHeld is the condition, on $1 job id, $3 holder and $4 run,
 // that this run still holds the job.
-const stepLeaseHeld = `EXISTS (SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND attempts = $4)`
+const stepLeaseHeld = `EXISTS (SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4)`
 
 // callInDoubt reports whether a step whose fn returned err may have taken
 // effect. Only a call that never left, or one the other side answered as

@@ -426,7 +426,7 @@ func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 				"with the default retry policy it gets %d retries, not the kind's %d, so it dies after attempt %d unless a retry succeeds "+
 				"or fails with a classified error.", j.Attempts, n, j.MaxRetry, n+1)
 		}
-		return fmt.Sprintf("Failed attempt %d of %d; asynq retries it with backoff on any worker.", j.Attempts, j.MaxRetry+1)
+		return fmt.Sprintf("Failed attempt %d of %d; asynq retries it with backoff on any worker.", j.Attempts, j.MaxRetry+1+j.ExtraRuns)
 	case idempotency.StatusDead:
 		switch {
 		case j.SupersededAt != nil:

@@ -57,9 +57,6 @@ func poisonHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
 // on the workers it killed did nothing wrong and must not be retired as a
 // poison job with it.
 func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
-	if os.Getenv("KEEL_KNOWN_DEFECTS") == "" {
-		t.Skip("a known defect, not fixed yet: set KEEL_KNOWN_DEFECTS=1 to run it")
-	}
 	e := setup(t)
 	ctx := context.Background()
 	slow, err := e.client.Enqueue(ctx, slowKind.New(item{ID: "innocent"}))
@@ -87,6 +84,10 @@ func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
 				require.Equal(t, idempotency.StatusDead, p.Status, "the poison job: %+v", p)
 				require.Equal(t, idempotency.StatusSucceeded, s.Status,
 					"an innocent job that ran beside a poison job was retired with it: %s: %s", s.ErrorClass, s.LastError)
+				require.Equal(t, 2, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID),
+					"the poison job ran beyond its budget")
+				require.Contains(t, p.LastError, "the last while it ran alone on its worker")
+				require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, slow.Job.ID))
 				return
 			}
 		}

@@ -1,0 +1,198 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/keeljobs/keel/retry"
+)
+
+// aloneWait bounds how long a run waits for the other runs on its worker
+// to finish so that it can run alone, and how long a delivery waits while
+// one does. Past it the run is handed back as a wait, uncounted: the
+// worker takes new work again, and another worker (or this one, later) may
+// be free sooner.
+const aloneWait = time.Minute
+
+// errNotAlone ends a wait at the gate that took longer than it may.
+var errNotAlone = errors.New("keel: the other runs on this worker did not finish in time")
+
+// aloneGate lets one run at a time run alone on its worker. A job whose
+// earlier run crashed (its worker died: a poison job, an OOM kill, a
+// deploy's SIGKILL) runs its last run alone, so that keel only retires it
+// as a poison job for a crash that can only be its own, not its
+// neighbour's. While such a run waits for the others to finish, and while
+// it runs, the worker starts nothing else.
+type aloneGate struct {
+	mu      sync.Mutex
+	running int           // passes counted: runs between the gate and their end
+	owner   *gatePass     // the run that runs alone, or waits to
+	changed chan struct{} // closed and replaced at every change
+	// shut: the worker is stopping. Nobody waits at the gate any more:
+	// what waited is handed back for another worker to start.
+	shut bool
+}
+
+// gatePass is one run's place at the gate.
+type gatePass struct {
+	gate    *aloneGate
+	counted bool // in gate.running
+	left    bool
+}
+
+func newAloneGate() *aloneGate { return &aloneGate{changed: make(chan struct{})} }
+
+// close ends every wait at the gate; later ones do not wait.
+func (g *aloneGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.shut {
+		g.shut = true
+		g.broadcast()
+	}
+}
+
+// broadcast wakes every waiter; g.mu held.
+func (g *aloneGate) broadcast() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// await waits, g.mu held, until ready holds, ctx ends or timer fires.
+func (g *aloneGate) await(ctx context.Context, timer <-chan time.Time, ready func() bool) error {
+	for !ready() {
+		if g.shut {
+			return ErrGuardClosed
+		}
+		ch := g.changed
+		g.mu.Unlock()
+		var err error
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		case <-timer:
+			err = errNotAlone
+		}
+		g.mu.Lock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enter waits, up to wait, while a run runs alone or waits to, and then
+// counts the caller among the worker's runs.
+func (g *aloneGate) enter(ctx context.Context, wait time.Duration) (*gatePass, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut {
+		return nil, ErrGuardClosed
+	}
+	if g.owner != nil {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		if err := g.await(ctx, t.C, func() bool { return g.owner == nil }); err != nil {
+			return nil, err
+		}
+	}
+	g.running++
+	return &gatePass{gate: g, counted: true}, nil
+}
+
+// alone waits, up to wait, until p's run is the only one on the worker,
+// and keeps others out until p leaves. p does not count while it waits, so
+// two runs that must run alone wait for each other's turn, not for ever.
+func (p *gatePass) alone(ctx context.Context, wait time.Duration) error {
+	g := p.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p.left {
+		return ErrRunGivenUp
+	}
+	p.counted = false
+	g.running--
+	g.broadcast()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	err := g.await(ctx, t.C, func() bool { return p.left || g.owner == nil })
+	if err == nil && !p.left {
+		g.owner = p
+		g.broadcast()
+		err = g.await(ctx, t.C, func() bool { return p.left || g.running == 0 })
+	}
+	if p.left {
+		return ErrRunGivenUp // leave let the others in again
+	}
+	p.counted = true
+	g.running++
+	if err != nil && g.owner == p {
+		g.owner = nil
+		g.broadcast()
+	}
+	return err
+}
+
+// leave ends p's run at the gate: its run returned or keel gave it up (a
+// handler keel gave up may hang on, but it must not keep others out).
+func (p *gatePass) leave() {
+	if p == nil {
+		return
+	}
+	g := p.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p.left {
+		return
+	}
+	p.left = true
+	if p.counted {
+		g.running--
+	}
+	if g.owner == p {
+		g.owner = nil
+	}
+	g.broadcast()
+}
+
+// gateWait is how long a delivery may wait at the gate: aloneWait, and at
+// most half of what its deadline leaves, so that the run has time left.
+func gateWait(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(min(aloneWait, time.Until(d)/2), 0)
+	}
+	return aloneWait
+}
+
+// runAlone lets jc's run start only once it is the only run on the worker,
+// and records that it runs alone: if it crashes now, the crash is its own.
+func (g *Guard) runAlone(ctx context.Context, jc *jobContext) error {
+	g.cfg.Logger.Info("keel: the job's last run runs alone on this worker, since an earlier run crashed",
+		"job_id", jc.id, "attempt", jc.attempt)
+	began := time.Now()
+	if err := jc.pass.alone(ctx, gateWait(ctx)); err != nil {
+		if errors.Is(err, errNotAlone) || errors.Is(err, ErrGuardClosed) {
+			waited := max(time.Since(began), retry.MinDelay)
+			return retry.Wait(waited, fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not within %s; handed back: %w",
+				jc.id, waited.Round(time.Second), err))
+		}
+		return err
+	}
+	tag, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET solo_run = run
+		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)
+	if err != nil {
+		if err = jc.refused(ctx, interpretError(err)); !errors.Is(err, ErrRunGivenUp) && !errors.Is(err, ErrCancelled) {
+			// Not the job's failure: its last run must not be spent on it.
+			err = retry.Wait(g.ledgerWait(err), err)
+		}
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return jc.refused(ctx, ErrLeaseLost)
+	}
+	return nil
+}

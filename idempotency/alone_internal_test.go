@@ -1,0 +1,190 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// gateState reads the gate's counters.
+func gateState(g *aloneGate) (running int, owned bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.running, g.owner != nil
+}
+
+// awaitGate waits until the gate's counters are as wanted: the tests below
+// synchronise on the gate's own state, not on sleeps.
+func awaitGate(t *testing.T, g *aloneGate, running int, owned bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r, o := gateState(g)
+		if r == running && o == owned {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "gate: running %d owned %v, want %d %v", r, o, running, owned)
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A run that must run alone waits for the runs beside it, and while it
+// waits and runs nothing else starts.
+func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
+	ctx := context.Background()
+	g := newAloneGate()
+	neighbour, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	suspect, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+
+	alone := make(chan error, 1)
+	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
+	awaitGate(t, g, 1, true) // the neighbour runs, the suspect owns the gate
+
+	entered := make(chan error, 1)
+	go func() {
+		p, err := g.enter(ctx, 5*time.Second)
+		if err == nil {
+			p.leave()
+		}
+		entered <- err
+	}()
+	select {
+	case err := <-alone:
+		t.Fatalf("the run started alone beside a running neighbour: %v", err)
+	case err := <-entered:
+		t.Fatalf("a delivery started while a run waited to run alone: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+
+	neighbour.leave()
+	require.NoError(t, <-alone)
+	awaitGate(t, g, 1, true)
+	select {
+	case err := <-entered:
+		t.Fatalf("a delivery started beside the run that runs alone: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	suspect.leave()
+	require.NoError(t, <-entered)
+	awaitGate(t, g, 0, false)
+}
+
+// Two runs that must run alone take turns; neither waits for the other
+// for ever.
+func TestTwoAloneRunsTakeTurns(t *testing.T) {
+	ctx := context.Background()
+	g := newAloneGate()
+	a, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	b, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	done := make(chan *gatePass, 2)
+	for _, p := range []*gatePass{a, b} {
+		go func() {
+			if p.alone(ctx, 5*time.Second) == nil {
+				done <- p
+			}
+		}()
+	}
+	first := <-done
+	awaitGate(t, g, 1, true)
+	first.leave()
+	second := <-done
+	require.NotSame(t, first, second)
+	second.leave()
+	awaitGate(t, g, 0, false)
+}
+
+// A wait that takes too long ends, and the gate is as it was: the run
+// counts again, nothing is kept out.
+func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
+	ctx := context.Background()
+	g := newAloneGate()
+	hung, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	suspect, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	require.ErrorIs(t, suspect.alone(ctx, 20*time.Millisecond), errNotAlone)
+	awaitGate(t, g, 2, false)
+	p, err := g.enter(ctx, time.Second)
+	require.NoError(t, err, "the gate stayed shut after the wait gave up")
+	p.leave()
+	suspect.leave()
+	hung.leave()
+	awaitGate(t, g, 0, false)
+
+	// A delivery gives up waiting too, and is not counted.
+	owner, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, owner.alone(ctx, time.Second))
+	_, err = g.enter(ctx, 20*time.Millisecond)
+	require.ErrorIs(t, err, errNotAlone)
+	cctx, cancel := context.WithCancelCause(ctx)
+	cause := errors.New("shutting down")
+	cancel(cause)
+	_, err = g.enter(cctx, time.Second)
+	require.ErrorIs(t, err, cause)
+	awaitGate(t, g, 1, true)
+	owner.leave()
+	awaitGate(t, g, 0, false)
+}
+
+// A run keel gives up while it waits to run alone, or while it runs alone
+// and hangs, leaves the gate at once: its goroutine may hang on, the worker
+// does not wait for it.
+func TestAGivenUpRunLeavesTheGate(t *testing.T) {
+	ctx := context.Background()
+	g := newAloneGate()
+	neighbour, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	waiting, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	alone := make(chan error, 1)
+	go func() { alone <- waiting.alone(ctx, 5*time.Second) }()
+	awaitGate(t, g, 1, true)
+	waiting.leave() // given up while it waits
+	require.ErrorIs(t, <-alone, ErrRunGivenUp)
+	awaitGate(t, g, 1, false)
+	waiting.leave() // and again when its delivery returns: counted once
+
+	// The neighbour hangs, keel gives it up: a run that waits to run
+	// alone starts.
+	suspect, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
+	awaitGate(t, g, 1, true)
+	neighbour.leave()
+	require.NoError(t, <-alone)
+	suspect.leave()
+	awaitGate(t, g, 0, false)
+}
+
+// A worker that begins to stop keeps nobody waiting at its gate: a run that
+// waits to run alone and the deliveries behind it are handed back at once.
+func TestAStoppingWorkerKeepsNobodyAtTheGate(t *testing.T) {
+	ctx := context.Background()
+	g := newAloneGate()
+	neighbour, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	suspect, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	alone := make(chan error, 1)
+	go func() { alone <- suspect.alone(ctx, time.Minute) }()
+	awaitGate(t, g, 1, true)
+	entered := make(chan error, 1)
+	go func() {
+		_, err := g.enter(ctx, time.Minute)
+		entered <- err
+	}()
+	g.close()
+	require.ErrorIs(t, <-alone, ErrGuardClosed)
+	require.ErrorIs(t, <-entered, ErrGuardClosed)
+	suspect.leave()
+	neighbour.leave()
+	awaitGate(t, g, 0, false)
+}
