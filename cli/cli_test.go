@@ -1140,6 +1140,23 @@ func TestStatusSaysAnUnclassifiedFailureHasAShorterBudget(t *testing.T) {
 	require.Regexp(t, `(?m)^attempts +2 \(max retry 8; .*dies after attempt 4`, out)
 }
 
+// status says when keel added runs to a job's budget, and why: a run of it
+// crashed beside other jobs, and it runs alone before it can be retired.
+func TestStatusSaysKeelAddedARunAfterACrashBesideOthers(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	j := enqueueGreet(t, "crashed-beside")
+	_, err := pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'failed', attempts = 1, max_retry = 0, extra_runs = 1,
+		crashes = 1, run_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	out, _, err := greeter(t, "", "status", "--id", j.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^attempts +1 \(max retry 0; 1 run\(s\) added by keel, since a run crashed beside other jobs: it runs alone`, out)
+	out, _, err = greeter(t, "", "status", "--id", j.ID, "--json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"extra_runs": 1`)
+}
+
 // Discarding a job that has not finished is refused, and the refusal says
 // what stops such a job: cancel.
 func TestDiscardOfAnOpenJobPointsToCancel(t *testing.T) {

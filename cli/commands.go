@@ -496,15 +496,14 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	one("business key", j.BusinessKey)
 	one("queue", j.Queue)
 	row("status", string(j.Status))
-	attempts := fmt.Sprintf("%d (max retry %d)", j.Attempts, j.MaxRetry)
+	budget := fmt.Sprintf("max retry %d", j.MaxRetry)
 	if n, ok := j.DefaultPolicyRetries(); ok {
-		attempts = fmt.Sprintf("%d (max retry %d; its error is unclassified: with the default retry policy it gets %d retries and dies after attempt %d)",
-			j.Attempts, j.MaxRetry, n, n+1)
+		budget += fmt.Sprintf("; its error is unclassified: with the default retry policy it gets %d retries and dies after attempt %d", n, n+1)
 	}
 	if j.ExtraRuns > 0 {
-		attempts += fmt.Sprintf("; %d run(s) added by keel, since a run crashed beside other jobs: it runs alone before it can be retired as a poison job", j.ExtraRuns)
+		budget += fmt.Sprintf("; %d run(s) added by keel, since a run crashed beside other jobs: it runs alone before it can be retired as a poison job", j.ExtraRuns)
 	}
-	row("attempts", attempts)
+	row("attempts", fmt.Sprintf("%d (%s)", j.Attempts, budget))
 	if j.Status == idempotency.StatusFailed || j.Status == idempotency.StatusDead {
 		row("last error", j.LastError)
 		row("error class", j.ErrorClass)
