@@ -252,3 +252,15 @@ func TestJobPageSaysAnUnclassifiedFailureHasAShorterBudget(t *testing.T) {
 	require.Contains(t, page, "dies after attempt 4")
 	require.Contains(t, v.get(t, "/jobs/"+transient.ID).body, "Failed attempt 2 of 9")
 }
+
+// A job keel gave an extra run after a crash beside other jobs shows it in
+// its budget and in what happens next.
+func TestJobPageShowsRunsKeelAddedAfterACrash(t *testing.T) {
+	b := setup(t, nil)
+	j := b.ledgerJob(t, "order:send_receipt", "order:3", `status = 'failed', attempts = 1, max_retry = 0, extra_runs = 1,
+		crashes = 1, error_class = 'transient', last_error = 'timeout', run_at = now() + interval '1 minute'`)
+	v := b.signIn(t, viewerName, viewerPassword)
+	page := v.get(t, "/jobs/"+j.ID).body
+	require.Contains(t, page, "Failed attempt 1 of 2")
+	require.Contains(t, page, "1 run(s) keel added because a run crashed beside other jobs")
+}
