@@ -376,13 +376,14 @@ FROM generate_series($1::bigint, $2::bigint - 1) AS i,
 // loadOpenSQL inserts $1 open jobs created in the last hour and left alone
 // for half an hour: 60% pending (published), 30% failed waiting for their
 // retry, 10% running under a lease that outlasts the run.
-const loadOpenSQL = `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, status, attempts, max_retry,
+const loadOpenSQL = `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, status, attempts, run, max_retry,
 	run_at, published_at, lease_holder, lease_until, last_holder, last_error, error_class, created_at, updated_at)
 SELECT (lpad(to_hex((extract(epoch FROM c) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid::text,
 	k, 'open:' || substr(h, 10, 20), q,
 	convert_to('{"customer_id":"cus_' || substr(h, 1, 14) || '","order_id":' || i || ',"amount_cents":' || i % 100000 ||
 		',"currency":"EUR","email":"user' || i % 1000000 || '@example.com","locale":"de-DE","ref":"' || substr(h, 15, 16) || '"}', 'UTF8'),
-	st, CASE st WHEN 'pending' THEN 0 WHEN 'failed' THEN 1 + i % 3 ELSE 1 END, 10,
+	st, CASE st WHEN 'pending' THEN 0 WHEN 'failed' THEN 1 + i % 3 ELSE 1 END,
+	CASE st WHEN 'pending' THEN 0 WHEN 'failed' THEN 1 + i % 3 ELSE 1 END, 10,
 	CASE st WHEN 'failed' THEN now() + interval '1 hour' ELSE c END, c,
 	CASE st WHEN 'running' THEN $2 END, CASE st WHEN 'running' THEN now() + interval '1 day' END,
 	CASE WHEN st <> 'pending' THEN 'worker-' || i % 16 END,
@@ -487,16 +488,16 @@ func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
 		WHERE status = 'running' AND lease_holder = $1 ORDER BY id LIMIT 50) p`, scaleHolder).Scan(&done); err != nil {
 		return nil, err
 	}
-	attempts := make([]int32, len(done))
-	for i := range attempts {
-		attempts[i] = 1
+	runs := make([]int32, len(done)) // the loaded running rows are at run 1
+	for i := range runs {
+		runs[i] = 1
 	}
 	stmts := []struct {
 		name, sql string
 		args      []any
 	}{
 		{"guard round: 50 claims + 50 completions", idempotency.RoundSQL(),
-			[]any{scaleHolder, int64(10000), claim, done, attempts}},
+			[]any{scaleHolder, int64(10000), claim, done, runs}},
 		{"relay claim (200)", idempotency.ClaimOutboxSQL(), []any{200, 0}},
 		{"relay claim, rows written unpublished (200)", idempotency.ClaimUnpublishedSQL(), []any{200}},
 		{"reconciler page (1,000)", outbox.ReconcileSQL(), []any{outbox.DefaultGrace.Milliseconds(), "", outbox.DefaultReconcileBatch}},

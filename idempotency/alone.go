@@ -10,25 +10,35 @@ import (
 	"github.com/keeljobs/keel/retry"
 )
 
-// aloneWait bounds how long a run waits for the other runs on its worker
-// to finish so that it can run alone, and how long a delivery waits while
-// one does. Past it the run is handed back as a wait, uncounted: the
-// worker takes new work again, and another worker (or this one, later) may
-// be free sooner.
-const aloneWait = time.Minute
+// How long the gate keeps anyone waiting, each bounded by a tenth of what
+// the delivery's deadline leaves, so that a run keeps its time.
+const (
+	// aloneWait bounds how long a run waits for the other runs on its
+	// worker to finish so that it can run alone. Past it the run is handed
+	// back as a wait, uncounted: the worker takes new work again, and
+	// another worker (or this one, later) may be free sooner.
+	aloneWait = time.Minute
+	// holdWait bounds how long a delivery waits while a run runs alone (or
+	// waits to) before it is handed back for another worker to start.
+	holdWait = 5 * time.Second
+)
 
 // errNotAlone ends a wait at the gate that took longer than it may.
 var errNotAlone = errors.New("keel: the other runs on this worker did not finish in time")
 
-// aloneGate lets one run at a time run alone on its worker. A job whose
-// earlier run crashed (its worker died: a poison job, an OOM kill, a
+// aloneGate lets one run at a time run alone on its worker process. A job
+// whose earlier run crashed (its worker died: a poison job, an OOM kill, a
 // deploy's SIGKILL) runs its last run alone, so that keel only retires it
-// as a poison job for a crash that can only be its own, not its
-// neighbour's. While such a run waits for the others to finish, and while
-// it runs, the worker starts nothing else.
+// as a poison job for a crash that can only be its own, not a neighbour's.
+// While such a run waits for the others to finish, and while it runs, the
+// worker starts nothing else.
 type aloneGate struct {
 	mu      sync.Mutex
-	running int           // passes counted: runs between the gate and their end
+	running int // runs between the gate and their end, keel's own
+	// zombies are runs keel gave up (timed out, cancelled) whose handler
+	// has not returned: they no longer hold up a run that waits to run
+	// alone, but a run beside them does not run alone.
+	zombies int
 	owner   *gatePass     // the run that runs alone, or waits to
 	changed chan struct{} // closed and replaced at every change
 	// shut: the worker is stopping. Nobody waits at the gate any more:
@@ -40,6 +50,8 @@ type aloneGate struct {
 type gatePass struct {
 	gate    *aloneGate
 	counted bool // in gate.running
+	zombie  bool // in gate.zombies
+	givenUp bool
 	left    bool
 }
 
@@ -104,29 +116,30 @@ func (g *aloneGate) enter(ctx context.Context, wait time.Duration) (*gatePass, e
 	return &gatePass{gate: g, counted: true}, nil
 }
 
-// alone waits, up to wait, until p's run is the only one on the worker,
-// and keeps others out until p leaves. p does not count while it waits, so
-// two runs that must run alone wait for each other's turn, not for ever.
-func (p *gatePass) alone(ctx context.Context, wait time.Duration) error {
+// alone waits, up to wait, until p's run is the only live one on the
+// worker, and keeps others out until p leaves. It reports whether runs keel
+// gave up still go on beside it. p does not count while it waits, so two
+// runs that must run alone take turns, not wait for each other for ever.
+func (p *gatePass) alone(ctx context.Context, wait time.Duration) (besideZombies bool, err error) {
 	g := p.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if p.left {
-		return ErrRunGivenUp
+	if p.givenUp || p.left {
+		return false, ErrRunGivenUp
 	}
 	p.counted = false
 	g.running--
 	g.broadcast()
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	err := g.await(ctx, t.C, func() bool { return p.left || g.owner == nil })
-	if err == nil && !p.left {
+	err = g.await(ctx, t.C, func() bool { return p.givenUp || g.owner == nil })
+	if err == nil && !p.givenUp {
 		g.owner = p
 		g.broadcast()
-		err = g.await(ctx, t.C, func() bool { return p.left || g.running == 0 })
+		err = g.await(ctx, t.C, func() bool { return p.givenUp || g.running == 0 })
 	}
-	if p.left {
-		return ErrRunGivenUp // leave let the others in again
+	if p.givenUp || p.left {
+		return false, ErrRunGivenUp // giveUp let the others in again
 	}
 	p.counted = true
 	g.running++
@@ -134,11 +147,36 @@ func (p *gatePass) alone(ctx context.Context, wait time.Duration) error {
 		g.owner = nil
 		g.broadcast()
 	}
-	return err
+	return g.zombies > 0, err
 }
 
-// leave ends p's run at the gate: its run returned or keel gave it up (a
-// handler keel gave up may hang on, but it must not keep others out).
+// giveUp is called when keel gives p's run up while its handler may go on
+// (a timeout it ignores, a cancellation): it no longer holds up others,
+// but counts as a zombie until it returns (leave).
+func (p *gatePass) giveUp() {
+	if p == nil {
+		return
+	}
+	g := p.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p.left || p.givenUp {
+		return
+	}
+	p.givenUp = true
+	if p.counted {
+		p.counted = false
+		g.running--
+		p.zombie = true
+		g.zombies++
+	}
+	if g.owner == p {
+		g.owner = nil
+	}
+	g.broadcast()
+}
+
+// leave ends p's run at the gate: its handler returned, or it never ran.
 func (p *gatePass) leave() {
 	if p == nil {
 		return
@@ -153,19 +191,22 @@ func (p *gatePass) leave() {
 	if p.counted {
 		g.running--
 	}
+	if p.zombie {
+		g.zombies--
+	}
 	if g.owner == p {
 		g.owner = nil
 	}
 	g.broadcast()
 }
 
-// gateWait is how long a delivery may wait at the gate: aloneWait, and at
-// most half of what its deadline leaves, so that the run has time left.
-func gateWait(ctx context.Context) time.Duration {
+// gateWait bounds a wait at the gate by limit and by a tenth of what the
+// delivery's deadline leaves.
+func gateWait(ctx context.Context, limit time.Duration) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
-		return max(min(aloneWait, time.Until(d)/2), 0)
+		return max(min(limit, time.Until(d)/10), 0)
 	}
-	return aloneWait
+	return limit
 }
 
 // runAlone lets jc's run start only once it is the only run on the worker,
@@ -174,13 +215,21 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext) error {
 	g.cfg.Logger.Info("keel: the job's last run runs alone on this worker, since an earlier run crashed",
 		"job_id", jc.id, "attempt", jc.attempt)
 	began := time.Now()
-	if err := jc.pass.alone(ctx, gateWait(ctx)); err != nil {
+	besideZombies, err := jc.pass.alone(ctx, gateWait(ctx, aloneWait))
+	if err != nil {
 		if errors.Is(err, errNotAlone) || errors.Is(err, ErrGuardClosed) {
 			waited := max(time.Since(began), retry.MinDelay)
 			return retry.Wait(waited, fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not within %s; handed back: %w",
-				jc.id, waited.Round(time.Second), err))
+				jc.id, waited.Round(time.Millisecond), err))
 		}
 		return err
+	}
+	if besideZombies {
+		// Not recorded as alone: a crash now may be theirs, and costs the
+		// job nothing (see roundCTEs).
+		g.cfg.Logger.Warn("keel: the job runs beside handlers keel gave up that have not returned; a crash now is not counted against it",
+			"job_id", jc.id)
+		return nil
 	}
 	tag, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET solo_run = run
 		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)

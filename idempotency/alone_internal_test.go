@@ -9,6 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// errOf is alone's error.
+func errOf(_ bool, err error) error { return err }
+
 // gateState reads the gate's counters.
 func gateState(g *aloneGate) (running int, owned bool) {
 	g.mu.Lock()
@@ -42,7 +45,7 @@ func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
 	require.NoError(t, err)
 
 	alone := make(chan error, 1)
-	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
+	go func() { alone <- errOf(suspect.alone(ctx, 5*time.Second)) }()
 	awaitGate(t, g, 1, true) // the neighbour runs, the suspect owns the gate
 
 	entered := make(chan error, 1)
@@ -86,7 +89,7 @@ func TestTwoAloneRunsTakeTurns(t *testing.T) {
 	done := make(chan *gatePass, 2)
 	for _, p := range []*gatePass{a, b} {
 		go func() {
-			if p.alone(ctx, 5*time.Second) == nil {
+			if errOf(p.alone(ctx, 5*time.Second)) == nil {
 				done <- p
 			}
 		}()
@@ -109,7 +112,7 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	require.NoError(t, err)
 	suspect, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
-	require.ErrorIs(t, suspect.alone(ctx, 20*time.Millisecond), errNotAlone)
+	require.ErrorIs(t, errOf(suspect.alone(ctx, 20*time.Millisecond)), errNotAlone)
 	awaitGate(t, g, 2, false)
 	p, err := g.enter(ctx, time.Second)
 	require.NoError(t, err, "the gate stayed shut after the wait gave up")
@@ -121,7 +124,7 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	// A delivery gives up waiting too, and is not counted.
 	owner, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
-	require.NoError(t, owner.alone(ctx, time.Second))
+	require.NoError(t, errOf(owner.alone(ctx, time.Second)))
 	_, err = g.enter(ctx, 20*time.Millisecond)
 	require.ErrorIs(t, err, errNotAlone)
 	cctx, cancel := context.WithCancelCause(ctx)
@@ -134,10 +137,11 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	awaitGate(t, g, 0, false)
 }
 
-// A run keel gives up while it waits to run alone, or while it runs alone
-// and hangs, leaves the gate at once: its goroutine may hang on, the worker
-// does not wait for it.
-func TestAGivenUpRunLeavesTheGate(t *testing.T) {
+// A run keel gives up while it waits to run alone, or while it runs and
+// hangs, stops holding up the others at once: its goroutine may hang on,
+// the worker does not wait for it. But a run beside such a hung one is
+// not alone, and says so.
+func TestAGivenUpRunStopsHoldingUpTheGate(t *testing.T) {
 	ctx := context.Background()
 	g := newAloneGate()
 	neighbour, err := g.enter(ctx, time.Second)
@@ -145,23 +149,50 @@ func TestAGivenUpRunLeavesTheGate(t *testing.T) {
 	waiting, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
 	alone := make(chan error, 1)
-	go func() { alone <- waiting.alone(ctx, 5*time.Second) }()
+	go func() { alone <- errOf(waiting.alone(ctx, 5*time.Second)) }()
 	awaitGate(t, g, 1, true)
-	waiting.leave() // given up while it waits
+	waiting.giveUp() // given up while it waits: it ran no handler
 	require.ErrorIs(t, <-alone, ErrRunGivenUp)
 	awaitGate(t, g, 1, false)
-	waiting.leave() // and again when its delivery returns: counted once
+	waiting.leave() // its delivery returns
+	awaitGate(t, g, 1, false)
+	require.Zero(t, g.zombies, "a run that never started its handler counted as one still going")
 
 	// The neighbour hangs, keel gives it up: a run that waits to run
-	// alone starts.
+	// alone starts, and knows the hung handler goes on beside it.
 	suspect, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
-	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
+	type result struct {
+		beside bool
+		err    error
+	}
+	res := make(chan result, 1)
+	go func() {
+		beside, err := suspect.alone(ctx, 5*time.Second)
+		res <- result{beside, err}
+	}()
 	awaitGate(t, g, 1, true)
+	neighbour.giveUp()
+	r := <-res
+	require.NoError(t, r.err)
+	require.True(t, r.beside, "a run beside a hung handler keel gave up was taken for alone")
+	neighbour.leave() // the hung handler returns at last
 	neighbour.leave()
-	require.NoError(t, <-alone)
 	suspect.leave()
 	awaitGate(t, g, 0, false)
+	require.Zero(t, g.zombies)
+
+	// With nothing hung beside it, a run is alone.
+	p, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	beside, err := p.alone(ctx, time.Second)
+	require.NoError(t, err)
+	require.False(t, beside)
+	p.giveUp() // the run that ran alone hangs and is given up
+	awaitGate(t, g, 0, false)
+	require.Equal(t, 1, g.zombies)
+	p.leave()
+	require.Zero(t, g.zombies)
 }
 
 // A worker that begins to stop keeps nobody waiting at its gate: a run that
@@ -174,7 +205,7 @@ func TestAStoppingWorkerKeepsNobodyAtTheGate(t *testing.T) {
 	suspect, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
 	alone := make(chan error, 1)
-	go func() { alone <- suspect.alone(ctx, time.Minute) }()
+	go func() { alone <- errOf(suspect.alone(ctx, time.Minute)) }()
 	awaitGate(t, g, 1, true)
 	entered := make(chan error, 1)
 	go func() {

@@ -886,30 +886,35 @@ func TestAStepInDoubtWithoutVerifyNowWaitsForAPerson(t *testing.T) {
 }
 
 // Which run of a job that crashed runs alone on its worker, and when such
-// a job is retired as a poison job: only for a crash while it ran alone, or
-// once keel added its two extra runs. The rows are set as the ledger holds
-// them after each history; the claim is a guard round's.
+// a job is retired as a poison job: only for a crash of a run recorded as
+// alone. The rows are set as the ledger holds them after each history
+// (max_retry 1); the claim is a guard round's.
 func TestACrashedJobsLastRunRunsAloneBeforeItIsRetired(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		// the row after the history: max_retry 1
+		name                                       string
 		attempts, crashes, run, soloRun, extraRuns int
 		running                                    bool // its last run ended without an outcome
 		wantExhausted, wantAlone                   bool
-		wantAttempt, wantExtra                     int
+		wantAttempt, wantExtra, wantCrashes        int
 	}{
-		{name: "first run crashed: the last runs alone", attempts: 1, run: 1, running: true, wantAlone: true, wantAttempt: 2},
-		{name: "never crashed: the last runs as any other", attempts: 1, run: 1, wantAttempt: 2},
-		{name: "crashed long ago: the last runs alone", attempts: 1, crashes: 1, run: 4, wantAlone: true, wantAttempt: 2},
-		{name: "last run crashed beside others: one run more, alone", attempts: 2, crashes: 1, run: 2, running: true,
-			wantAlone: true, wantAttempt: 3, wantExtra: 1},
-		{name: "last run crashed while it ran alone: retired", attempts: 2, crashes: 1, run: 2, soloRun: 2, running: true,
+		{name: "first run crashed: the last runs alone", attempts: 1, run: 1, soloRun: -1, running: true,
+			wantAlone: true, wantAttempt: 2, wantCrashes: 1},
+		{name: "never crashed: the last runs as any other", attempts: 1, run: 1, soloRun: -1, wantAttempt: 2},
+		{name: "crashed long ago: the last runs alone", attempts: 1, crashes: 1, run: 4, soloRun: -1,
+			wantAlone: true, wantAttempt: 2, wantCrashes: 1},
+		{name: "the first crash, at the last run: one run more, alone", attempts: 2, run: 2, soloRun: -1, running: true,
+			wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 1},
+		{name: "died waiting to run alone: costs nothing", attempts: 2, crashes: 1, run: 2, soloRun: -1, running: true,
+			wantAlone: true, wantAttempt: 2, wantCrashes: 1},
+		{name: "crashed while it ran alone: retired", attempts: 2, crashes: 1, run: 2, soloRun: 2, running: true,
 			wantExhausted: true},
-		{name: "an extra run crashed beside others: one more", attempts: 3, crashes: 2, run: 3, soloRun: 2, extraRuns: 1,
-			running: true, wantAlone: true, wantAttempt: 4, wantExtra: 2},
-		{name: "two extra runs crashed: retired", attempts: 4, crashes: 3, run: 4, extraRuns: 2, running: true,
-			wantExhausted: true},
-		{name: "budget used by failures: retired", attempts: 2, run: 2, wantExhausted: true},
+		{name: "the extra run died waiting: costs nothing", attempts: 3, crashes: 1, run: 3, soloRun: -1, extraRuns: 1,
+			running: true, wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 1},
+		{name: "the extra run crashed alone: retired", attempts: 3, crashes: 1, run: 3, soloRun: 3, extraRuns: 1,
+			running: true, wantExhausted: true},
+		{name: "an older keel's run crashed (run 0, never recorded alone)", attempts: 2, run: 0, soloRun: -1, running: true,
+			wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 1},
+		{name: "budget used by failures: retired", attempts: 2, run: 2, soloRun: -1, wantExhausted: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := setup(t)
@@ -940,7 +945,77 @@ func TestACrashedJobsLastRunRunsAloneBeforeItIsRetired(t *testing.T) {
 			got, err := b.store.Get(ctx, res.Job.ID)
 			require.NoError(t, err)
 			require.Equal(t, tc.wantExtra, got.ExtraRuns)
+			require.Equal(t, tc.wantCrashes, b.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, res.Job.ID))
 			require.Equal(t, tc.run+1, b.count(t, `SELECT run FROM keel_jobs WHERE id = $1`, res.Job.ID))
 		})
 	}
+}
+
+// A job no keel of this version has claimed has solo_run -1 (the column's
+// default): a crash under an older keel is never taken for one while it
+// ran alone.
+func TestARowAnOlderKeelRanIsNotTakenForOneThatRanAlone(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	res, err := b.client.Enqueue(ctx, oneShot.New(order{OrderID: "legacy"}))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', lease_holder = 'old-binary', last_holder = 'old-binary',
+		lease_until = now() - interval '1 second', attempts = 1 WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	g := idempotency.NewGuard(b.store, idempotency.GuardConfig{Holder: "new-binary"})
+	defer g.Close()
+	r, err := g.ClaimForTest(ctx, res.Job.ID)
+	require.NoError(t, err)
+	require.True(t, r.Alone)
+}
+
+var (
+	gateNeighbour = tasks.Define[order]("test:gate_neighbour", tasks.MaxRetry(0), tasks.Key(func(o order) string { return o.OrderID }))
+	// gateSuspect needs 3 s of its 4 s timeout.
+	gateSuspect = tasks.Define[order]("test:gate_suspect", tasks.MaxRetry(0), tasks.Timeout(4*time.Second),
+		tasks.Key(func(o order) string { return o.OrderID }))
+)
+
+// A last run that must run alone and waits for a neighbour does not spend
+// its own timeout waiting: it waits a tenth of it at most, and is handed
+// back uncounted, instead of dying of a timeout its handler would not have
+// had.
+func TestWaitingToRunAloneDoesNotEatTheRunsTimeout(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var suspectID string
+	mux := tasks.NewMux()
+	tasks.Handle(mux, gateNeighbour, func(ctx context.Context, o order) error {
+		for b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND status = 'running'`, suspectID) == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(1800 * time.Millisecond)
+		return nil
+	})
+	tasks.Handle(mux, gateSuspect, func(ctx context.Context, o order) error {
+		select {
+		case <-time.After(3 * time.Second):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	s, err := b.client.Enqueue(ctx, gateSuspect.New(order{OrderID: "suspect"}, tasks.Delay(2*time.Second)))
+	require.NoError(t, err)
+	suspectID = s.Job.ID
+	// As the ledger has it after a crash of the job: its last run runs alone.
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET crashes = 1 WHERE id = $1`, s.Job.ID)
+	require.NoError(t, err)
+	n, err := b.client.Enqueue(ctx, gateNeighbour.New(order{OrderID: "neighbour"}))
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) { c.DelayedTaskCheckInterval = 100 * time.Millisecond })
+	b.waitStatus(t, n.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	var j idempotency.Job
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		j, err = b.store.Get(ctx, s.Job.ID)
+		require.NoError(t, err)
+		return j.Status.Terminal() || j.Status == idempotency.StatusDead
+	}, "the job never ended")
+	require.Equal(t, idempotency.StatusSucceeded, j.Status, "%s: %s", j.ErrorClass, j.LastError)
+	require.Equal(t, 1, j.Attempts)
 }

@@ -497,32 +497,38 @@ const roundCTEs = `WITH done AS (
 	WHERE j.id = d.id AND j.run = d.run AND j.status = 'running' AND j.lease_holder = $1
 	RETURNING j.id, j.batch_id),
 free AS (
-	SELECT id, status, attempts > max_retry + extra_runs AS extra FROM keel_jobs WHERE id = ANY($3)
+	SELECT id, status, attempts > max_retry + extra_runs AS over, crashes > 0 AS crashed_before FROM keel_jobs
+	WHERE id = ANY($3)
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
 	  AND (attempts <= max_retry + extra_runs OR (` + crashedBesideOthers + `))
 	FOR UPDATE SKIP LOCKED),
 c AS (
 	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
 		lease_until = now() + $2 * interval '1 millisecond',
-		attempts = j.attempts + 1, run = j.run + 1, updated_at = now(),
-		crashes = j.crashes + CASE WHEN free.status = 'running' THEN 1 ELSE 0 END,
-		extra_runs = j.extra_runs + CASE WHEN free.extra THEN 1 ELSE 0 END,
+		attempts = j.attempts + CASE WHEN free.over AND free.crashed_before THEN 0 ELSE 1 END,
+		run = j.run + 1, updated_at = now(),
+		crashes = j.crashes + CASE WHEN free.status = 'running' AND NOT (free.over AND free.crashed_before) THEN 1 ELSE 0 END,
+		extra_runs = j.extra_runs + CASE WHEN free.over AND NOT free.crashed_before THEN 1 ELSE 0 END,
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
 	RETURNING j.id, j.attempts, j.max_retry + j.extra_runs AS budget, j.waited_ms, j.max_wait_ms, j.batch_id, j.run,
 		j.attempts > j.max_retry + j.extra_runs AND j.crashes > 0 AS alone)`
 
 // crashedBesideOthers holds for a running job whose lease expired (its
-// run ended without an outcome) and whose run did not run alone on its
-// worker, while keel may still add runs to its budget: the crash may have
-// been a neighbour's, so the job is not retired as a poison job before it
-// has crashed running alone (or used up maxExtraRuns).
-const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run AND extra_runs < ` + maxExtraRunsSQL
-
-// maxExtraRunsSQL bounds the runs keel adds to a job's budget (see
-// crashedBesideOthers): a job that kills its worker while it waits to run
-// alone (a neighbour's crash again, or a deploy's SIGKILL) still retires.
-const maxExtraRunsSQL = "2"
+// run ended without an outcome) and whose run was not recorded as running
+// alone on its worker: the crash may have been a neighbour's. Such a job
+// is not retired as a poison job when its budget is used up ("over" in the
+// claim above):
+//   - if it had never crashed before (so that run did not have to run
+//     alone), keel adds a run to its budget, once: extra_runs;
+//   - if it had (so that run had to run alone), the run died while it
+//     waited for the others to finish, or beside handlers keel gave up:
+//     it costs the job nothing, neither an attempt nor a crash.
+//
+// Either way its next run runs alone. A job is retired only for a crash of
+// a run recorded as alone (solo_run = run); every crash beside it was
+// another run's, which that run's budget pays for.
+const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run`
 
 // RoundSQL is the statement a guard round runs ($1 holder, $2 lease in
 // milliseconds, $3 ids to claim, $4 ids to complete, $5 their runs),
@@ -757,13 +763,14 @@ func (g *Guard) track(jc *jobContext) {
 	g.mu.Unlock()
 }
 
-// untrack ends jc's renewals and its place at the gate: the run ended, or
-// keel gave it up.
+// untrack ends jc's renewals: the run ended, or keel gave it up. A run
+// given up no longer holds up a run that waits to run alone (its handler
+// may hang for ever), but is known to the gate until it returns.
 func (g *Guard) untrack(jc *jobContext) {
 	g.mu.Lock()
 	delete(g.running, jc)
 	g.mu.Unlock()
-	jc.pass.leave()
+	jc.pass.giveUp()
 }
 
 // renewLoop extends the leases of every job this worker is running, in one
@@ -900,7 +907,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			return fmt.Errorf("%w: task id %q: %w", ErrUnknownJob, id, asynq.SkipRetry)
 		}
 		// Deliveries wait here while a run runs alone on this worker.
-		pass, err := g.gate.enter(ctx, gateWait(ctx))
+		pass, err := g.gate.enter(ctx, gateWait(ctx, holdWait))
 		if err != nil {
 			why := "another job runs alone on this worker"
 			if errors.Is(err, ErrGuardClosed) {
@@ -1549,7 +1556,9 @@ func Interrupted(ctx context.Context) bool {
 	return err == nil && !jc.completed.Load() && errors.Is(context.Cause(ctx), context.Canceled)
 }
 
-// Attempt returns which attempt (1-based) of the job this run is.
+// Attempt returns which attempt (1-based) of the job this run is. It is
+// MaxRetry+2 on the run keel adds to the budget of a job whose first crash
+// came at its last attempt (Job.ExtraRuns).
 func Attempt(ctx context.Context) int {
 	jc, err := jobFrom(ctx)
 	if err != nil {

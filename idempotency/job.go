@@ -40,10 +40,10 @@ type Job struct {
 	Status      Status
 	Attempts    int
 	MaxRetry    int
-	// ExtraRuns is what keel added to the budget (MaxRetry+1 runs) of a
-	// job whose last run crashed beside other jobs on its worker: it runs
-	// again alone, so that it is retired as a poison job only for a crash
-	// of its own.
+	// ExtraRuns is what keel added to the budget (MaxRetry+1 runs): 1 for
+	// a job whose first crash came at its last attempt, beside other jobs
+	// on its worker. It runs again alone, so that it is retired as a poison
+	// job only for a crash of its own.
 	ExtraRuns int
 	Timeout   time.Duration
 	Deadline  *time.Time

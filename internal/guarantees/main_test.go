@@ -48,6 +48,9 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 	case "poison":
 		cfg.Guard.Lease = 2 * time.Second
 		poisonHandlers(mux, pool)
+	case "neighbours":
+		cfg.Guard.Lease = 2 * time.Second
+		neighbourHandlers(mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second
 		oneShotHandlers(mux, pool)

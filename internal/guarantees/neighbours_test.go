@@ -1,0 +1,144 @@
+package guarantees_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/tasks"
+)
+
+var (
+	// patientPoisonKind kills its worker like poisonKind, with a budget of
+	// five runs: most of its crashes are not at its last run, so it does
+	// not run alone and sits beside whatever waits to.
+	patientPoisonKind = tasks.Define[item]("hunt:patient_poison", tasks.MaxRetry(4), tasks.Key(func(i item) string { return i.ID }))
+	// loneKind is an innocent job without retries.
+	loneKind = tasks.Define[item]("hunt:lone", tasks.MaxRetry(0), tasks.Key(func(i item) string { return i.ID }))
+	// zombieKind ignores its timeout and, long after keel gave it up, kills
+	// its worker (a leak that ends in an OOM kill).
+	zombieKind = tasks.Define[item]("hunt:zombie", tasks.MaxRetry(0), tasks.Timeout(time.Second), tasks.Key(func(i item) string { return i.ID }))
+	// longKind is an innocent job without retries that runs for 10 s.
+	longKind = tasks.Define[item]("hunt:long", tasks.MaxRetry(0), tasks.Key(func(i item) string { return i.ID }))
+)
+
+func neighbourHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
+	tasks.Handle(mux, patientPoisonKind, func(ctx context.Context, i item) error {
+		if err := started(ctx, pool); err != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond)
+		os.Exit(3)
+		return nil
+	})
+	tasks.Handle(mux, zombieKind, func(ctx context.Context, i item) error {
+		if err := started(ctx, pool); err != nil {
+			return err
+		}
+		time.Sleep(12 * time.Second)
+		os.Exit(3)
+		return nil
+	})
+	for k, d := range map[*tasks.Kind[item]]time.Duration{loneKind: 3 * time.Second, longKind: 10 * time.Second} {
+		tasks.Handle(mux, k, func(ctx context.Context, i item) error {
+			if err := started(ctx, pool); err != nil {
+				return err
+			}
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+				id, _ := idempotency.JobID(ctx)
+				_, err := tx.Exec(ctx, `INSERT INTO effects (job_id) VALUES ($1)`, id)
+				return err
+			})
+		})
+	}
+}
+
+// settle restarts the worker whenever it dies, as a supervisor does, until
+// done says the jobs have settled.
+func (e *env) settle(t *testing.T, exited <-chan struct{}, limit time.Duration, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !done() {
+		require.True(t, time.Now().Before(deadline), "the jobs did not settle")
+		select {
+		case <-exited:
+			_, exited = e.startChild(t, "neighbours")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// A poison job with a budget of five runs kills its worker again and again
+// while an innocent job without retries waits beside it to run alone: the
+// deaths at the gate are not the innocent job's, and cost it nothing.
+func TestDeathsWhileAJobWaitsToRunAloneCostItNothing(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	lone, err := e.client.Enqueue(ctx, loneKind.New(item{ID: "innocent"}))
+	require.NoError(t, err)
+	_, exited := e.startChild(t, "neighbours")
+	require.Eventually(t, func() bool {
+		return e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, lone.Job.ID) == 1
+	}, 20*time.Second, 20*time.Millisecond)
+	bad, err := e.client.Enqueue(ctx, patientPoisonKind.New(item{ID: "poison"}))
+	require.NoError(t, err)
+
+	var p, s idempotency.Job
+	e.settle(t, exited, 3*time.Minute, func() bool {
+		p, err = e.store.Get(ctx, bad.Job.ID)
+		require.NoError(t, err)
+		s, err = e.store.Get(ctx, lone.Job.ID)
+		require.NoError(t, err)
+		return p.Status == idempotency.StatusDead && s.Status.Terminal() || s.Status == idempotency.StatusDead
+	})
+	require.Equal(t, idempotency.StatusSucceeded, s.Status,
+		"an innocent job that waited beside a poison job was retired: %s: %s", s.ErrorClass, s.LastError)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, lone.Job.ID))
+	require.Equal(t, string("crashed"), p.ErrorClass)
+	require.Contains(t, p.LastError, "the last while it ran alone on its worker")
+	require.LessOrEqual(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID), 5,
+		"the poison job ran beyond its budget")
+}
+
+// A handler keel gave up (it ignored its timeout) that later kills its
+// worker does not get the job that ran "alone" beside it retired: keel
+// knows the hung handler still ran, so that run was not alone.
+func TestAHungHandlerKeelGaveUpIsNotTakenForAnAloneRunsCrash(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	victim, err := e.client.Enqueue(ctx, longKind.New(item{ID: "victim"}, tasks.Delay(4*time.Second)))
+	require.NoError(t, err)
+	// As the ledger has it after an earlier crash of the job: its last
+	// run runs alone.
+	_, err = e.pool.Exec(ctx, `UPDATE keel_jobs SET crashes = 1 WHERE id = $1`, victim.Job.ID)
+	require.NoError(t, err)
+	_, exited := e.startChild(t, "neighbours")
+	zombie, err := e.client.Enqueue(ctx, zombieKind.New(item{ID: "zombie"}))
+	require.NoError(t, err)
+
+	var s idempotency.Job
+	e.settle(t, exited, 2*time.Minute, func() bool {
+		s, err = e.store.Get(ctx, victim.Job.ID)
+		require.NoError(t, err)
+		return s.Status.Terminal() || s.Status == idempotency.StatusDead
+	})
+	require.Equal(t, idempotency.StatusSucceeded, s.Status, "the job beside a hung handler was retired: %s: %s", s.ErrorClass, s.LastError)
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, victim.Job.ID),
+		"the hung handler did not kill the worker under the job's run beside it")
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, victim.Job.ID))
+	require.Equal(t, 1, s.Attempts, "the crash beside a hung handler cost the job an attempt")
+	z, err := e.store.Get(ctx, zombie.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "timeout", z.ErrorClass, "the hung job: %s", z.LastError)
+}
