@@ -23,8 +23,12 @@ const (
 	holdWait = 5 * time.Second
 )
 
-// errNotAlone ends a wait at the gate that took longer than it may.
-var errNotAlone = errors.New("keel: the other runs on this worker did not finish in time")
+// errNotAlone ends a wait at the gate that took longer than it may;
+// errBesideHung one that cannot begin.
+var (
+	errNotAlone   = errors.New("keel: the other runs on this worker did not finish in time")
+	errBesideHung = errors.New("keel: handlers keel gave up still run on this worker")
+)
 
 // aloneGate lets one run at a time run alone on its worker process. A job
 // whose earlier run crashed (its worker died: a poison job, an OOM kill, a
@@ -36,8 +40,8 @@ type aloneGate struct {
 	mu      sync.Mutex
 	running int // runs between the gate and their end, keel's own
 	// zombies are runs keel gave up (timed out, cancelled) whose handler
-	// has not returned: they no longer hold up a run that waits to run
-	// alone, but a run beside them does not run alone.
+	// has not returned. A run beside one would not run alone: a crash
+	// might be the hung handler's.
 	zombies int
 	owner   *gatePass     // the run that runs alone, or waits to
 	changed chan struct{} // closed and replaced at every change
@@ -116,30 +120,35 @@ func (g *aloneGate) enter(ctx context.Context, wait time.Duration) (*gatePass, e
 	return &gatePass{gate: g, counted: true}, nil
 }
 
-// alone waits, up to wait, until p's run is the only live one on the
-// worker, and keeps others out until p leaves. It reports whether runs keel
-// gave up still go on beside it. p does not count while it waits, so two
-// runs that must run alone take turns, not wait for each other for ever.
-func (p *gatePass) alone(ctx context.Context, wait time.Duration) (besideZombies bool, err error) {
+// alone waits, up to wait, until p's run is the only one on the worker,
+// hung handlers keel gave up included, and keeps others out until p
+// leaves. While such a handler goes on, it does not wait at all: the
+// handler may hang for ever, and the worker would take no work meanwhile.
+// p does not count while it waits, so two runs that must run alone take
+// turns, not wait for each other for ever.
+func (p *gatePass) alone(ctx context.Context, wait time.Duration) error {
 	g := p.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if p.givenUp || p.left {
-		return false, ErrRunGivenUp
+		return ErrRunGivenUp
+	}
+	if g.zombies > 0 {
+		return errBesideHung
 	}
 	p.counted = false
 	g.running--
 	g.broadcast()
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	err = g.await(ctx, t.C, func() bool { return p.givenUp || g.owner == nil })
+	err := g.await(ctx, t.C, func() bool { return p.givenUp || g.owner == nil })
 	if err == nil && !p.givenUp {
 		g.owner = p
 		g.broadcast()
-		err = g.await(ctx, t.C, func() bool { return p.givenUp || g.running == 0 })
+		err = g.await(ctx, t.C, func() bool { return p.givenUp || g.running == 0 && g.zombies == 0 })
 	}
 	if p.givenUp || p.left {
-		return false, ErrRunGivenUp // giveUp let the others in again
+		return ErrRunGivenUp // giveUp let the others in again
 	}
 	p.counted = true
 	g.running++
@@ -147,7 +156,7 @@ func (p *gatePass) alone(ctx context.Context, wait time.Duration) (besideZombies
 		g.owner = nil
 		g.broadcast()
 	}
-	return g.zombies > 0, err
+	return err
 }
 
 // giveUp is called when keel gives p's run up while its handler may go on
@@ -215,21 +224,13 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext) error {
 	g.cfg.Logger.Info("keel: the job's last run runs alone on this worker, since an earlier run crashed",
 		"job_id", jc.id, "attempt", jc.attempt)
 	began := time.Now()
-	besideZombies, err := jc.pass.alone(ctx, gateWait(ctx, aloneWait))
-	if err != nil {
-		if errors.Is(err, errNotAlone) || errors.Is(err, ErrGuardClosed) {
+	if err := jc.pass.alone(ctx, gateWait(ctx, aloneWait)); err != nil {
+		if errors.Is(err, errNotAlone) || errors.Is(err, errBesideHung) || errors.Is(err, ErrGuardClosed) {
 			waited := max(time.Since(began), retry.MinDelay)
 			return retry.Wait(waited, fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not within %s; handed back: %w",
 				jc.id, waited.Round(time.Millisecond), err))
 		}
 		return err
-	}
-	if besideZombies {
-		// Not recorded as alone: a crash now may be theirs, and costs the
-		// job nothing (see roundCTEs).
-		g.cfg.Logger.Warn("keel: the job runs beside handlers keel gave up that have not returned; a crash now is not counted against it",
-			"job_id", jc.id)
-		return nil
 	}
 	tag, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET solo_run = run
 		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)

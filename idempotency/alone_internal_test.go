@@ -9,9 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// errOf is alone's error.
-func errOf(_ bool, err error) error { return err }
-
 // gateState reads the gate's counters.
 func gateState(g *aloneGate) (running int, owned bool) {
 	g.mu.Lock()
@@ -45,7 +42,7 @@ func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
 	require.NoError(t, err)
 
 	alone := make(chan error, 1)
-	go func() { alone <- errOf(suspect.alone(ctx, 5*time.Second)) }()
+	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
 	awaitGate(t, g, 1, true) // the neighbour runs, the suspect owns the gate
 
 	entered := make(chan error, 1)
@@ -89,7 +86,7 @@ func TestTwoAloneRunsTakeTurns(t *testing.T) {
 	done := make(chan *gatePass, 2)
 	for _, p := range []*gatePass{a, b} {
 		go func() {
-			if errOf(p.alone(ctx, 5*time.Second)) == nil {
+			if p.alone(ctx, 5*time.Second) == nil {
 				done <- p
 			}
 		}()
@@ -112,7 +109,7 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	require.NoError(t, err)
 	suspect, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
-	require.ErrorIs(t, errOf(suspect.alone(ctx, 20*time.Millisecond)), errNotAlone)
+	require.ErrorIs(t, suspect.alone(ctx, 20*time.Millisecond), errNotAlone)
 	awaitGate(t, g, 2, false)
 	p, err := g.enter(ctx, time.Second)
 	require.NoError(t, err, "the gate stayed shut after the wait gave up")
@@ -124,7 +121,7 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	// A delivery gives up waiting too, and is not counted.
 	owner, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
-	require.NoError(t, errOf(owner.alone(ctx, time.Second)))
+	require.NoError(t, owner.alone(ctx, time.Second))
 	_, err = g.enter(ctx, 20*time.Millisecond)
 	require.ErrorIs(t, err, errNotAlone)
 	cctx, cancel := context.WithCancelCause(ctx)
@@ -137,11 +134,11 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	awaitGate(t, g, 0, false)
 }
 
-// A run keel gives up while it waits to run alone, or while it runs and
-// hangs, stops holding up the others at once: its goroutine may hang on,
-// the worker does not wait for it. But a run beside such a hung one is
-// not alone, and says so.
-func TestAGivenUpRunStopsHoldingUpTheGate(t *testing.T) {
+// A run keel gives up while it waits to run alone stops holding up the
+// others at once. A handler keel gave up that has not returned holds up a
+// run that waits to run alone until it returns (a crash might be its own),
+// and a run that must run alone while one goes on does not wait at all.
+func TestAGivenUpRunAndTheGate(t *testing.T) {
 	ctx := context.Background()
 	g := newAloneGate()
 	neighbour, err := g.enter(ctx, time.Second)
@@ -149,7 +146,7 @@ func TestAGivenUpRunStopsHoldingUpTheGate(t *testing.T) {
 	waiting, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
 	alone := make(chan error, 1)
-	go func() { alone <- errOf(waiting.alone(ctx, 5*time.Second)) }()
+	go func() { alone <- waiting.alone(ctx, 5*time.Second) }()
 	awaitGate(t, g, 1, true)
 	waiting.giveUp() // given up while it waits: it ran no handler
 	require.ErrorIs(t, <-alone, ErrRunGivenUp)
@@ -158,40 +155,35 @@ func TestAGivenUpRunStopsHoldingUpTheGate(t *testing.T) {
 	awaitGate(t, g, 1, false)
 	require.Zero(t, g.zombies, "a run that never started its handler counted as one still going")
 
-	// The neighbour hangs, keel gives it up: a run that waits to run
-	// alone starts, and knows the hung handler goes on beside it.
+	// The neighbour hangs and keel gives it up: the run that waits to run
+	// alone waits on until the hung handler returns.
 	suspect, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
-	type result struct {
-		beside bool
-		err    error
-	}
-	res := make(chan result, 1)
-	go func() {
-		beside, err := suspect.alone(ctx, 5*time.Second)
-		res <- result{beside, err}
-	}()
+	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
 	awaitGate(t, g, 1, true)
 	neighbour.giveUp()
-	r := <-res
-	require.NoError(t, r.err)
-	require.True(t, r.beside, "a run beside a hung handler keel gave up was taken for alone")
+	awaitGate(t, g, 0, true)
+	require.Equal(t, 1, g.zombies)
+	select {
+	case err := <-alone:
+		t.Fatalf("a run started alone beside a hung handler keel gave up: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
 	neighbour.leave() // the hung handler returns at last
-	neighbour.leave()
-	suspect.leave()
-	awaitGate(t, g, 0, false)
+	require.NoError(t, <-alone)
 	require.Zero(t, g.zombies)
 
-	// With nothing hung beside it, a run is alone.
-	p, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
-	beside, err := p.alone(ctx, time.Second)
-	require.NoError(t, err)
-	require.False(t, beside)
-	p.giveUp() // the run that ran alone hangs and is given up
+	// It hangs in turn and is given up; the next run that must run alone
+	// is handed back at once, and keeps nobody out.
+	suspect.giveUp()
 	awaitGate(t, g, 0, false)
-	require.Equal(t, 1, g.zombies)
-	p.leave()
+	next, err := g.enter(ctx, time.Second)
+	require.NoError(t, err)
+	require.ErrorIs(t, next.alone(ctx, time.Minute), errBesideHung)
+	awaitGate(t, g, 1, false)
+	next.leave()
+	suspect.leave()
+	awaitGate(t, g, 0, false)
 	require.Zero(t, g.zombies)
 }
 
@@ -205,7 +197,7 @@ func TestAStoppingWorkerKeepsNobodyAtTheGate(t *testing.T) {
 	suspect, err := g.enter(ctx, time.Second)
 	require.NoError(t, err)
 	alone := make(chan error, 1)
-	go func() { alone <- errOf(suspect.alone(ctx, time.Minute)) }()
+	go func() { alone <- suspect.alone(ctx, time.Minute) }()
 	awaitGate(t, g, 1, true)
 	entered := make(chan error, 1)
 	go func() {

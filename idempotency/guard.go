@@ -522,8 +522,8 @@ c AS (
 //   - if it had never crashed before (so that run did not have to run
 //     alone), keel adds a run to its budget, once: extra_runs;
 //   - if it had (so that run had to run alone), the run died while it
-//     waited for the others to finish, or beside handlers keel gave up:
-//     it costs the job nothing, neither an attempt nor a crash.
+//     waited for the others to finish: it costs the job nothing, neither
+//     an attempt nor a crash.
 //
 // Either way its next run runs alone. A job is retired only for a crash of
 // a run recorded as alone (solo_run = run); every crash beside it was
