@@ -10,8 +10,8 @@ import (
 	"github.com/keeljobs/keel/retry"
 )
 
-// How long the gate keeps anyone waiting, each bounded by a tenth of what
-// the delivery's deadline leaves, so that a run keeps its time.
+// How long the gate keeps anyone waiting, each bounded by a fifth of what
+// the delivery's deadline leaves, so that a run keeps most of its time.
 const (
 	// aloneWait bounds how long a run waits for the other runs on its
 	// worker to finish so that it can run alone. Past it the run is handed
@@ -209,11 +209,11 @@ func (p *gatePass) leave() {
 	g.broadcast()
 }
 
-// gateWait bounds a wait at the gate by limit and by a tenth of what the
+// gateWait bounds a wait at the gate by limit and by a fifth of what the
 // delivery's deadline leaves.
 func gateWait(ctx context.Context, limit time.Duration) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
-		return max(min(limit, time.Until(d)/10), 0)
+		return max(min(limit, time.Until(d)/5), 0)
 	}
 	return limit
 }
@@ -226,8 +226,8 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext) error {
 	began := time.Now()
 	if err := jc.pass.alone(ctx, gateWait(ctx, aloneWait)); err != nil {
 		if errors.Is(err, errNotAlone) || errors.Is(err, errBesideHung) || errors.Is(err, ErrGuardClosed) {
-			waited := max(time.Since(began), retry.MinDelay)
-			return retry.Wait(waited, fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not within %s; handed back: %w",
+			waited := time.Since(began)
+			return retry.Wait(max(waited, retry.MinDelay), fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not (waited %s); handed back: %w",
 				jc.id, waited.Round(time.Millisecond), err))
 		}
 		return err

@@ -1,6 +1,9 @@
 package idempotency
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // ClaimedRun is a job a test claimed through a guard's round.
 type ClaimedRun struct {
@@ -72,4 +75,14 @@ func (g *Guard) ReleaseForTest(ctx context.Context, r ClaimedRun) {
 func (g *Guard) ClaimExhaustedForTest(ctx context.Context, id string) (bool, error) {
 	res := g.claim(ctx, id)
 	return res.outcome == claimExhausted, res.err
+}
+
+// EnterGateForTest is a delivery passing the worker's gate (and leaving
+// at once): nil when a delivery could start its handler now.
+func (g *Guard) EnterGateForTest(ctx context.Context, wait time.Duration) error {
+	p, err := g.gate.enter(ctx, wait)
+	if err == nil {
+		p.leave()
+	}
+	return err
 }

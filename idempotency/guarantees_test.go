@@ -904,12 +904,14 @@ func TestACrashedJobsLastRunRunsAloneBeforeItIsRetired(t *testing.T) {
 			wantAlone: true, wantAttempt: 2, wantCrashes: 1},
 		{name: "the first crash, at the last run: one run more, alone", attempts: 2, run: 2, soloRun: -1, running: true,
 			wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 1},
-		{name: "died waiting to run alone: costs nothing", attempts: 2, crashes: 1, run: 2, soloRun: -1, running: true,
-			wantAlone: true, wantAttempt: 2, wantCrashes: 1},
+		{name: "died waiting to run alone: costs no attempt", attempts: 2, crashes: 1, run: 2, soloRun: -1, running: true,
+			wantAlone: true, wantAttempt: 2, wantCrashes: 2},
+		{name: "died waiting to run alone three times: retired", attempts: 2, crashes: 5, run: 6, soloRun: -1, running: true,
+			wantExhausted: true},
 		{name: "crashed while it ran alone: retired", attempts: 2, crashes: 1, run: 2, soloRun: 2, running: true,
 			wantExhausted: true},
-		{name: "the extra run died waiting: costs nothing", attempts: 3, crashes: 1, run: 3, soloRun: -1, extraRuns: 1,
-			running: true, wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 1},
+		{name: "the extra run died waiting: costs no attempt", attempts: 3, crashes: 1, run: 3, soloRun: -1, extraRuns: 1,
+			running: true, wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 2},
 		{name: "the extra run crashed alone: retired", attempts: 3, crashes: 1, run: 3, soloRun: 3, extraRuns: 1,
 			running: true, wantExhausted: true},
 		{name: "an older keel's run crashed (run 0, never recorded alone)", attempts: 2, run: 0, soloRun: -1, running: true,
@@ -977,7 +979,7 @@ var (
 )
 
 // A last run that must run alone and waits for a neighbour does not spend
-// its own timeout waiting: it waits a tenth of it at most, and is handed
+// its own timeout waiting: it waits a fifth of it at most, and is handed
 // back uncounted, instead of dying of a timeout its handler would not have
 // had.
 func TestWaitingToRunAloneDoesNotEatTheRunsTimeout(t *testing.T) {

@@ -507,7 +507,7 @@ c AS (
 		lease_until = now() + $2 * interval '1 millisecond',
 		attempts = j.attempts + CASE WHEN free.over AND free.crashed_before THEN 0 ELSE 1 END,
 		run = j.run + 1, updated_at = now(),
-		crashes = j.crashes + CASE WHEN free.status = 'running' AND NOT (free.over AND free.crashed_before) THEN 1 ELSE 0 END,
+		crashes = j.crashes + CASE WHEN free.status = 'running' THEN 1 ELSE 0 END,
 		extra_runs = j.extra_runs + CASE WHEN free.over AND NOT free.crashed_before THEN 1 ELSE 0 END,
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
@@ -522,13 +522,19 @@ c AS (
 //   - if it had never crashed before (so that run did not have to run
 //     alone), keel adds a run to its budget, once: extra_runs;
 //   - if it had (so that run had to run alone), the run died while it
-//     waited for the others to finish: it costs the job nothing, neither
-//     an attempt nor a crash.
+//     waited for the others to finish: it costs the job no attempt. Such
+//     deaths are another run's crash (whose budget pays for it) or a kill
+//     from outside; they still count as crashes, and past maxGateDeaths
+//     more crashes than attempts the job retires anyway: every job ends.
 //
-// Either way its next run runs alone. A job is retired only for a crash of
-// a run recorded as alone (solo_run = run); every crash beside it was
-// another run's, which that run's budget pays for.
-const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run`
+// Either way its next run runs alone. Otherwise a job is retired only for
+// a crash of a run recorded as alone (solo_run = run).
+const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run
+	AND crashes < attempts + ` + maxGateDeaths
+
+// maxGateDeaths bounds the deaths of a job's runs while they wait to run
+// alone (see crashedBesideOthers).
+const maxGateDeaths = "3"
 
 // RoundSQL is the statement a guard round runs ($1 holder, $2 lease in
 // milliseconds, $3 ids to claim, $4 ids to complete, $5 their runs),
@@ -973,7 +979,6 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		if watchdog != nil {
 			watchdog.Stop()
 		}
-		pass.leave()
 		// Entered before the state changes, so that Close, which gives up
 		// live runs first and then waits, either sees this one live or
 		// waits for its outcome.
@@ -1000,6 +1005,10 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		// Renewed until its outcome is recorded: a completion mark that
 		// takes a few tries must not let the lease expire into a "crash".
 		defer g.untrack(jc)
+		// And its place at the gate kept: a run recorded as alone whose
+		// outcome is not written yet is still running in the ledger, and
+		// a crash beside it now would be taken for its own.
+		defer pass.leave()
 
 		if jc.completed.Load() {
 			// InTx committed the job's completion.
@@ -1062,7 +1071,7 @@ func (g *Guard) release(ctx context.Context, jc *jobContext) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
-		attempts = attempts - 1, updated_at = now()
+		attempts = attempts - 1, solo_run = -1, updated_at = now()
 		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
@@ -1098,7 +1107,8 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed',
 	crashes = crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
 	last_error = format('keel: %s of %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL)%s; last held by %s; retired as a poison job',
-		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END, attempts,
+		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
+		greatest(attempts, crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END),
 		CASE WHEN status = 'running' AND solo_run = run THEN ', the last while it ran alone on its worker' ELSE '' END,
 		coalesce(last_holder, lease_holder, 'an unknown worker')),
 	lease_holder = NULL, lease_until = NULL, finished_at = now(), updated_at = now(),
@@ -1244,7 +1254,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 }
 
 const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class = $5,
-	attempts = attempts - $6, lease_holder = NULL, lease_until = NULL, updated_at = now(),
+	attempts = attempts - $6, lease_holder = NULL, lease_until = NULL, solo_run = -1, updated_at = now(),
 	published_at = CASE WHEN $7 THEN NULL ELSE published_at END,
 	run_at = CASE WHEN $8 >= 0 THEN now() + $8 * interval '1 millisecond' ELSE run_at END,
 	finished_at = CASE WHEN $3 = 'dead' THEN now() ELSE NULL END,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -51,6 +52,10 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 	case "neighbours":
 		cfg.Guard.Lease = 2 * time.Second
 		neighbourHandlers(mux, pool)
+	case "hung-neighbours":
+		cfg.Guard.Lease = 2 * time.Second
+		cfg.Guard.TimeoutGrace = 500 * time.Millisecond
+		hungNeighbourHandlers(mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second
 		oneShotHandlers(mux, pool)
@@ -110,4 +115,42 @@ func started(ctx context.Context, pool *pgxpool.Pool) error {
 	id, _ := idempotency.JobID(ctx)
 	_, err := pool.Exec(ctx, `INSERT INTO started (job_id) VALUES ($1)`, id)
 	return err
+}
+
+// effect commits the run's effect in its completing InTx.
+func effect(ctx context.Context) error {
+	return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+		id, _ := idempotency.JobID(ctx)
+		_, err := tx.Exec(ctx, `INSERT INTO effects (job_id) VALUES ($1)`, id)
+		return err
+	})
+}
+
+// killsItsWorker is a poison job's handler: it kills its worker a moment
+// after it starts (an OOM kill, a fatal runtime error).
+func killsItsWorker(pool *pgxpool.Pool, after time.Duration) func(context.Context, item) error {
+	return func(ctx context.Context, _ item) error {
+		if err := started(ctx, pool); err != nil {
+			return err
+		}
+		time.Sleep(after)
+		os.Exit(3)
+		return nil
+	}
+}
+
+// finishesAfter is an innocent job's handler: it runs for d, then commits
+// its effect.
+func finishesAfter(pool *pgxpool.Pool, d time.Duration) func(context.Context, item) error {
+	return func(ctx context.Context, _ item) error {
+		if err := started(ctx, pool); err != nil {
+			return err
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return effect(ctx)
+	}
 }

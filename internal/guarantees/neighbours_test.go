@@ -2,11 +2,9 @@ package guarantees_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -29,39 +27,10 @@ var (
 )
 
 func neighbourHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
-	tasks.Handle(mux, patientPoisonKind, func(ctx context.Context, i item) error {
-		if err := started(ctx, pool); err != nil {
-			return err
-		}
-		time.Sleep(300 * time.Millisecond)
-		os.Exit(3)
-		return nil
-	})
-	tasks.Handle(mux, zombieKind, func(ctx context.Context, i item) error {
-		if err := started(ctx, pool); err != nil {
-			return err
-		}
-		time.Sleep(12 * time.Second)
-		os.Exit(3)
-		return nil
-	})
-	for k, d := range map[*tasks.Kind[item]]time.Duration{loneKind: 3 * time.Second, longKind: 10 * time.Second} {
-		tasks.Handle(mux, k, func(ctx context.Context, i item) error {
-			if err := started(ctx, pool); err != nil {
-				return err
-			}
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			return idempotency.InTx(ctx, func(tx pgx.Tx) error {
-				id, _ := idempotency.JobID(ctx)
-				_, err := tx.Exec(ctx, `INSERT INTO effects (job_id) VALUES ($1)`, id)
-				return err
-			})
-		})
-	}
+	tasks.Handle(mux, patientPoisonKind, killsItsWorker(pool, 300*time.Millisecond))
+	tasks.Handle(mux, zombieKind, killsItsWorker(pool, 12*time.Second))
+	tasks.Handle(mux, loneKind, finishesAfter(pool, 3*time.Second))
+	tasks.Handle(mux, longKind, finishesAfter(pool, 10*time.Second))
 }
 
 // settle restarts the worker whenever it dies, as a supervisor does, until
@@ -139,7 +108,8 @@ func TestAHungHandlerKeelGaveUpIsNotTakenForAnAloneRunsCrash(t *testing.T) {
 		"the job's last run started beside a hung handler keel gave up")
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, victim.Job.ID))
 	require.Equal(t, 1, s.Attempts, "the worker's death while the job waited to run alone cost it an attempt")
-	require.Equal(t, 1, e.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, victim.Job.ID))
+	require.Equal(t, 2, e.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, victim.Job.ID),
+		"the job's earlier crash and its death at the gate")
 	z, err := e.store.Get(ctx, zombie.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, "timeout", z.ErrorClass, "the hung job: %s", z.LastError)

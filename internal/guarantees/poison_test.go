@@ -2,11 +2,9 @@ package guarantees_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -28,29 +26,8 @@ var (
 )
 
 func poisonHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
-	tasks.Handle(mux, poisonKind, func(ctx context.Context, i item) error {
-		if err := started(ctx, pool); err != nil {
-			return err
-		}
-		time.Sleep(300 * time.Millisecond)
-		os.Exit(3)
-		return nil
-	})
-	tasks.Handle(mux, slowKind, func(ctx context.Context, i item) error {
-		if err := started(ctx, pool); err != nil {
-			return err
-		}
-		select {
-		case <-time.After(3 * time.Second):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
-			id, _ := idempotency.JobID(ctx)
-			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id) VALUES ($1)`, id)
-			return err
-		})
-	})
+	tasks.Handle(mux, poisonKind, killsItsWorker(pool, 300*time.Millisecond))
+	tasks.Handle(mux, slowKind, finishesAfter(pool, 3*time.Second))
 }
 
 // A poison job retires after its budget; a job that merely ran beside it

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -29,11 +28,7 @@ func oneShotHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
-			id, _ := idempotency.JobID(ctx)
-			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id) VALUES ($1)`, id)
-			return err
-		})
+		return effect(ctx)
 	})
 }
 
