@@ -122,8 +122,9 @@ func (g *aloneGate) enter(ctx context.Context, wait time.Duration) (*gatePass, e
 
 // alone waits, up to wait, until p's run is the only one on the worker,
 // hung handlers keel gave up included, and keeps others out until p
-// leaves. While such a handler goes on, it does not wait at all: the
-// handler may hang for ever, and the worker would take no work meanwhile.
+// leaves. While such a handler goes on, or once one appears, it waits no
+// longer: the handler may hang for ever, and the worker would take no
+// work meanwhile.
 // p does not count while it waits, so two runs that must run alone take
 // turns, not wait for each other for ever.
 func (p *gatePass) alone(ctx context.Context, wait time.Duration) error {
@@ -145,7 +146,10 @@ func (p *gatePass) alone(ctx context.Context, wait time.Duration) error {
 	if err == nil && !p.givenUp {
 		g.owner = p
 		g.broadcast()
-		err = g.await(ctx, t.C, func() bool { return p.givenUp || g.running == 0 && g.zombies == 0 })
+		err = g.await(ctx, t.C, func() bool { return p.givenUp || g.running == 0 || g.zombies > 0 })
+		if err == nil && g.zombies > 0 {
+			err = errBesideHung // a neighbour was given up, and hangs on
+		}
 	}
 	if p.givenUp || p.left {
 		return ErrRunGivenUp // giveUp let the others in again
@@ -220,7 +224,17 @@ func gateWait(ctx context.Context, limit time.Duration) time.Duration {
 
 // runAlone lets jc's run start only once it is the only run on the worker,
 // and records that it runs alone: if it crashes now, the crash is its own.
-func (g *Guard) runAlone(ctx context.Context, jc *jobContext) error {
+func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) error {
+	ceiling := g.cfg.MaxWait
+	if res.maxWait > 0 {
+		ceiling = res.maxWait
+	}
+	if res.waited > ceiling {
+		// Its runs kept dying while they waited to run alone (each lost
+		// lease counts as time waited): the wait ceiling ends it, as a
+		// wait, never as a poison job.
+		return retry.Wait(retry.MinDelay, fmt.Errorf("keel: job %s: its runs kept ending with their worker while they waited to run alone", jc.id))
+	}
 	g.cfg.Logger.Info("keel: the job's last run runs alone on this worker, since an earlier run crashed",
 		"job_id", jc.id, "attempt", jc.attempt)
 	began := time.Now()

@@ -896,6 +896,7 @@ func TestACrashedJobsLastRunRunsAloneBeforeItIsRetired(t *testing.T) {
 		running                                    bool // its last run ended without an outcome
 		wantExhausted, wantAlone                   bool
 		wantAttempt, wantExtra, wantCrashes        int
+		wantWaited                                 time.Duration // the lease a death at the gate lost
 	}{
 		{name: "first run crashed: the last runs alone", attempts: 1, run: 1, soloRun: -1, running: true,
 			wantAlone: true, wantAttempt: 2, wantCrashes: 1},
@@ -904,14 +905,14 @@ func TestACrashedJobsLastRunRunsAloneBeforeItIsRetired(t *testing.T) {
 			wantAlone: true, wantAttempt: 2, wantCrashes: 1},
 		{name: "the first crash, at the last run: one run more, alone", attempts: 2, run: 2, soloRun: -1, running: true,
 			wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 1},
-		{name: "died waiting to run alone: costs no attempt", attempts: 2, crashes: 1, run: 2, soloRun: -1, running: true,
-			wantAlone: true, wantAttempt: 2, wantCrashes: 2},
-		{name: "died waiting to run alone three times: retired", attempts: 2, crashes: 5, run: 6, soloRun: -1, running: true,
-			wantExhausted: true},
+		{name: "died waiting to run alone: costs nothing but the time", attempts: 2, crashes: 1, run: 2, soloRun: -1, running: true,
+			wantAlone: true, wantAttempt: 2, wantCrashes: 1, wantWaited: idempotency.DefaultLease},
+		{name: "died waiting to run alone many times: still not retired", attempts: 2, crashes: 1, run: 40, soloRun: -1, running: true,
+			wantAlone: true, wantAttempt: 2, wantCrashes: 1, wantWaited: idempotency.DefaultLease},
 		{name: "crashed while it ran alone: retired", attempts: 2, crashes: 1, run: 2, soloRun: 2, running: true,
 			wantExhausted: true},
-		{name: "the extra run died waiting: costs no attempt", attempts: 3, crashes: 1, run: 3, soloRun: -1, extraRuns: 1,
-			running: true, wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 2},
+		{name: "the extra run died waiting: costs nothing but the time", attempts: 3, crashes: 1, run: 3, soloRun: -1, extraRuns: 1,
+			running: true, wantAlone: true, wantAttempt: 3, wantExtra: 1, wantCrashes: 1, wantWaited: idempotency.DefaultLease},
 		{name: "the extra run crashed alone: retired", attempts: 3, crashes: 1, run: 3, soloRun: 3, extraRuns: 1,
 			running: true, wantExhausted: true},
 		{name: "an older keel's run crashed (run 0, never recorded alone)", attempts: 2, run: 0, soloRun: -1, running: true,
@@ -948,6 +949,7 @@ func TestACrashedJobsLastRunRunsAloneBeforeItIsRetired(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.wantExtra, got.ExtraRuns)
 			require.Equal(t, tc.wantCrashes, b.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, res.Job.ID))
+			require.Equal(t, int(tc.wantWaited.Milliseconds()), b.count(t, `SELECT waited_ms FROM keel_jobs WHERE id = $1`, res.Job.ID))
 			require.Equal(t, tc.run+1, b.count(t, `SELECT run FROM keel_jobs WHERE id = $1`, res.Job.ID))
 		})
 	}
@@ -1020,4 +1022,32 @@ func TestWaitingToRunAloneDoesNotEatTheRunsTimeout(t *testing.T) {
 	}, "the job never ended")
 	require.Equal(t, idempotency.StatusSucceeded, j.Status, "%s: %s", j.ErrorClass, j.LastError)
 	require.Equal(t, 1, j.Attempts)
+}
+
+// A job whose runs keep dying while they wait to run alone (the worker
+// killed under them by other jobs or from outside) is not a poison job,
+// but it still ends: each lost lease counts as time waited, and over the
+// wait ceiling it dies waited_too_long, never crashed.
+func TestRunsThatKeepDyingWhileWaitingToRunAloneEndOverTheWaitCeiling(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, patient, func(ctx context.Context, o order) error {
+		runs.Add(1)
+		return nil
+	})
+	res, err := b.client.Enqueue(ctx, patient.New(order{OrderID: "died-at-the-gate"}))
+	require.NoError(t, err)
+	// Its last run had to run alone (it crashed before) and its worker
+	// died while it waited; its waits are near the ceiling (1.5 s).
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', lease_holder = 'a-dead-worker',
+		lease_until = now() - interval '1 second', attempts = 2, crashes = 1, run = 2, waited_ms = 1000 WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = time.Second })
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 30*time.Second)
+	require.Equal(t, string(retry.ClassWaitedTooLong), j.ErrorClass, j.LastError)
+	require.Contains(t, j.LastError, "kept ending with their worker while they waited to run alone")
+	require.Zero(t, runs.Load(), "the handler ran")
+	require.Equal(t, 1, b.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, res.Job.ID))
 }

@@ -507,7 +507,8 @@ c AS (
 		lease_until = now() + $2 * interval '1 millisecond',
 		attempts = j.attempts + CASE WHEN free.over AND free.crashed_before THEN 0 ELSE 1 END,
 		run = j.run + 1, updated_at = now(),
-		crashes = j.crashes + CASE WHEN free.status = 'running' THEN 1 ELSE 0 END,
+		crashes = j.crashes + CASE WHEN free.status = 'running' AND NOT (free.over AND free.crashed_before) THEN 1 ELSE 0 END,
+		waited_ms = j.waited_ms + CASE WHEN free.over AND free.crashed_before THEN $2 ELSE 0 END,
 		extra_runs = j.extra_runs + CASE WHEN free.over AND NOT free.crashed_before THEN 1 ELSE 0 END,
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
@@ -522,19 +523,15 @@ c AS (
 //   - if it had never crashed before (so that run did not have to run
 //     alone), keel adds a run to its budget, once: extra_runs;
 //   - if it had (so that run had to run alone), the run died while it
-//     waited for the others to finish: it costs the job no attempt. Such
-//     deaths are another run's crash (whose budget pays for it) or a kill
-//     from outside; they still count as crashes, and past maxGateDeaths
-//     more crashes than attempts the job retires anyway: every job ends.
+//     waited for the others to finish: its handler never started, so the
+//     crash was another run's (whose budget pays for it) or a kill from
+//     outside. It costs the job no attempt and no crash: the lease it lost
+//     counts as time waited, and the job's wait ceiling ends it if that
+//     goes on (runAlone): every job ends.
 //
 // Either way its next run runs alone. Otherwise a job is retired only for
 // a crash of a run recorded as alone (solo_run = run).
-const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run
-	AND crashes < attempts + ` + maxGateDeaths
-
-// maxGateDeaths bounds the deaths of a job's runs while they wait to run
-// alone (see crashedBesideOthers).
-const maxGateDeaths = "3"
+const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run`
 
 // RoundSQL is the statement a guard round runs ($1 holder, $2 lease in
 // milliseconds, $3 ids to claim, $4 ids to complete, $5 their runs),
@@ -859,6 +856,9 @@ func (g *Guard) renewRunning(ctx context.Context) {
 				// commit any more.
 				g.cfg.Logger.Warn("keel: lease lost while the handler ran; cancelling it", "job_id", jc.id)
 				jc.cancel(ErrLeaseLost)
+				// It is no run of the job's any more; if it ignores the
+				// cancel it is a hung handler to the gate.
+				jc.pass.giveUp()
 			}
 		}
 	}
@@ -971,7 +971,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		var herr error
 		if res.alone {
-			herr = g.runAlone(hctx, jc)
+			herr = g.runAlone(hctx, jc, res)
 		}
 		if herr == nil {
 			herr = next.ProcessTask(retry.WithRetried(hctx, res.attempts-1), t)

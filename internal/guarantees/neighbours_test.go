@@ -17,6 +17,10 @@ var (
 	// five runs: most of its crashes are not at its last run, so it does
 	// not run alone and sits beside whatever waits to.
 	patientPoisonKind = tasks.Define[item]("hunt:patient_poison", tasks.MaxRetry(4), tasks.Key(func(i item) string { return i.ID }))
+	// slowPoisonKind kills its worker 1.5 s after it starts; its budget of
+	// seven runs is more than the four deaths at the gate an earlier keel
+	// let a job without retries survive.
+	slowPoisonKind = tasks.Define[item]("hunt:slow_poison", tasks.MaxRetry(6), tasks.Key(func(i item) string { return i.ID }))
 	// loneKind is an innocent job without retries.
 	loneKind = tasks.Define[item]("hunt:lone", tasks.MaxRetry(0), tasks.Key(func(i item) string { return i.ID }))
 	// zombieKind ignores its timeout and, long after keel gave it up, kills
@@ -28,6 +32,7 @@ var (
 
 func neighbourHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
 	tasks.Handle(mux, patientPoisonKind, killsItsWorker(pool, 300*time.Millisecond))
+	tasks.Handle(mux, slowPoisonKind, killsItsWorker(pool, 1500*time.Millisecond))
 	tasks.Handle(mux, zombieKind, killsItsWorker(pool, 12*time.Second))
 	tasks.Handle(mux, loneKind, finishesAfter(pool, 3*time.Second))
 	tasks.Handle(mux, longKind, finishesAfter(pool, 10*time.Second))
@@ -80,6 +85,35 @@ func TestDeathsWhileAJobWaitsToRunAloneCostItNothing(t *testing.T) {
 		"the poison job ran beyond its budget")
 }
 
+// The same with a poison job of a larger budget, older than the innocent
+// job: after every restart the poison job's run starts first and
+// the innocent one waits for it, again and again. However many times it
+// dies waiting, it is not retired.
+func TestManyDeathsWhileAJobWaitsToRunAloneStillCostItNothing(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	bad, err := e.client.Enqueue(ctx, slowPoisonKind.New(item{ID: "poison"}))
+	require.NoError(t, err)
+	lone, err := e.client.Enqueue(ctx, loneKind.New(item{ID: "innocent"}))
+	require.NoError(t, err)
+	_, exited := e.startChild(t, "neighbours")
+
+	var p, s idempotency.Job
+	e.settle(t, exited, 4*time.Minute, func() bool {
+		p, err = e.store.Get(ctx, bad.Job.ID)
+		require.NoError(t, err)
+		s, err = e.store.Get(ctx, lone.Job.ID)
+		require.NoError(t, err)
+		return p.Status == idempotency.StatusDead && s.Status.Terminal() || s.Status == idempotency.StatusDead
+	})
+	require.Equal(t, idempotency.StatusSucceeded, s.Status,
+		"an innocent job that waited beside a poison job was retired: %s: %s", s.ErrorClass, s.LastError)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, lone.Job.ID))
+	require.Contains(t, p.LastError, "the last while it ran alone on its worker")
+	require.LessOrEqual(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID), 7,
+		"the poison job ran beyond its budget")
+}
+
 // A handler keel gave up (it ignored its timeout) that later kills its
 // worker does not get a job retired that had to run alone: the job waits
 // for the hung handler to return, never starts beside it, and its death
@@ -108,8 +142,10 @@ func TestAHungHandlerKeelGaveUpIsNotTakenForAnAloneRunsCrash(t *testing.T) {
 		"the job's last run started beside a hung handler keel gave up")
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, victim.Job.ID))
 	require.Equal(t, 1, s.Attempts, "the worker's death while the job waited to run alone cost it an attempt")
-	require.Equal(t, 2, e.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, victim.Job.ID),
-		"the job's earlier crash and its death at the gate")
+	require.Equal(t, 1, e.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, victim.Job.ID),
+		"the job's death at the gate counted as its crash")
+	require.GreaterOrEqual(t, e.count(t, `SELECT waited_ms FROM keel_jobs WHERE id = $1`, victim.Job.ID), 2000,
+		"the lease its death at the gate lost is not counted as time waited")
 	z, err := e.store.Get(ctx, zombie.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, "timeout", z.ErrorClass, "the hung job: %s", z.LastError)
