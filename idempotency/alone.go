@@ -44,7 +44,8 @@ type aloneGate struct {
 	// might be the hung handler's.
 	zombies int
 	owner   *gatePass     // the run that runs alone, or waits to
-	changed chan struct{} // closed and replaced at every change
+	changed chan struct{} // closed and replaced at a change someone waits for
+	waiting int           // goroutines in await
 	// shut: the worker is stopping. Nobody waits at the gate any more:
 	// what waited is handed back for another worker to start.
 	shut bool
@@ -71,8 +72,12 @@ func (g *aloneGate) close() {
 	}
 }
 
-// broadcast wakes every waiter; g.mu held.
+// broadcast wakes every waiter; g.mu held. Most deliveries pass a gate
+// nobody waits at: they pay nothing for it.
 func (g *aloneGate) broadcast() {
+	if g.waiting == 0 {
+		return
+	}
 	close(g.changed)
 	g.changed = make(chan struct{})
 }
@@ -84,6 +89,7 @@ func (g *aloneGate) await(ctx context.Context, timer <-chan time.Time, ready fun
 			return ErrGuardClosed
 		}
 		ch := g.changed
+		g.waiting++
 		g.mu.Unlock()
 		var err error
 		select {
@@ -94,6 +100,7 @@ func (g *aloneGate) await(ctx context.Context, timer <-chan time.Time, ready fun
 			err = errNotAlone
 		}
 		g.mu.Lock()
+		g.waiting--
 		if err != nil {
 			return err
 		}
