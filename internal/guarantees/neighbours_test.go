@@ -13,10 +13,6 @@ import (
 )
 
 var (
-	// patientPoisonKind kills its worker like poisonKind, with a budget of
-	// five runs: most of its crashes are not at its last run, so it does
-	// not run alone and sits beside whatever waits to.
-	patientPoisonKind = tasks.Define[item]("hunt:patient_poison", tasks.MaxRetry(4), tasks.Key(func(i item) string { return i.ID }))
 	// slowPoisonKind kills its worker 1.5 s after it starts; its budget of
 	// seven runs is more than the four deaths at the gate an earlier keel
 	// let a job without retries survive.
@@ -31,7 +27,6 @@ var (
 )
 
 func neighbourHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
-	tasks.Handle(mux, patientPoisonKind, killsItsWorker(pool, 300*time.Millisecond))
 	tasks.Handle(mux, slowPoisonKind, killsItsWorker(pool, 1500*time.Millisecond))
 	tasks.Handle(mux, zombieKind, killsItsWorker(pool, 12*time.Second))
 	tasks.Handle(mux, loneKind, finishesAfter(pool, 3*time.Second))
@@ -53,42 +48,10 @@ func (e *env) settle(t *testing.T, exited <-chan struct{}, limit time.Duration, 
 	}
 }
 
-// A poison job with a budget of five runs kills its worker again and again
-// while an innocent job without retries waits beside it to run alone: the
-// deaths at the gate are not the innocent job's, and cost it nothing.
-func TestDeathsWhileAJobWaitsToRunAloneCostItNothing(t *testing.T) {
-	e := setup(t)
-	ctx := context.Background()
-	lone, err := e.client.Enqueue(ctx, loneKind.New(item{ID: "innocent"}))
-	require.NoError(t, err)
-	_, exited := e.startChild(t, "neighbours")
-	require.Eventually(t, func() bool {
-		return e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, lone.Job.ID) == 1
-	}, 20*time.Second, 20*time.Millisecond)
-	bad, err := e.client.Enqueue(ctx, patientPoisonKind.New(item{ID: "poison"}))
-	require.NoError(t, err)
-
-	var p, s idempotency.Job
-	e.settle(t, exited, 3*time.Minute, func() bool {
-		p, err = e.store.Get(ctx, bad.Job.ID)
-		require.NoError(t, err)
-		s, err = e.store.Get(ctx, lone.Job.ID)
-		require.NoError(t, err)
-		return p.Status == idempotency.StatusDead && s.Status.Terminal() || s.Status == idempotency.StatusDead
-	})
-	require.Equal(t, idempotency.StatusSucceeded, s.Status,
-		"an innocent job that waited beside a poison job was retired: %s: %s", s.ErrorClass, s.LastError)
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, lone.Job.ID))
-	require.Equal(t, string("crashed"), p.ErrorClass)
-	require.Contains(t, p.LastError, "the last while it ran alone on its worker")
-	require.LessOrEqual(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID), 5,
-		"the poison job ran beyond its budget")
-}
-
-// The same with a poison job of a larger budget, older than the innocent
-// job: after every restart the poison job's run starts first and
-// the innocent one waits for it, again and again. However many times it
-// dies waiting, it is not retired.
+// A poison job with a budget of seven runs, older than an innocent job
+// without retries: after every restart the poison job's run starts first
+// and the innocent one, whose last run must run alone, waits for it, again
+// and again. However many times it dies waiting, it is not retired.
 func TestManyDeathsWhileAJobWaitsToRunAloneStillCostItNothing(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
