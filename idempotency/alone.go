@@ -232,11 +232,7 @@ func gateWait(ctx context.Context, limit time.Duration) time.Duration {
 // runAlone lets jc's run start only once it is the only run on the worker,
 // and records that it runs alone: if it crashes now, the crash is its own.
 func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) error {
-	ceiling := g.cfg.MaxWait
-	if res.maxWait > 0 {
-		ceiling = res.maxWait
-	}
-	if res.waited > ceiling {
+	if res.waited > g.waitCeiling(res) {
 		// Its runs kept dying while they waited to run alone (each lost
 		// lease counts as time waited): the wait ceiling ends it, as a
 		// wait, never as a poison job.

@@ -9,6 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// enterNow passes the gate, which must let the caller in.
+func enterNow(t *testing.T, g *aloneGate) *gatePass {
+	t.Helper()
+	p, err := g.enter(context.Background(), time.Second)
+	require.NoError(t, err)
+	return p
+}
+
 // gateState reads the gate's counters.
 func gateState(g *aloneGate) (running int, owned bool) {
 	g.mu.Lock()
@@ -36,10 +44,8 @@ func awaitGate(t *testing.T, g *aloneGate, running int, owned bool) {
 func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
 	ctx := context.Background()
 	g := newAloneGate()
-	neighbour, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
-	suspect, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	neighbour := enterNow(t, g)
+	suspect := enterNow(t, g)
 
 	alone := make(chan error, 1)
 	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
@@ -79,10 +85,8 @@ func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
 func TestTwoAloneRunsTakeTurns(t *testing.T) {
 	ctx := context.Background()
 	g := newAloneGate()
-	a, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
-	b, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	a := enterNow(t, g)
+	b := enterNow(t, g)
 	done := make(chan *gatePass, 2)
 	for _, p := range []*gatePass{a, b} {
 		go func() {
@@ -105,10 +109,8 @@ func TestTwoAloneRunsTakeTurns(t *testing.T) {
 func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	ctx := context.Background()
 	g := newAloneGate()
-	hung, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
-	suspect, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	hung := enterNow(t, g)
+	suspect := enterNow(t, g)
 	require.ErrorIs(t, suspect.alone(ctx, 20*time.Millisecond), errNotAlone)
 	awaitGate(t, g, 2, false)
 	p, err := g.enter(ctx, time.Second)
@@ -119,8 +121,7 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	awaitGate(t, g, 0, false)
 
 	// A delivery gives up waiting too, and is not counted.
-	owner, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	owner := enterNow(t, g)
 	require.NoError(t, owner.alone(ctx, time.Second))
 	_, err = g.enter(ctx, 20*time.Millisecond)
 	require.ErrorIs(t, err, errNotAlone)
@@ -135,16 +136,14 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 }
 
 // A run keel gives up while it waits to run alone stops holding up the
-// others at once. A handler keel gave up that has not returned holds up a
-// run that waits to run alone until it returns (a crash might be its own),
-// and a run that must run alone while one goes on does not wait at all.
+// others at once. A handler keel gave up that has not returned ends the
+// wait of a run that must run alone as soon as it appears, and such a run
+// does not wait at all while one goes on: a crash might be the hung one's.
 func TestAGivenUpRunAndTheGate(t *testing.T) {
 	ctx := context.Background()
 	g := newAloneGate()
-	neighbour, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
-	waiting, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	neighbour := enterNow(t, g)
+	waiting := enterNow(t, g)
 	alone := make(chan error, 1)
 	go func() { alone <- waiting.alone(ctx, 5*time.Second) }()
 	awaitGate(t, g, 1, true)
@@ -157,8 +156,7 @@ func TestAGivenUpRunAndTheGate(t *testing.T) {
 
 	// The neighbour hangs and keel gives it up: the run that waits to run
 	// alone stops waiting at once, and is handed back.
-	suspect, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	suspect := enterNow(t, g)
 	began := time.Now()
 	go func() { alone <- suspect.alone(ctx, 5*time.Second) }()
 	awaitGate(t, g, 1, true)
@@ -175,8 +173,7 @@ func TestAGivenUpRunAndTheGate(t *testing.T) {
 	// is handed back at once, and keeps nobody out.
 	suspect.giveUp()
 	awaitGate(t, g, 0, false)
-	next, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	next := enterNow(t, g)
 	require.ErrorIs(t, next.alone(ctx, time.Minute), errBesideHung)
 	awaitGate(t, g, 1, false)
 	next.leave()
@@ -190,10 +187,8 @@ func TestAGivenUpRunAndTheGate(t *testing.T) {
 func TestAStoppingWorkerKeepsNobodyAtTheGate(t *testing.T) {
 	ctx := context.Background()
 	g := newAloneGate()
-	neighbour, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
-	suspect, err := g.enter(ctx, time.Second)
-	require.NoError(t, err)
+	neighbour := enterNow(t, g)
+	suspect := enterNow(t, g)
 	alone := make(chan error, 1)
 	go func() { alone <- suspect.alone(ctx, time.Minute) }()
 	awaitGate(t, g, 1, true)

@@ -1284,6 +1284,15 @@ func storableText(s string, max int) string {
 	return s
 }
 
+// waitCeiling is the most a claimed job may wait in all: its kind's
+// MaxWait, or the guard's.
+func (g *Guard) waitCeiling(res claimResult) time.Duration {
+	if res.maxWait > 0 {
+		return res.maxWait
+	}
+	return g.cfg.MaxWait
+}
+
 // waitDelay is how long a wait asks for (the policy's default when none).
 func waitDelay(err error) time.Duration {
 	if e, ok := retry.Marked(err); ok && e.Delay > 0 {
@@ -1309,10 +1318,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 		// Not a failure: the attempt does not count, but the time does,
 		// up to the job's wait ceiling.
 		waited = waitDelay(herr)
-		ceiling := g.cfg.MaxWait
-		if res.maxWait > 0 {
-			ceiling = res.maxWait
-		}
+		ceiling := g.waitCeiling(res)
 		if res.waited+waited > ceiling {
 			status, class, waited = StatusDead, retry.ClassWaitedTooLong, 0
 			herr = fmt.Errorf("keel: waited %s in all, over the job's wait ceiling of %s: %w",
