@@ -310,6 +310,7 @@ func TestReplayWithStepInDoubtNeedsResolution(t *testing.T) {
 			startedStep(t, b.pool, id, "mail") // the worker died mid-call
 			b.startWorker(t, mux, nil)
 			b.waitStatus(t, id, idempotency.StatusDead, 10*time.Second)
+			waitArchived(t, insp, "default", id)
 
 			_, err = b.store.Replay(ctx, insp, id, "alice", "try again")
 			require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
@@ -485,7 +486,8 @@ func TestBulkActionsNeedTheConfirmedCount(t *testing.T) {
 	p1, p2, odd, p3 := ids["test:receipt/order:p1"], ids["test:receipt/order:p2"], ids["test:receipt/order:odd"], ids["test:charge/p3"]
 	b.startWorker(t, mux, func(c *server.Config) { c.Retry.UnknownMaxRetry = retry.Disabled })
 	for _, id := range ids {
-		b.waitStatus(t, id, idempotency.StatusDead, 10*time.Second)
+		j := b.waitStatus(t, id, idempotency.StatusDead, 10*time.Second)
+		waitArchived(t, insp, j.Queue, id) // asynq archives it just after the ledger says dead
 	}
 	status := func(id string) idempotency.Status {
 		j, err := b.store.Get(ctx, id)

@@ -839,6 +839,8 @@ func TestAStepInDoubtWithVerifyOnTheLastAttemptIsSettledByAReplay(t *testing.T) 
 	res, err := b.client.Enqueue(ctx, lastTryDoubt.New(order{OrderID: "doubt-last"}))
 	require.NoError(t, err)
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
+	insp := inspector(t, b)
+	waitArchived(t, insp, j.Queue, j.ID) // asynq archives it just after the ledger says dead
 	require.NotContains(t, j.LastError, "on the next attempt", "there is no next attempt")
 	require.Contains(t, j.LastError, "replay")
 	steps, err := b.store.Steps(ctx, res.Job.ID)
@@ -849,7 +851,7 @@ func TestAStepInDoubtWithVerifyOnTheLastAttemptIsSettledByAReplay(t *testing.T) 
 
 	// With asynq's archived copy removed, as the CLI and dashboard do; without
 	// it the replay waits for the reconciler (up to 15 s).
-	_, err = b.store.Replay(ctx, inspector(t, b), res.Job.ID, "ops", "Verify settles it")
+	_, err = b.store.Replay(ctx, insp, res.Job.ID, "ops", "Verify settles it")
 	require.NoError(t, err, "a replay of a job whose step in doubt has Verify")
 	j = b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	require.EqualValues(t, 1, calls.Load(), "the call was made again")
@@ -977,8 +979,8 @@ func TestARowAnOlderKeelRanIsNotTakenForOneThatRanAlone(t *testing.T) {
 
 var (
 	gateNeighbour = tasks.Define[order]("test:gate_neighbour", tasks.MaxRetry(0), tasks.Key(func(o order) string { return o.OrderID }))
-	// gateSuspect needs 3 s of its 5 s timeout: 2 s to spare for a slow
-	// host, less than the neighbour's 2.5 s a wait would eat.
+	// gateSuspect needs 1 s of its 5 s timeout: 4 s to spare for a slow
+	// host, less than the neighbour's 4.5 s a wait would eat.
 	gateSuspect = tasks.Define[order]("test:gate_suspect", tasks.MaxRetry(0), tasks.Timeout(5*time.Second),
 		tasks.Key(func(o order) string { return o.OrderID }))
 )
@@ -996,12 +998,12 @@ func TestWaitingToRunAloneDoesNotEatTheRunsTimeout(t *testing.T) {
 		for b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND status = 'running'`, suspectID) == 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(2500 * time.Millisecond)
+		time.Sleep(4500 * time.Millisecond)
 		return nil
 	})
 	tasks.Handle(mux, gateSuspect, func(ctx context.Context, o order) error {
 		select {
-		case <-time.After(3 * time.Second):
+		case <-time.After(time.Second):
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()

@@ -426,7 +426,12 @@ func TestBudgetHoldsAcrossRepublish(t *testing.T) {
 	})
 	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "budget"}, tasks.MaxRetry(1)))
 	require.NoError(t, err)
-	b.startWorker(t, mux, func(c *server.Config) { c.DisableReconciler = true })
+	// A retry 3 s away: the task waits in asynq's retry set (asynq keeps
+	// retry times in whole seconds, so a shorter one may be due at once).
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.DisableReconciler = true
+		c.Retry.Base, c.Retry.Cap = 3*time.Second, 3*time.Second
+	})
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		j, err := b.store.Get(ctx, res.Job.ID)
 		require.NoError(t, err)
@@ -435,6 +440,11 @@ func TestBudgetHoldsAcrossRepublish(t *testing.T) {
 	// Redis loses the task; it is published anew with asynq's count at zero.
 	insp := asynq.NewInspector(b.redis)
 	defer insp.Close()
+	// asynq moves it to its retry set just after the ledger records the failure.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err := insp.GetTaskInfo("default", res.Job.ID)
+		return err == nil && info.State == asynq.TaskStateRetry
+	}, "the failed attempt never reached asynq's retry set")
 	require.NoError(t, insp.DeleteTask("default", res.Job.ID))
 	j, err := b.store.Get(ctx, res.Job.ID)
 	require.NoError(t, err)

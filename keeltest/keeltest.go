@@ -205,7 +205,8 @@ func (h *Harness) Wait(t testing.TB, id string, timeout time.Duration, statuses 
 
 // Redeliver publishes job id to Redis again, as a duplicate delivery would
 // (after a Redis failover, say): a handler written with keel must not repeat
-// its effects.
+// its effects. If a worker still holds asynq's copy (its handler has not
+// returned), Redeliver waits up to 30 s for it to let go.
 func (h *Harness) Redeliver(t testing.TB, id string) {
 	t.Helper()
 	j, err := h.Store.Get(context.Background(), id)
@@ -216,7 +217,17 @@ func (h *Harness) Redeliver(t testing.TB, id string) {
 	defer c.Close()
 	insp := asynq.NewInspector(h.Redis)
 	defer insp.Close()
-	_ = insp.DeleteTask(j.Queue, j.ID)
+	// The ledger records an outcome before the worker lets go of asynq's
+	// copy (InTx commits before the handler returns): wait for it.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := insp.DeleteTask(j.Queue, j.ID)
+		if err == nil || errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keeltest: redeliver: asynq's copy of job %s is still there after 30 s: %v", id, err)
+		}
+	}
 	if _, err := c.Enqueue(idempotency.Task(j), idempotency.TaskOptions(j)...); err != nil {
 		t.Fatalf("keeltest: redeliver: %v", err)
 	}
