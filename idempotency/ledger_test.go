@@ -132,7 +132,8 @@ func TestConcurrentDuplicateDeliveriesRunHandlerOnce(t *testing.T) {
 	// The loser is postponed (not failed) and acknowledged once it sees success.
 	insp := asynq.NewInspector(b.redis)
 	defer insp.Close()
-	testenv.Eventually(t, 15*time.Second, func() bool {
+	// The loser's recheck comes up to 5 s later, and asynq's forwarder's after.
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		a, _ := insp.GetQueueInfo("dupA")
 		bq, _ := insp.GetQueueInfo("dupB")
 		return a != nil && bq != nil && a.Size == 0 && bq.Size == 0
