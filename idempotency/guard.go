@@ -766,13 +766,19 @@ func (g *Guard) track(jc *jobContext) {
 	g.mu.Unlock()
 }
 
-// untrack ends jc's renewals: the run ended, or keel gave it up. A run
-// given up no longer holds up a run that waits to run alone (its handler
-// may hang for ever), but is known to the gate until it returns.
-func (g *Guard) untrack(jc *jobContext) {
+// stopRenewing ends jc's renewals: its run ended and its outcome is
+// recorded.
+func (g *Guard) stopRenewing(jc *jobContext) {
 	g.mu.Lock()
 	delete(g.running, jc)
 	g.mu.Unlock()
+}
+
+// untrack ends the renewals of a run keel gives up. It no longer holds up
+// a run that waits to run alone (its handler may hang for ever), but is
+// known to the gate until it returns.
+func (g *Guard) untrack(jc *jobContext) {
+	g.stopRenewing(jc)
 	jc.pass.giveUp()
 }
 
@@ -1004,11 +1010,11 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		// Renewed until its outcome is recorded: a completion mark that
 		// takes a few tries must not let the lease expire into a "crash".
-		defer g.untrack(jc)
-		// And its place at the gate kept: a run recorded as alone whose
-		// outcome is not written yet is still running in the ledger, and
-		// a crash beside it now would be taken for its own.
-		defer pass.leave()
+		// Its place at the gate is kept as long (pass.leave, deferred
+		// above): a run recorded as alone whose outcome is not written yet
+		// is still running in the ledger, and a crash beside it now would
+		// be taken for its own.
+		defer g.stopRenewing(jc)
 
 		if jc.completed.Load() {
 			// InTx committed the job's completion.

@@ -59,20 +59,11 @@ func TestAPoisonJobAmongHungHandlersStillEnds(t *testing.T) {
 	bad, err := e.client.Enqueue(ctx, loopPoisonKind.New(item{ID: "poison"}))
 	require.NoError(t, err)
 	var p idempotency.Job
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	e.settle(t, "hung-neighbours", exited, 90*time.Second, func() (bool, string) {
 		p, err = e.store.Get(ctx, bad.Job.ID)
 		require.NoError(t, err)
-		if p.Status == idempotency.StatusDead {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the poison job never ended: %+v", p)
-		select {
-		case <-exited:
-			_, exited = e.startChild(t, "hung-neighbours")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return p.Status == idempotency.StatusDead, fmt.Sprintf("the poison job never ended: %+v", p)
+	})
 	require.LessOrEqual(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID), 2,
 		"the poison job (MaxRetry 0) killed its worker more than MaxRetry+2 times")
 	require.Contains(t, []string{"crashed", "waited_too_long"}, p.ErrorClass, p.LastError)

@@ -110,6 +110,26 @@ func (e *env) startChild(t *testing.T, which string) (*exec.Cmd, <-chan struct{}
 	return child, exited
 }
 
+// settle restarts the worker (child mode which) whenever it dies, as a
+// supervisor does, until done says the jobs have settled; done also says
+// what they look like, for the failure if they never do.
+func (e *env) settle(t *testing.T, which string, exited <-chan struct{}, limit time.Duration, done func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		settled, state := done()
+		if settled {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the jobs did not settle: %s", state)
+		select {
+		case <-exited:
+			_, exited = e.startChild(t, which)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // started records that a handler began, committed before anything else.
 func started(ctx context.Context, pool *pgxpool.Pool) error {
 	id, _ := idempotency.JobID(ctx)

@@ -2,6 +2,7 @@ package guarantees_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -33,21 +34,6 @@ func neighbourHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
 	tasks.Handle(mux, longKind, finishesAfter(pool, 10*time.Second))
 }
 
-// settle restarts the worker whenever it dies, as a supervisor does, until
-// done says the jobs have settled.
-func (e *env) settle(t *testing.T, exited <-chan struct{}, limit time.Duration, done func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !done() {
-		require.True(t, time.Now().Before(deadline), "the jobs did not settle")
-		select {
-		case <-exited:
-			_, exited = e.startChild(t, "neighbours")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // A poison job with a budget of seven runs, older than an innocent job
 // without retries: after every restart the poison job's run starts first
 // and the innocent one, whose last run must run alone, waits for it, again
@@ -62,12 +48,13 @@ func TestManyDeathsWhileAJobWaitsToRunAloneStillCostItNothing(t *testing.T) {
 	_, exited := e.startChild(t, "neighbours")
 
 	var p, s idempotency.Job
-	e.settle(t, exited, 4*time.Minute, func() bool {
+	e.settle(t, "neighbours", exited, 4*time.Minute, func() (bool, string) {
 		p, err = e.store.Get(ctx, bad.Job.ID)
 		require.NoError(t, err)
 		s, err = e.store.Get(ctx, lone.Job.ID)
 		require.NoError(t, err)
-		return p.Status == idempotency.StatusDead && s.Status.Terminal() || s.Status == idempotency.StatusDead
+		return p.Status == idempotency.StatusDead && s.Status.Terminal() || s.Status == idempotency.StatusDead,
+			fmt.Sprintf("poison %+v, innocent %+v", p, s)
 	})
 	require.Equal(t, idempotency.StatusSucceeded, s.Status,
 		"an innocent job that waited beside a poison job was retired: %s: %s", s.ErrorClass, s.LastError)
@@ -95,10 +82,10 @@ func TestAHungHandlerKeelGaveUpIsNotTakenForAnAloneRunsCrash(t *testing.T) {
 	require.NoError(t, err)
 
 	var s idempotency.Job
-	e.settle(t, exited, 2*time.Minute, func() bool {
+	e.settle(t, "neighbours", exited, 2*time.Minute, func() (bool, string) {
 		s, err = e.store.Get(ctx, victim.Job.ID)
 		require.NoError(t, err)
-		return s.Status.Terminal() || s.Status == idempotency.StatusDead
+		return s.Status.Terminal() || s.Status == idempotency.StatusDead, fmt.Sprintf("%+v", s)
 	})
 	require.Equal(t, idempotency.StatusSucceeded, s.Status, "the job beside a hung handler was retired: %s: %s", s.ErrorClass, s.LastError)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, victim.Job.ID),

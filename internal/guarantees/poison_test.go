@@ -2,6 +2,7 @@ package guarantees_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -39,8 +40,7 @@ func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
 	slow, err := e.client.Enqueue(ctx, slowKind.New(item{ID: "innocent"}))
 	require.NoError(t, err)
 
-	child, exited := e.startChild(t, "poison")
-	_ = child
+	_, exited := e.startChild(t, "poison")
 	// The poison job arrives while the innocent one runs.
 	require.Eventually(t, func() bool {
 		return e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, slow.Job.ID) == 1
@@ -50,29 +50,21 @@ func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
 
 	// Each worker the poison job kills is replaced at once, as a supervisor
 	// does.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		p, err := e.store.Get(ctx, bad.Job.ID)
+	var p, s idempotency.Job
+	e.settle(t, "poison", exited, 2*time.Minute, func() (bool, string) {
+		p, err = e.store.Get(ctx, bad.Job.ID)
 		require.NoError(t, err)
-		s, err := e.store.Get(ctx, slow.Job.ID)
+		s, err = e.store.Get(ctx, slow.Job.ID)
 		require.NoError(t, err)
-		if p.Status.Terminal() || p.Status == idempotency.StatusDead {
-			if s.Status == idempotency.StatusSucceeded || s.Status == idempotency.StatusDead {
-				require.Equal(t, idempotency.StatusDead, p.Status, "the poison job: %+v", p)
-				require.Equal(t, idempotency.StatusSucceeded, s.Status,
-					"an innocent job that ran beside a poison job was retired with it: %s: %s", s.ErrorClass, s.LastError)
-				require.Equal(t, 2, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID),
-					"the poison job ran beyond its budget")
-				require.Contains(t, p.LastError, "the last while it ran alone on its worker")
-				require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, slow.Job.ID))
-				return
-			}
-		}
-		require.True(t, time.Now().Before(deadline), "not settled: poison %+v, innocent %+v", p, s)
-		select {
-		case <-exited:
-			_, exited = e.startChild(t, "poison")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return (p.Status.Terminal() || p.Status == idempotency.StatusDead) &&
+				(s.Status == idempotency.StatusSucceeded || s.Status == idempotency.StatusDead),
+			fmt.Sprintf("poison %+v, innocent %+v", p, s)
+	})
+	require.Equal(t, idempotency.StatusDead, p.Status, "the poison job: %+v", p)
+	require.Equal(t, idempotency.StatusSucceeded, s.Status,
+		"an innocent job that ran beside a poison job was retired with it: %s: %s", s.ErrorClass, s.LastError)
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID),
+		"the poison job ran beyond its budget")
+	require.Contains(t, p.LastError, "the last while it ran alone on its worker")
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, slow.Job.ID))
 }
