@@ -1017,9 +1017,17 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		defer g.stopRenewing(jc)
 
 		if jc.completed.Load() {
-			// InTx committed the job's completion.
-			if herr != nil {
+			// InTx committed the job's completion. One rule, however late
+			// the handler returns: an error of its own after that is a dead
+			// letter (what it counted on after the commit did not happen);
+			// a run asynq cut short (a deploy's shutdown, its lease lost in
+			// a Redis outage) is a success, its effects being in.
+			if herr != nil && !errors.Is(ctx.Err(), context.Canceled) {
 				return g.failedAfterComplete(ctx, t, jc, herr)
+			}
+			if herr != nil {
+				g.cfg.Logger.Info("keel: run cut short after its completing InTx committed; the job succeeded",
+					"job_id", id, "err", herr)
 			}
 			g.stats.succeeded.Add(1)
 			return nil
@@ -1091,6 +1099,18 @@ func (g *Guard) release(ctx context.Context, jc *jobContext) {
 // lease is no longer renewed, the attempt counts as failed (class timeout)
 // and the job retries or dies by its budget.
 func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res claimResult, deadline time.Time) {
+	if jc.completed.Load() {
+		// Its completing InTx committed: there is no attempt left to fail.
+		// The run stays this guard's, so that an error it returns later is
+		// a dead letter as it would be before the deadline; it no longer
+		// holds up a run that waits to run alone.
+		g.stopRenewing(jc)
+		jc.pass.giveUp()
+		g.stats.overran.Add(1)
+		g.cfg.Logger.Warn("keel: handler outlived its timeout after its completing InTx committed; an error it returns is still recorded",
+			"job_id", jc.id, "kind", t.Type(), "deadline", deadline)
+		return
+	}
 	if !jc.state.CompareAndSwap(runLive, runAbandoned) {
 		return
 	}
@@ -1311,10 +1331,12 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	ctx = context.WithoutCancel(ctx)
 	id := jc.id
 	attempts := res.attempts
-	// asynq archives a task at its own last try; the ledger's count decides
-	// the job's budget, because asynq's starts again whenever a job is
-	// published anew (a republish after Redis lost data, a wait handed back).
-	lastTry := asynqLastTry(ctx) || attempts-1 >= res.maxRetry
+	// The ledger's count alone decides the job's budget. asynq's is not the
+	// same: it starts again whenever a job is published anew (a republish
+	// after Redis lost data, a wait handed back), and it may count runs
+	// keel released uncharged. Where asynq would archive a failure the
+	// ledger retries, the task is revoked and handed to the relay instead.
+	lastTry := attempts-1 >= res.maxRetry
 	status := StatusFailed
 	uncount := 0
 	unpublish := false
@@ -1342,6 +1364,13 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 		}
 	case errors.Is(herr, asynq.SkipRetry) || class == retry.ClassPermanent || lastTry:
 		status = StatusDead
+	case asynqLastTry(ctx):
+		unpublish = true
+		delay = time.Second
+		if d, ok := retry.DecidedDelay(herr); ok {
+			delay = max(d, time.Second)
+		}
+		herr = fmt.Errorf("%w: %w", herr, asynq.RevokeTask)
 	}
 	summary := ""
 	if status == StatusDead {
@@ -1352,7 +1381,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	// when asynq retries it, as the retry middleware decided. -1: run_at
 	// stays.
 	runIn := -time.Millisecond
-	if d, ok := retry.DecidedDelay(herr); ok && status == StatusFailed {
+	if d, ok := retry.DecidedDelay(herr); ok && status == StatusFailed && !unpublish {
 		runIn = d
 	}
 	if unpublish {

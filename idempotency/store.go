@@ -543,7 +543,7 @@ func ClaimUnpublishedSQL() string { return claimUnpublishedSQL }
 // published.
 const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = now()
 	WHERE ctid = ANY (ARRAY (
-		SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()
+		SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= now()
 		ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING ` + publishColumns
 
@@ -641,7 +641,7 @@ func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) 
 const RelayBacklogSQL = `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0)::float8 FROM (
 	SELECT count(*) AS n, min(queued_at) AS since FROM keel_outbox
 	UNION ALL SELECT count(*), min(greatest(updated_at, run_at)) FROM keel_jobs
-		WHERE published_at IS NULL AND status = 'pending' AND run_at <= now()) w`
+		WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= now()) w`
 
 // InOutbox tells whether the job waits on the relay's outbox.
 func (s *Store) InOutbox(ctx context.Context, id string) (bool, error) {
@@ -672,6 +672,6 @@ func (s *Store) PublishClaimed(ctx context.Context, p *Publisher, jobs []Job) (r
 // Unpublish hands jobs a publisher could not publish back to the relay.
 func (s *Store) Unpublish(ctx context.Context, ids []string) error {
 	_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = NULL
-		WHERE id = ANY($1) AND status = 'pending'`, ids)
+		WHERE id = ANY($1) AND status IN ('pending', 'failed')`, ids)
 	return interpretError(err)
 }

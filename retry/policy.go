@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -276,6 +277,12 @@ func (p Policy) RetryDelayFunc() asynq.RetryDelayFunc {
 	}
 }
 
-// IsFailure is for asynq.Config.IsFailure: a Wait does not use up an
-// attempt.
-func IsFailure(err error) bool { return !IsWait(err) }
+// IsFailure is for asynq.Config.IsFailure: what asynq counts towards its
+// retry limit. A Wait does not use up an attempt, and neither does a run
+// asynq itself cut short — cancelled (a deploy's shutdown,
+// Inspector.CancelProcessing) or its task lease lost while Redis was
+// unreachable: keel's ledger releases such runs uncharged, and asynq's
+// count must not retire a job the ledger's budget would still run.
+func IsFailure(err error) bool {
+	return !IsWait(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, asynq.ErrLeaseExpired)
+}

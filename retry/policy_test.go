@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -219,6 +220,10 @@ func TestIsFailure(t *testing.T) {
 	require.True(t, IsFailure(errBoom))
 	require.True(t, IsFailure(Transient(errBoom)))
 	require.True(t, IsFailure(Permanent(errBoom)))
+	// Runs asynq cut short itself are released uncharged by keel's ledger.
+	require.False(t, IsFailure(context.Canceled))
+	require.False(t, IsFailure(asynq.ErrLeaseExpired))
+	require.True(t, IsFailure(context.DeadlineExceeded))
 }
 
 func TestPolicyValidate(t *testing.T) {
