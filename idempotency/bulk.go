@@ -48,8 +48,9 @@ const (
 // (due rows go in published, with an outbox row; a relay is notified unless
 // one is awake and polling). $15, $16: the rows' trace
 // contexts, empty arrays when none is traced (unnest pads them with NULLs);
-// $17: the rows' batch ids (empty strings for none); $18: the batches of
-// the whole call, for bulkInsertBatchSQL.
+// $17: the rows' batch ids (empty strings for none); $18: whether each
+// expires at its deadline; $19: the batches of the whole call, for
+// bulkInsertBatchSQL.
 const bulkInsertSQL = bulkInsertCTEs + `
 SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
 
@@ -57,25 +58,26 @@ SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
 // Each new member's trigger updates its batch's row, at the end of the
 // statement, in the order the rows went in (key order): two calls meeting
 // batches A and B in opposite orders would deadlock. So once every row is
-// in (count reads all of ins first), the rows of the call's batches ($18,
+// in (count reads all of ins first), the rows of the call's batches ($19,
 // every chunk's: a later chunk then locks no other) are locked in id
 // order, before the triggers run. Jobs outside batches do not pay for it.
 const bulkInsertBatchSQL = bulkInsertCTEs + `,
 locked AS (
-	SELECT id FROM keel_batches WHERE id = ANY ($18::text[]) AND (SELECT count(*) FROM ins) >= 0
+	SELECT id FROM keel_batches WHERE id = ANY ($19::text[]) AND (SELECT count(*) FROM ins) >= 0
 	ORDER BY id FOR UPDATE)
 SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0 AND (SELECT count(*) FROM locked) >= 0`
 
 const bulkInsertCTEs = `WITH ins AS (
 	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id)
+		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id, expire_stale)
 	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
 		coalesce(i.run_at, now()), nullif(i.summary, ''), nullif(i.trace_id, ''), i.max_wait_ms,
-		CASE WHEN $13::bool OR ($14::bool AND coalesce(i.run_at, now()) <= now()) THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, ''), nullif(i.batch_id, '')
+		CASE WHEN $13::bool OR ($14::bool AND coalesce(i.run_at, now()) <= now()) THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, ''), nullif(i.batch_id, ''),
+		i.expire_stale
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::int[], $7::bigint[],
-		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[], $17::text[])
+		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[], $17::text[], $18::bool[])
 		WITH ORDINALITY AS i(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, batch_id, ord)
+			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, batch_id, expire_stale, ord)
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + newRowColumns + `),
@@ -196,6 +198,13 @@ func ValidateNewJob(nj NewJob) error {
 	if nj.MaxRetry < 0 || nj.MaxRetry > MaxRetryLimit {
 		return fmt.Errorf("max retry %d is outside 0…%d", nj.MaxRetry, MaxRetryLimit)
 	}
+	runAt := nj.RunAt
+	if runAt.IsZero() {
+		runAt = time.Now()
+	}
+	if err := checkRunAt(runAt, nj.Deadline); err != nil {
+		return err
+	}
 	return validateTraceContext(nj)
 }
 
@@ -270,6 +279,7 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		deadlines, runAts        = make([]*time.Time, n), make([]*time.Time, n)
 		summaries, traces        = make([]string, n), make([]string, n)
 		rowBatches               = make([]string, n)
+		expires                  = make([]bool, n)
 	)
 	for r, i := range idx {
 		nj := jobs[i]
@@ -291,10 +301,11 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 			runAts[r] = &nj.RunAt
 		}
 		summaries[r], traces[r], rowBatches[r] = nj.PayloadSummary, nj.TraceID, nj.BatchID
+		expires[r] = nj.ExpireAtDeadline
 	}
 	parents, states := traceContexts(jobs, idx)
 	args := []any{ids, kinds, keys, queues, payloads, maxRetry, timeouts,
-		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states, rowBatches}
+		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states, rowBatches, expires}
 	sql := bulkInsertSQL
 	if len(batches) > 0 {
 		sql, args = bulkInsertBatchSQL, append(args, batches)

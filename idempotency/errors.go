@@ -30,6 +30,16 @@ var (
 	// recorded (the process died mid-call) and there is no way to verify it.
 	// The job is parked in the dead letters for a person: never a blind repeat.
 	ErrInDoubt = errors.New("in doubt: needs a person")
+	// ErrCallInFlight means a step's call made by an earlier run of the job
+	// (given up at its timeout, say) may still be in flight: the step is
+	// neither verified nor called again until that call's outcome is
+	// recorded or its worker is known dead. It comes as a wait: no attempt
+	// is spent.
+	ErrCallInFlight = errors.New("keel: a call of this step from an earlier run may still be in flight")
+	// ErrPastDeadline refuses a job that would run at or after its
+	// deadline (a delay or run time past it, or a deadline already gone):
+	// it could never run.
+	ErrPastDeadline = errors.New("keel: past its deadline")
 	// ErrGuardClosed means the worker's ledger guard has stopped (the worker
 	// shut down) while a handler was still running; its outcome is left to
 	// the lease and the next delivery.

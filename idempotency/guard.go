@@ -220,6 +220,9 @@ type GuardStats struct {
 	Crashed uint64
 	// Cancelled counts runs stopped because their job was cancelled.
 	Cancelled uint64
+	// Expired counts jobs discarded at their deadline before they could
+	// run (tasks.ExpireAtDeadline); those that died there count in Dead.
+	Expired uint64
 }
 
 // Guard is the ledger middleware: it claims each delivery's job with a lease
@@ -244,7 +247,7 @@ type Guard struct {
 
 	stats struct {
 		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs atomic.Uint64
-		overran, interrupted, crashed, cancelled                    atomic.Uint64
+		overran, interrupted, crashed, cancelled, expired           atomic.Uint64
 	}
 
 	stopRenew context.CancelFunc
@@ -260,6 +263,9 @@ type Guard struct {
 	// callFinishWait) before it gives their runs up, since a call cut off
 	// leaves its step in doubt.
 	calls phases
+
+	// inFlight are the steps' calls in flight on this worker (flight.go).
+	inFlight flights
 
 	tracer tracing.Tracer // the spans of each run (trace.go)
 	gate   *aloneGate     // lets a job's last run after a crash run alone (alone.go)
@@ -366,6 +372,7 @@ func (g *Guard) Stats() GuardStats {
 		Dead: g.stats.dead.Load(), DuplicatesSkipped: g.stats.skipped.Load(), LeaseBusy: g.stats.busy.Load(),
 		LedgerErrors: g.stats.ledgerErrs.Load(), Overran: g.stats.overran.Load(),
 		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(), Cancelled: g.stats.cancelled.Load(),
+		Expired: g.stats.expired.Load(),
 	}
 }
 
@@ -445,6 +452,7 @@ type claimResult struct {
 	waited     time.Duration
 	maxWait    time.Duration
 	leaseUntil time.Time
+	deadline   *time.Time // the job's, if it has one: a retry past it never runs
 	status     Status
 	err        error
 }
@@ -470,9 +478,9 @@ type ledgerReq struct {
 // not update one row twice. A claim's last column is the job's batch, if
 // it is a batch member.
 const roundSQL = roundCTEs + `
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false FROM done
+SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done
 UNION ALL
-SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone FROM c`
+SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone, deadline FROM c`
 
 // roundBatchSQL is roundSQL for a round that completes batch members. Each
 // member's trigger updates its batch's row, at the end of the statement, in
@@ -485,9 +493,9 @@ locked AS (
 	SELECT id FROM keel_batches
 	WHERE id = ANY (ARRAY (SELECT batch_id FROM done WHERE batch_id IS NOT NULL))
 	ORDER BY id FOR UPDATE)
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false FROM done WHERE (SELECT count(*) FROM locked) >= 0
+SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done WHERE (SELECT count(*) FROM locked) >= 0
 UNION ALL
-SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone FROM c`
+SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone, deadline FROM c`
 
 const roundCTEs = `WITH done AS (
 	UPDATE keel_jobs j SET status = 'succeeded', lease_holder = NULL,
@@ -513,7 +521,7 @@ c AS (
 		published_at = coalesce(j.published_at, now())
 	FROM free WHERE j.id = free.id
 	RETURNING j.id, j.attempts, j.max_retry + j.extra_runs AS budget, j.waited_ms, j.max_wait_ms, j.batch_id, j.run,
-		j.attempts > j.max_retry + j.extra_runs AND j.crashes > 0 AS alone)`
+		j.attempts > j.max_retry + j.extra_runs AND j.crashes > 0 AS alone, j.deadline)`
 
 // crashedBesideOthers holds for a running job whose lease expired (its
 // run ended without an outcome) and whose run was not recorded as running
@@ -653,7 +661,8 @@ func (g *Guard) round(ctx context.Context, sql string, completing map[string]boo
 		var batchID string
 		var run int
 		var alone bool
-		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID, &run, &alone); err != nil {
+		var deadline *time.Time
+		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID, &run, &alone, &deadline); err != nil {
 			return nil, nil, err
 		}
 		if completing[id] {
@@ -661,7 +670,7 @@ func (g *Guard) round(ctx context.Context, sql string, completing map[string]boo
 		} else {
 			results[id] = claimResult{outcome: claimed, attempts: attempts, run: run, alone: alone, maxRetry: maxRetry, status: StatusRunning,
 				waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond,
-				batchID: batchID}
+				batchID: batchID, deadline: deadline}
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -795,6 +804,7 @@ func (g *Guard) renewLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		g.renewRunning(ctx)
+		g.renewFlights(ctx)
 		if h := renewedHook.Load(); h != nil {
 			(*h)()
 		}
@@ -1416,6 +1426,20 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 		return herr
 	}
 	g.ledgerAnswered()
+	if status != StatusDead && res.deadline != nil && runIn >= 0 {
+		// Its next run would come at or after its deadline, where asynq
+		// fails a delivery unrun: the job ends now instead. (A delay the
+		// retry middleware did not decide is asynq's: HandleError ends the
+		// job when that delivery fails.)
+		if !res.deadline.After(time.Now().Add(runIn)) {
+			if ended, dead := g.endAtDeadline(ctx, t, id, runIn+time.Millisecond); ended {
+				if dead {
+					return fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
+				}
+				return fmt.Errorf("%w: %w", herr, asynq.RevokeTask)
+			}
+		}
+	}
 	noteFailure(ctx, status, class)
 	switch status {
 	case StatusDead:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -152,4 +153,176 @@ func TestAsynqsCountDoesNotRetireAJobTheLedgerWouldRun(t *testing.T) {
 	require.Equal(t, 3, j.Attempts, "the ledger counts the failures and the success, not the cancels")
 	require.EqualValues(t, 9, runs.Load())
 	require.Zero(t, deaths.n.Load())
+}
+
+var (
+	dueBy   = tasks.Define[order]("joint:due_by", tasks.MaxRetry(3), tasks.Key(func(o order) string { return o.OrderID }))
+	staleBy = tasks.Define[order]("joint:stale_by", tasks.MaxRetry(3), tasks.ExpireAtDeadline(),
+		tasks.Key(func(o order) string { return o.OrderID }))
+)
+
+// An enqueue whose run time is not before the job's deadline is refused:
+// such a job could never run.
+func TestARunTimePastTheDeadlineIsRefused(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	by := tasks.Deadline(time.Now().Add(time.Minute))
+	for _, opt := range []tasks.Option{tasks.Delay(2 * time.Minute), tasks.ProcessAt(time.Now().Add(time.Hour))} {
+		_, err := b.client.Enqueue(ctx, dueBy.New(order{OrderID: "too-late"}, by, opt))
+		require.ErrorIs(t, err, idempotency.ErrPastDeadline)
+		require.ErrorIs(t, err, tasks.ErrInvalidTask)
+	}
+	_, err := b.client.Enqueue(ctx, dueBy.New(order{OrderID: "gone"}, tasks.Deadline(time.Now().Add(-time.Second))))
+	require.ErrorIs(t, err, idempotency.ErrPastDeadline)
+	_, err = b.client.EnqueueMany(ctx, dueBy.New(order{OrderID: "ok"}, by), dueBy.New(order{OrderID: "late"}, by, tasks.Delay(time.Hour)))
+	require.ErrorIs(t, err, idempotency.ErrPastDeadline)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM keel_jobs`), "a refused enqueue wrote a job")
+}
+
+// A job whose deadline passes while it waits for a worker never runs, and
+// ends: asynq fails such a delivery before any middleware runs, and the
+// ledger records it — dead with class deadline, alerted and counted by its
+// batch, or, for a kind that drops stale work, discarded as expired with
+// no alert.
+func TestAJobWhoseDeadlinePassedBeforeItRanEnds(t *testing.T) {
+	b := setup(t)
+	batchTables(t, b)
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Second)
+	batch, err := b.client.NewBatch(ctx, tasks.BatchSpec{Description: "deadline", OnComplete: tasks.BatchCallback(batchCB, nil)})
+	require.NoError(t, err)
+	dead, err := b.client.Enqueue(ctx, dueBy.New(order{OrderID: "waited-too-long"}, tasks.InBatch(batch.ID), tasks.Deadline(deadline)))
+	require.NoError(t, err)
+	stale, err := b.client.Enqueue(ctx, staleBy.New(order{OrderID: "stale"}, tasks.InBatch(batch.ID), tasks.Deadline(deadline)))
+	require.NoError(t, err)
+	_, err = b.client.SealBatch(ctx, batch.ID)
+	require.NoError(t, err)
+	// The worker comes only after the deadline (a backlog, an outage).
+	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "the deadline never passed")
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	handle := func(ctx context.Context, o order) error { runs.Add(1); return nil }
+	tasks.Handle(mux, dueBy, handle)
+	tasks.Handle(mux, staleBy, handle)
+	tasks.Handle(mux, batchCB, func(ctx context.Context, d tasks.BatchDone) error {
+		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO callback_runs (batch_id, generation, event, counts, data)
+				VALUES ($1, $2, $3, '{}', '')`, d.BatchID, d.Generation, d.Event)
+			return err
+		})
+	})
+	var deaths deathLog
+	srv := b.startWorker(t, mux, func(c *server.Config) { c.Guard.OnDead = deaths.onDead })
+
+	j := b.waitStatus(t, dead.Job.ID, idempotency.StatusDead, 15*time.Second)
+	require.Equal(t, "deadline", j.ErrorClass)
+	require.Contains(t, j.LastError, "deadline")
+	s := b.waitStatus(t, stale.Job.ID, idempotency.StatusDiscarded, 15*time.Second)
+	require.Equal(t, "expired", s.ErrorClass)
+	require.Equal(t, "keel", s.ResolvedBy)
+	b.waitCallbackRuns(t, batch.ID, 1, 15*time.Second)
+	require.Zero(t, runs.Load(), "a job ran past its deadline")
+	testenv.Eventually(t, 5*time.Second, func() bool { return deaths.n.Load() == 1 }, "the dead one raised no alert, or the expired one did")
+	require.EqualValues(t, 1, srv.Guard().Stats().Expired)
+	_, err = b.store.Replay(ctx, nil, stale.Job.ID, "ops", "")
+	require.Error(t, err, "an expired job was replayable")
+}
+
+// A retry that would come after the job's deadline is not scheduled for
+// asynq to fail unrun: the job ends at once.
+func TestARetryPastTheDeadlineEndsTheJob(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	var runs atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, dueBy, func(ctx context.Context, o order) error {
+		runs.Add(1)
+		return retry.After(time.Minute, errors.New("the provider is down for a minute"))
+	})
+	var deaths deathLog
+	b.startWorker(t, mux, func(c *server.Config) { c.Guard.OnDead = deaths.onDead })
+	res, err := b.client.Enqueue(ctx, dueBy.New(order{OrderID: "retry-too-late"}, tasks.Deadline(deadline)))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
+	require.Equal(t, "deadline", j.ErrorClass)
+	require.Contains(t, j.LastError, "the provider is down for a minute")
+	require.EqualValues(t, 1, runs.Load())
+	require.EqualValues(t, 1, deaths.n.Load())
+}
+
+var (
+	slowCall = tasks.Define[order]("joint:slow_call", tasks.MaxRetry(3), tasks.Timeout(time.Second),
+		tasks.Key(func(o order) string { return o.OrderID }))
+	pausedCall = tasks.Define[order]("joint:paused_call", tasks.MaxRetry(0), tasks.Key(func(o order) string { return o.OrderID }))
+)
+
+// A step's call that ignores its context and outlives its run (given up at
+// its timeout) is not made a second time: the next attempt waits, without
+// spending an attempt, until the first call returned and its outcome is
+// recorded — by the run that made it — and then skips the step. The remote
+// counts every call it receives; it dedupes nothing.
+func TestAStepCallThatOutlivesItsRunIsNotMadeTwice(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls, received atomic.Int32
+	release := make(chan struct{})
+	mux := tasks.NewMux()
+	tasks.Handle(mux, slowCall, func(ctx context.Context, o order) error {
+		return idempotency.Step(ctx, "charge", func(ctx context.Context, key string) error {
+			if calls.Add(1) == 1 {
+				<-release // a client that ignores its context, still on its way
+			}
+			received.Add(1)
+			return nil
+		}, idempotency.Verify(func(ctx context.Context, key string) (bool, error) { return received.Load() > 0, nil }))
+	})
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.Guard.TimeoutGrace = 200 * time.Millisecond
+		c.Guard.Lease = 2 * time.Second
+	})
+	res, err := b.client.Enqueue(ctx, slowCall.New(order{OrderID: "slow-call"}))
+	require.NoError(t, err)
+	// The first run is given up at its timeout; the next one finds the
+	// call in flight and waits.
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND last_error LIKE '%may still be in flight%'`, res.Job.ID) == 1
+	}, "no attempt waited for the call in flight")
+	require.EqualValues(t, 0, received.Load())
+	close(release)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.EqualValues(t, 1, received.Load(), "the call was made twice")
+	require.EqualValues(t, 1, calls.Load())
+	require.Equal(t, 2, j.Attempts, "the timed-out attempt and the one that skipped the step; the wait is no attempt")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_steps WHERE job_id = $1 AND status = 'done' AND call_until IS NULL`, res.Job.ID))
+}
+
+// A worker paused past its lease (a long GC pause, SIGSTOP, a frozen VM)
+// that wakes up before anyone took its job over does not send a step's
+// call: the run checks its lease has not run out just before the call.
+func TestAStepCallIsNotSentByARunWhoseLeaseRanOut(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	paused, wake := make(chan string, 1), make(chan struct{})
+	stepErr := make(chan error, 1)
+	mux := tasks.NewMux()
+	tasks.Handle(mux, pausedCall, func(ctx context.Context, o order) error {
+		id, _ := idempotency.JobID(ctx)
+		paused <- id
+		<-wake
+		err := idempotency.Step(ctx, "charge", func(ctx context.Context, key string) error { calls.Add(1); return nil })
+		stepErr <- err
+		return err
+	})
+	b.startWorker(t, mux, func(c *server.Config) { c.Guard.Lease = time.Minute })
+	_, err := b.client.Enqueue(ctx, pausedCall.New(order{OrderID: "paused"}))
+	require.NoError(t, err)
+	id := <-paused
+	// The pause outlasts the lease; nobody has taken the job yet.
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, id)
+	require.NoError(t, err)
+	close(wake)
+	require.ErrorIs(t, <-stepErr, idempotency.ErrLeaseLost)
+	require.Zero(t, calls.Load(), "a run whose lease ran out sent the call")
 }

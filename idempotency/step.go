@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/keeljobs/keel/retry"
 )
@@ -93,13 +94,17 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 
 	// "started" commits on its own before the call: if the process dies
 	// during the call, the next attempt knows the call may have happened.
+	// The row names this run as the step's holder and the call as in
+	// flight (call_until, renewed while it goes on).
+	lease := g.cfg.Lease.Milliseconds()
 	var leased, fresh bool
 	err = pool.QueryRow(ctx, `WITH lease AS (
-			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4),
+			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4 AND lease_until > now()),
 		ins AS (
-			INSERT INTO keel_steps (job_id, name, status, verifiable) SELECT $1, $2, 'started', $5 FROM lease
+			INSERT INTO keel_steps (job_id, name, status, verifiable, run, call_holder, call_until)
+			SELECT $1, $2, 'started', $5, $4, $3, now() + $6 * interval '1 millisecond' FROM lease
 			ON CONFLICT (job_id, name) DO NOTHING RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.run, cfg.verify != nil).Scan(&leased, &fresh)
+		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.run, cfg.verify != nil, lease).Scan(&leased, &fresh)
 	if err != nil {
 		return zero, jc.refused(ctx, interpretError(err))
 	}
@@ -107,61 +112,20 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		return zero, jc.refused(ctx, ErrLeaseLost)
 	}
 	if !fresh {
-		var status string
-		var result []byte
-		err := pool.QueryRow(ctx, `SELECT status, result FROM keel_steps WHERE job_id = $1 AND name = $2`, jc.id, name).Scan(&status, &result)
-		if err != nil {
-			return zero, interpretError(err)
-		}
-		if status == "done" {
-			var v T
-			if len(result) > 0 {
-				if err := json.Unmarshal(result, &v); err != nil {
-					return zero, retry.Permanent(fmt.Errorf("keel: step %q: stored result does not decode: %w", name, err))
-				}
-			}
-			return v, nil
-		}
-		// Started and never finished: the call may or may not have happened.
-		if cfg.verify == nil {
-			// This handler cannot Verify it (a build without Verify): a
-			// person must, and a replay must not be offered in their place.
-			if err := notVerifiable(ctx, pool, jc.id, name); err != nil {
-				return zero, err
-			}
-			return zero, retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jc.id, ErrInDoubt))
-		}
-		done, err := cfg.verify(ctx, key)
-		if err != nil {
-			return zero, fmt.Errorf("keel: verifying step %q: %w", name, err)
-		}
-		// Only while this run still holds the job: Verify takes time, and
-		// a run that lost the job meanwhile must neither record nor call.
-		if done {
-			tag, err := pool.Exec(ctx, `UPDATE keel_steps SET status = 'done', finished_at = now()
-				WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run)
-			if err != nil {
-				return zero, interpretError(err)
-			}
-			if tag.RowsAffected() == 0 {
-				return zero, jc.refused(ctx, ErrLeaseLost)
-			}
-			return zero, nil
-		}
-		tag, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now(), verifiable = true
-			WHERE job_id = $1 AND name = $2 AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run)
-		if err != nil {
-			return zero, interpretError(err)
-		}
-		if tag.RowsAffected() == 0 {
-			return zero, jc.refused(ctx, ErrLeaseLost)
+		v, done, err := resumeStep[T](ctx, jc, name, key, cfg)
+		if err != nil || done {
+			return v, err
 		}
 	}
 
-	// Close lets a call in flight finish and be recorded (callFinishWait).
+	// Close lets a call in flight finish and be recorded (callFinishWait);
+	// the renewals keep its call_until while it goes on, even past a run
+	// given up at its timeout.
 	g.calls.enter(true)
 	jc.inCall.Add(1)
+	call := g.inFlight.add(jc.id, name, jc.run)
 	defer func() {
+		g.inFlight.remove(call)
 		jc.inCall.Add(-1)
 		g.calls.leave()
 	}()
@@ -170,17 +134,21 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	if ferr != nil {
 		if !callInDoubt(ferr) {
 			// The call never took effect: forget the start so the next
-			// attempt calls again, with the same key.
-			// Only while this run still holds the job: a run given up while
-			// its call failed must not erase the record a newer run made.
+			// attempt calls again, with the same key. Only while this run
+			// still holds the step: a newer run's record is not its to erase.
 			if _, err := pool.Exec(bg, `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'
-				AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run); err != nil {
+				AND `+stepHeld, jc.id, name, g.cfg.Holder, jc.run); err != nil {
 				return zero, errors.Join(ferr, interpretError(err))
 			}
 			return zero, ferr
 		}
 		// The call may have happened: keep "started" so that it is never
-		// repeated blindly.
+		// repeated blindly; it is no longer in flight, so Verify may settle
+		// it now.
+		if _, err := pool.Exec(bg, `UPDATE keel_steps SET call_until = NULL
+			WHERE job_id = $1 AND name = $2 AND status = 'started' AND `+stepHeld, jc.id, name, g.cfg.Holder, jc.run); err != nil {
+			return zero, errors.Join(inDoubtError(jc.id, name, ferr, cfg.verify != nil), interpretError(err))
+		}
 		if cfg.verify != nil && errors.Is(ferr, ErrResent) {
 			// Verify can say that a call happened, not that it happened
 			// once: this one is for a person, not for a replay.
@@ -194,19 +162,117 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	if err != nil {
 		return zero, retry.Permanent(fmt.Errorf("keel: step %q result does not encode: %w", name, err))
 	}
-	tag, err := pool.Exec(bg, `UPDATE keel_steps SET status = 'done', result = $3, finished_at = now()
-		WHERE job_id = $1 AND name = $2 AND status = 'started'`, jc.id, name, result)
+	// Recorded by the run that holds the step, even one given up while its
+	// call went on: no other run verified or called it meanwhile.
+	tag, err := pool.Exec(bg, `UPDATE keel_steps SET status = 'done', result = $5, finished_at = now(), call_until = NULL
+		WHERE job_id = $1 AND name = $2 AND status = 'started' AND `+stepHeld, jc.id, name, g.cfg.Holder, jc.run, result)
 	if err != nil {
 		// The call happened but we could not say so: the next attempt finds
 		// the step in doubt and verifies it.
 		return zero, fmt.Errorf("keel: step %q done but not recorded: %w", name, interpretError(err))
 	}
 	if tag.RowsAffected() == 0 {
-		// Someone removed the step's record while the call ran: whether it
-		// counts is for a person, not for a silent second call.
+		// Someone removed the step's record, or another run took it over,
+		// while the call ran: whether it counts is for a person, not for a
+		// silent second call.
 		return zero, retry.Permanent(fmt.Errorf("keel: step %q of job %s lost its record during the call: %w", name, jc.id, ErrInDoubt))
 	}
 	return v, nil
+}
+
+// resumeStep handles a step this job started before: its stored result if
+// it is done (done true); a wait while an earlier run's call may still be
+// in flight; else, the call being in doubt, Verify's word, or the job parked
+// for a person. It returns done false when the step is to be called again,
+// taken over by this run.
+func resumeStep[T any](ctx context.Context, jc *jobContext, name, key string, cfg stepConfig) (T, bool, error) {
+	var zero T
+	g := jc.guard
+	pool := g.store.pool
+	var status string
+	var result []byte
+	var leftMS int64
+	var inFlight bool
+	err := pool.QueryRow(ctx, `SELECT status, result, coalesce(call_until > now(), false),
+			coalesce((extract(epoch FROM call_until - now()) * 1000)::bigint, 0)
+		FROM keel_steps WHERE job_id = $1 AND name = $2`, jc.id, name).Scan(&status, &result, &inFlight, &leftMS)
+	if err != nil {
+		return zero, false, interpretError(err)
+	}
+	flightLeft := time.Duration(leftMS) * time.Millisecond
+	if status == "done" {
+		var v T
+		if len(result) > 0 {
+			if err := json.Unmarshal(result, &v); err != nil {
+				return zero, false, retry.Permanent(fmt.Errorf("keel: step %q: stored result does not decode: %w", name, err))
+			}
+		}
+		return v, true, nil
+	}
+	if inFlight {
+		return zero, false, callInFlight(jc.id, name, flightLeft)
+	}
+	// Started and never finished: the call may or may not have happened.
+	if cfg.verify == nil {
+		// This handler cannot Verify it (a build without Verify): a
+		// person must, and a replay must not be offered in their place.
+		if err := notVerifiable(ctx, pool, jc.id, name); err != nil {
+			return zero, false, err
+		}
+		return zero, false, retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jc.id, ErrInDoubt))
+	}
+	// This run takes the step over before it asks Verify: a late outcome
+	// of the run that held it can no longer be written.
+	var leased, taken bool
+	err = pool.QueryRow(ctx, `WITH lease AS (SELECT 1 WHERE `+stepLeaseHeld+`),
+		took AS (UPDATE keel_steps SET run = $4, call_holder = $3
+			WHERE job_id = $1 AND name = $2 AND status = 'started' AND (call_until IS NULL OR call_until <= now())
+			AND EXISTS (SELECT 1 FROM lease) RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM took)`, jc.id, name, g.cfg.Holder, jc.run).Scan(&leased, &taken)
+	if err != nil {
+		return zero, false, interpretError(err)
+	}
+	if !leased {
+		return zero, false, jc.refused(ctx, ErrLeaseLost)
+	}
+	if !taken {
+		// Its worker renewed the call meanwhile: still in flight.
+		return zero, false, callInFlight(jc.id, name, g.cfg.Lease)
+	}
+	done, err := cfg.verify(ctx, key)
+	if err != nil {
+		return zero, false, fmt.Errorf("keel: verifying step %q: %w", name, err)
+	}
+	// Only while this run still holds the job: Verify takes time, and
+	// a run that lost the job meanwhile must neither record nor call.
+	if done {
+		tag, err := pool.Exec(ctx, `UPDATE keel_steps SET status = 'done', finished_at = now()
+			WHERE job_id = $1 AND name = $2 AND `+stepHeld+` AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run)
+		if err != nil {
+			return zero, false, interpretError(err)
+		}
+		if tag.RowsAffected() == 0 {
+			return zero, false, jc.refused(ctx, ErrLeaseLost)
+		}
+		return zero, true, nil
+	}
+	tag, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now(), verifiable = true,
+			call_until = now() + $5 * interval '1 millisecond'
+		WHERE job_id = $1 AND name = $2 AND `+stepHeld+` AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run, g.cfg.Lease.Milliseconds())
+	if err != nil {
+		return zero, false, interpretError(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return zero, false, jc.refused(ctx, ErrLeaseLost)
+	}
+	return zero, false, nil
+}
+
+// callInFlight is what a step returns while an earlier run's call of it may
+// still be in flight: a wait (no attempt spent) until that call's outcome
+// is recorded or its worker is known dead.
+func callInFlight(jobID, name string, left time.Duration) error {
+	return retry.Wait(max(left+time.Second, time.Second), fmt.Errorf("keel: step %q of job %s: %w", name, jobID, ErrCallInFlight))
 }
 
 // callStep makes a step's call. One in flight when asynq cancels the run
@@ -278,8 +344,16 @@ func InDoubt(err error) error {
 }
 
 // stepLeaseHeld is the condition, on $1 job id, $3 holder and $4 run,
-// that this run still holds the job.
-const stepLeaseHeld = `EXISTS (SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4)`
+// that this run still holds the job: its lease has not run out either, so
+// a worker paused past it (a long GC pause, SIGSTOP, a frozen VM) that
+// wakes up does not send, even before another worker took the job over.
+const stepLeaseHeld = `EXISTS (SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4
+	AND lease_until > now())`
+
+// stepHeld is the condition, on $3 holder and $4 run, that this run holds
+// the step (of the row the statement updates): it started the step or
+// took it over. Only that run writes the step's outcome.
+const stepHeld = `run = $4 AND call_holder = $3`
 
 // callInDoubt reports whether a step whose fn returned err may have taken
 // effect. Only a call that never left, or one the other side answered as

@@ -43,17 +43,20 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // NewJob is what Insert needs to record a business action.
 type NewJob struct {
-	Kind           string
-	BusinessKey    string
-	Queue          string
-	Payload        []byte
-	MaxRetry       int
-	Timeout        time.Duration
-	MaxWait        time.Duration // zero: the worker's GuardConfig.MaxWait
-	Deadline       time.Time     // zero: none
-	RunAt          time.Time     // zero: now
-	PayloadSummary string
-	TraceID        string
+	Kind        string
+	BusinessKey string
+	Queue       string
+	Payload     []byte
+	MaxRetry    int
+	Timeout     time.Duration
+	MaxWait     time.Duration // zero: the worker's GuardConfig.MaxWait
+	Deadline    time.Time     // zero: none
+	// ExpireAtDeadline: a job still waiting when its deadline passes is
+	// discarded as expired (no dead letter, no alert), not a dead letter.
+	ExpireAtDeadline bool
+	RunAt            time.Time // zero: now
+	PayloadSummary   string
+	TraceID          string
 	// UniqueWindow, when positive, bounds how long the job of a key dedupes
 	// once it has finished: a job of the same key enqueued when the
 	// finished one (succeeded, discarded, dead or cancelled) was created
@@ -128,9 +131,9 @@ func ValidateQueue(q string) error {
 const (
 	insertRowHead = `INSERT INTO keel_jobs
 	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
-	 traceparent, tracestate, batch_id, published_at)
+	 traceparent, tracestate, batch_id, expire_stale, published_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
-	 nullif($13, ''), nullif($14, ''), nullif($15, ''), `
+	 nullif($13, ''), nullif($14, ''), nullif($15, ''), $16, `
 	insertRowTail = `)
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + newRowColumns
@@ -232,7 +235,7 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 		var row newJobRow
 		err = row.scan(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
 			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID, nj.MaxWait.Milliseconds(),
-			nj.TraceParent, nj.TraceState, nj.BatchID))
+			nj.TraceParent, nj.TraceState, nj.BatchID, nj.ExpireAtDeadline))
 		if err == nil {
 			return row.job(nj), false, nil
 		}

@@ -70,6 +70,11 @@ type ReconcilerConfig struct {
 	// TracerProvider records a keel.publish span for each traced job a
 	// pass publishes again. Default: the global provider.
 	TracerProvider trace.TracerProvider
+	// OnDead is called for each job a pass finds past its deadline and
+	// records as dead instead of publishing it again (asynq would only
+	// fail it unrun). server.New sets the worker's own (its alerts);
+	// default: the death is logged at Error level.
+	OnDead func(ctx context.Context, e idempotency.DeadEvent)
 }
 
 func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
@@ -97,6 +102,10 @@ func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.OnDead == nil {
+		log := c.Logger
+		c.OnDead = func(ctx context.Context, e idempotency.DeadEvent) { e.LogDied(ctx, log) }
+	}
 	return c
 }
 
@@ -104,8 +113,10 @@ func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
 // the ledger says should run but Redis no longer holds (a restart without
 // persistence, FLUSHALL, a failover that lost writes) are published again;
 // jobs of workers that are gone are handed back to Redis at once (Rescue);
-// finished jobs past their retention are pruned. It never touches
-// succeeded, discarded or dead jobs' state, and publishes with the ledger
+// finished jobs past their retention are pruned; a job it finds past its
+// deadline, which asynq would fail unrun, it ends (dead, or expired) rather
+// than publish again. It never touches succeeded, discarded or dead jobs'
+// state, and publishes with the ledger
 // id, so a job Redis still holds is never doubled. Any number can run: a
 // pass takes an advisory lock and others skip it; rescues are idempotent.
 type Reconciler struct {
@@ -377,8 +388,8 @@ func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idem
 		return 0, err
 	}
 	jobs = slices.DeleteFunc(jobs, func(j idempotency.Job) bool { return !keep(j) })
-	if len(jobs) == 0 {
-		return 0, nil
+	if jobs, err = r.endPastDeadline(ctx, jobs); err != nil || len(jobs) == 0 {
+		return 0, err
 	}
 	// asynq lists a queue in its registry only on a client's first enqueue,
 	// so after Redis lost everything long-lived clients refill queues nobody
@@ -413,6 +424,33 @@ func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idem
 		pubErr = fmt.Errorf("%d of %d jobs not published again, last: %w", failed, len(jobs), pubErr)
 	}
 	return n, errors.Join(pubErr, markErr)
+}
+
+// endPastDeadline ends the jobs whose deadline has passed, which asynq
+// would fail unrun however often they were published, and returns the
+// others.
+func (r *Reconciler) endPastDeadline(ctx context.Context, jobs []idempotency.Job) ([]idempotency.Job, error) {
+	var past []string
+	now := time.Now()
+	for _, j := range jobs {
+		if j.Deadline != nil && !j.Deadline.After(now) {
+			past = append(past, j.ID)
+		}
+	}
+	if len(past) == 0 {
+		return jobs, nil
+	}
+	deaths, expired, err := r.store.EndPastDeadline(ctx, past)
+	if err != nil {
+		return nil, fmt.Errorf("keel reconciler: end jobs past their deadline: %w", err)
+	}
+	for _, e := range deaths {
+		r.cfg.OnDead(ctx, e)
+	}
+	if expired > 0 {
+		r.cfg.Logger.Info("keel reconciler: jobs expired at their deadline before they could run", "jobs", expired)
+	}
+	return slices.DeleteFunc(jobs, func(j idempotency.Job) bool { return slices.Contains(past, j.ID) }), nil
 }
 
 // Prune deletes succeeded and discarded jobs (and their steps) finished

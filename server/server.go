@@ -142,6 +142,11 @@ func (c Config) WithDefaults() Config {
 	if c.Reconciler.Logger == nil {
 		c.Reconciler.Logger = c.Logger
 	}
+	if c.Reconciler.OnDead == nil {
+		// Jobs the reconciler finds past their deadline die with the
+		// worker's alerts and counters.
+		c.Reconciler.OnDead = c.Guard.OnDead
+	}
 	if c.Guard.TracerProvider == nil {
 		c.Guard.TracerProvider = c.TracerProvider
 	}
@@ -263,19 +268,10 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 		return nil, fmt.Errorf("keel: unsupported server.Config.Redis type %T", cfg.Redis)
 	}
 	s := &Server{cfg: cfg, rc: rc}
-	s.srv = asynq.NewServerFromRedisClient(rc, asynq.Config{
-		Concurrency:              cfg.Concurrency,
-		Queues:                   cfg.Queues,
-		StrictPriority:           cfg.StrictPriority,
-		ShutdownTimeout:          cfg.ShutdownTimeout,
-		TaskCheckInterval:        cfg.TaskCheckInterval,
-		DelayedTaskCheckInterval: cfg.DelayedTaskCheckInterval,
-		RetryDelayFunc:           cfg.Retry.RetryDelayFunc(),
-		IsFailure:                retry.IsFailure,
-		Logger:                   asynqLogger{cfg.Logger},
-		LogLevel:                 asynq.WarnLevel,
-	})
 	s.guard = idempotency.NewGuard(idempotency.NewStore(cfg.Pool), cfg.Guard)
+	// asynq fails a delivery past its deadline before any middleware runs;
+	// the guard hears of it here and ends the job in the ledger.
+	s.srv = asynq.NewServerFromRedisClient(rc, asynqConfig(cfg, s.guard))
 
 	chain := []func(asynq.Handler) asynq.Handler{
 		Recover(cfg.Logger),
@@ -299,6 +295,23 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 		s.recon = outbox.NewReconciler(cfg.Pool, cfg.Redis, cfg.Reconciler)
 	}
 	return s, nil
+}
+
+// asynqConfig is the asynq server's configuration.
+func asynqConfig(cfg Config, g *idempotency.Guard) asynq.Config {
+	return asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   cfg.Queues,
+		StrictPriority:           cfg.StrictPriority,
+		ShutdownTimeout:          cfg.ShutdownTimeout,
+		TaskCheckInterval:        cfg.TaskCheckInterval,
+		DelayedTaskCheckInterval: cfg.DelayedTaskCheckInterval,
+		RetryDelayFunc:           cfg.Retry.RetryDelayFunc(),
+		IsFailure:                retry.IsFailure,
+		ErrorHandler:             asynq.ErrorHandlerFunc(g.HandleError),
+		Logger:                   asynqLogger{cfg.Logger},
+		LogLevel:                 asynq.WarnLevel,
+	}
 }
 
 // Guard is the ledger middleware the server runs (for its stats).

@@ -251,24 +251,25 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 		return idempotency.NewJob{}, fmt.Errorf("%w: negative unique window %s", ErrInvalidTask, t.s.unique)
 	}
 	nj := idempotency.NewJob{
-		Kind:           t.kind,
-		BusinessKey:    t.s.key,
-		Queue:          t.s.queue,
-		Payload:        t.payload,
-		MaxRetry:       maxRetry,
-		Timeout:        t.s.timeout,
-		MaxWait:        t.s.maxWait,
-		Deadline:       t.s.deadline,
-		RunAt:          ceilSecond(t.RunAt(time.Now())),
-		PayloadSummary: t.summary,
-		TraceID:        t.s.traceID,
-		UniqueWindow:   t.s.unique,
-		BatchID:        t.s.batchID,
+		Kind:             t.kind,
+		BusinessKey:      t.s.key,
+		Queue:            t.s.queue,
+		Payload:          t.payload,
+		MaxRetry:         maxRetry,
+		Timeout:          t.s.timeout,
+		MaxWait:          t.s.maxWait,
+		Deadline:         t.s.deadline,
+		ExpireAtDeadline: t.s.expireStale,
+		RunAt:            ceilSecond(t.RunAt(time.Now())),
+		PayloadSummary:   t.summary,
+		TraceID:          t.s.traceID,
+		UniqueWindow:     t.s.unique,
+		BatchID:          t.s.batchID,
 	}
 	// And what the ledger checks (a summary or trace id that is not UTF-8),
 	// so that Check refuses all the insert would.
 	if err := idempotency.ValidateNewJob(nj); err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+		return idempotency.NewJob{}, fmt.Errorf("%w: %w", ErrInvalidTask, err)
 	}
 	return nj, nil
 }

@@ -26,17 +26,18 @@ const DefaultQueue = "default"
 // settings are the options of a kind or one task; a task's own override the
 // kind's.
 type settings struct {
-	queue     string
-	maxRetry  *int
-	timeout   time.Duration
-	maxWait   time.Duration
-	deadline  time.Time
-	delay     time.Duration
-	processAt time.Time
-	key       string
-	traceID   string
-	unique    time.Duration
-	batchID   string
+	queue       string
+	maxRetry    *int
+	timeout     time.Duration
+	maxWait     time.Duration
+	deadline    time.Time
+	expireStale bool
+	delay       time.Duration
+	processAt   time.Time
+	key         string
+	traceID     string
+	unique      time.Duration
+	batchID     string
 }
 
 // Option sets a default of a kind (in Define) or of one task (in New).
@@ -63,8 +64,19 @@ func Timeout(d time.Duration) Option { return optionFunc(func(s *settings) { s.t
 // worker's idempotency.GuardConfig.MaxWait (24h).
 func MaxWait(d time.Duration) Option { return optionFunc(func(s *settings) { s.maxWait = d }) }
 
-// Deadline bounds every attempt to end before t.
+// Deadline bounds every attempt to end before t. A job still waiting when
+// t passes (a backlog, a retry that would come after it) never runs: keel
+// records it as a dead letter of class deadline, alerted, or, with
+// ExpireAtDeadline, drops it as expired. An enqueue whose Delay or
+// ProcessAt is not before t is refused (idempotency.ErrPastDeadline).
 func Deadline(t time.Time) Option { return optionFunc(func(s *settings) { s.deadline = t }) }
+
+// ExpireAtDeadline says stale work has no value (a notification, a cache
+// refresh): a job still waiting when its Deadline passes is discarded with
+// class expired — no dead letter, no alert, and nothing a person replays
+// by mistake — instead of dying for a person. It does nothing without a
+// Deadline.
+func ExpireAtDeadline() Option { return optionFunc(func(s *settings) { s.expireStale = true }) }
 
 // Delay runs the job no earlier than d after it is enqueued.
 func Delay(d time.Duration) Option { return optionFunc(func(s *settings) { s.delay = d }) }

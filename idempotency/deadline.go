@@ -1,0 +1,130 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/keeljobs/keel/retry"
+)
+
+// Classes of a job that ended at its deadline.
+const (
+	// ClassDeadline: its deadline passed before a run could start (a delay
+	// or a retry past it, a backlog): a dead letter, alerted.
+	ClassDeadline retry.Class = "deadline"
+	// ClassExpired: the same for a kind that drops stale work
+	// (tasks.ExpireAtDeadline): discarded, no alert.
+	ClassExpired retry.Class = "expired"
+)
+
+// endPastDeadlineSQL ends the jobs in $1 whose deadline comes before
+// now + $2 ms while no run holds them: pending, failed, or running under a
+// lease that ran out. asynq fails a delivery past its deadline before any
+// middleware runs, so no run of such a job can start any more. A kind that
+// drops stale work gets a discarded row (no alert, not replayable);
+// otherwise the job is dead for a person. $3 is the payload summary when
+// the caller has one (the kind's redaction), else the stored one stays.
+const endPastDeadlineSQL = `UPDATE keel_jobs SET
+	status = CASE WHEN expire_stale THEN 'discarded' ELSE 'dead' END,
+	error_class = CASE WHEN expire_stale THEN 'expired' ELSE 'deadline' END,
+	last_error = format('keel: its deadline (%s) passed before a run could start%s',
+		to_char(deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+		coalesce('; the last attempt''s error: ' || last_error, '')),
+	resolution_note = CASE WHEN expire_stale THEN 'expired: its kind drops work still waiting at its deadline' ELSE resolution_note END,
+	resolved_by = CASE WHEN expire_stale THEN 'keel' ELSE resolved_by END,
+	payload_summary = coalesce(nullif($3, ''), payload_summary),
+	lease_holder = NULL, lease_until = NULL, solo_run = -1, finished_at = now(), updated_at = now()
+	WHERE id = ANY($1) AND deadline < now() + $2 * interval '1 millisecond'
+	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
+	RETURNING id, kind, queue, business_key, status, error_class, last_error, coalesce(trace_id, ''), attempts`
+
+// endPastDeadline ends the jobs ids whose deadline comes within margin
+// (see endPastDeadlineSQL) and returns the deaths among them; the expired
+// ones are counted in expired.
+func (s *Store) endPastDeadline(ctx context.Context, ids []string, margin time.Duration, summary string) (deaths []DeadEvent, expired int, err error) {
+	rows, err := s.pool.Query(ctx, endPastDeadlineSQL, ids, margin.Milliseconds(), storableText(summary, maxErrorBytes))
+	if err != nil {
+		return nil, 0, interpretError(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var e DeadEvent
+		var status Status
+		if err := rows.Scan(&e.JobID, &e.Kind, &e.Queue, &e.BusinessKey, &status, &e.Class, &e.Error, &e.TraceID, &e.Attempts); err != nil {
+			return nil, 0, interpretError(err)
+		}
+		if status == StatusDead {
+			deaths = append(deaths, e)
+		} else {
+			expired++
+		}
+	}
+	return deaths, expired, interpretError(rows.Err())
+}
+
+// EndPastDeadline ends those of jobs ids whose deadline has passed while
+// no run holds them (the reconciler calls it before it would publish them
+// again: asynq would only fail them unrun). It returns the deaths, for the
+// caller's alerts, and how many expired.
+func (s *Store) EndPastDeadline(ctx context.Context, ids []string) ([]DeadEvent, int, error) {
+	return s.endPastDeadline(ctx, ids, 0, "")
+}
+
+// HandleError is for asynq.Config.ErrorHandler (server.New installs it).
+// asynq fails a delivery whose deadline has passed before any middleware
+// runs, then retries or archives it by its own count, and the ledger never
+// hears of it: the job would be published again for ever. Here the ledger
+// ends such a job at once, as dead (class deadline, alerted) or expired.
+func (g *Guard) HandleError(ctx context.Context, t *asynq.Task, err error) {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return
+	}
+	id := taskID(ctx, t)
+	if ValidateKey("task id", id) != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	g.endAtDeadline(ctx, t, id, 0)
+}
+
+// endAtDeadline ends job id if its deadline comes within margin while no
+// run holds it, with the alerts and counters of any death; it reports
+// whether it did, and whether the job died (else it expired).
+func (g *Guard) endAtDeadline(ctx context.Context, t *asynq.Task, id string, margin time.Duration) (ended, dead bool) {
+	deaths, expired, err := g.store.endPastDeadline(ctx, []string{id}, margin, g.summarize(t))
+	if err != nil {
+		g.stats.ledgerErrs.Add(1)
+		g.cfg.Logger.Warn("keel: could not end a job past its deadline; the reconciler tries again", "job_id", id, "err", err)
+		return false, false
+	}
+	if expired > 0 {
+		g.stats.expired.Add(1)
+		noteFailure(ctx, StatusDiscarded, ClassExpired)
+		g.cfg.Logger.Info("keel: job expired at its deadline before it could run", "job_id", id, "kind", t.Type())
+		return true, false
+	}
+	for _, e := range deaths {
+		g.stats.dead.Add(1)
+		noteFailure(ctx, StatusDead, ClassDeadline)
+		g.cfg.Logger.Warn("keel: job's deadline passed before it could run; it is a dead letter", "job_id", id, "kind", t.Type())
+		if g.cfg.OnDead != nil {
+			g.onDead(ctx, e)
+		}
+	}
+	return len(deaths) > 0, len(deaths) > 0
+}
+
+// checkRunAt refuses a run time after a deadline: such a job could never
+// run (asynq fails a delivery past its deadline unrun).
+func checkRunAt(runAt time.Time, deadline time.Time) error {
+	if deadline.IsZero() || runAt.IsZero() || runAt.Before(deadline) {
+		return nil
+	}
+	return fmt.Errorf("%w: it would run at %s, not before its deadline %s", ErrPastDeadline,
+		runAt.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339))
+}
