@@ -68,7 +68,11 @@ func (s *Store) Cancel(ctx context.Context, insp *asynq.Inspector, id, actor, no
 		default:
 			return fmt.Errorf("%w: job %s is %s", ErrNotCancellable, id, status)
 		}
+		// A running handler may act until its worker notices (which then
+		// renews the mark while it runs) or its lease runs out: a newer job
+		// of the key waits for it (stray_until).
 		j, err := scanJob(tx.QueryRow(ctx, `UPDATE keel_jobs SET status = 'cancelled', resolution_note = $2, resolved_by = $3,
+			stray_until = CASE WHEN status = 'running' THEN greatest(lease_until, stray_until) ELSE stray_until END,
 			lease_holder = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
 			WHERE id = $1 RETURNING `+jobColumns, id, note, actor))
 		if err != nil {

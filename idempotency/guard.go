@@ -266,6 +266,8 @@ type Guard struct {
 
 	// inFlight are the steps' calls in flight on this worker (flight.go).
 	inFlight flights
+	// strays are the given-up handlers still running here (stray.go).
+	strays strays
 
 	tracer tracing.Tracer // the spans of each run (trace.go)
 	gate   *aloneGate     // lets a job's last run after a crash run alone (alone.go)
@@ -509,6 +511,7 @@ free AS (
 	WHERE id = ANY($3)
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
 	  AND (attempts <= max_retry + extra_runs OR (` + crashedBesideOthers + `))
+	  AND ` + keyFreeSQL + `
 	FOR UPDATE SKIP LOCKED),
 c AS (
 	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
@@ -805,6 +808,7 @@ func (g *Guard) renewLoop(ctx context.Context) {
 		}
 		g.renewRunning(ctx)
 		g.renewFlights(ctx)
+		g.renewStrays(ctx)
 		if h := renewedHook.Load(); h != nil {
 			(*h)()
 		}
@@ -1001,6 +1005,9 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		g.recording.enter(true)
 		defer g.recording.leave()
 		if !jc.state.CompareAndSwap(runLive, runReturned) {
+			if g.strays.has(jc.id) && jc.state.Load() != runInterrupted {
+				g.strayReturned(jc)
+			}
 			if jc.state.Load() == runCancelled {
 				// Recorded by the person who cancelled it: acknowledged, no
 				// retry, no dead letter.
@@ -1124,6 +1131,9 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 	if !jc.state.CompareAndSwap(runLive, runAbandoned) {
 		return
 	}
+	// Before the outcome: a death frees the job's key for a newer job,
+	// which must not start while this handler may still act.
+	g.markStray(jc)
 	g.untrack(jc)
 	jc.cancel(ErrRunGivenUp)
 	// A handler hung inside InTx holds a pool connection for as long as it

@@ -83,6 +83,7 @@ func (g *Guard) stopCancelled(jc *jobContext) {
 	if !jc.state.CompareAndSwap(runLive, runCancelled) {
 		return
 	}
+	g.markStray(jc)
 	g.untrack(jc)
 	jc.cancel(ErrCancelled)
 	g.countCancelled(jc)
@@ -98,6 +99,13 @@ func (g *Guard) cancelledLate(ctx context.Context, jc *jobContext) bool {
 	jc.state.Store(runCancelled)
 	g.countCancelled(jc)
 	noteOutcome(ctx, OutcomeCancelled)
+	// The canceller marked the run as one that may still act; it has
+	// returned, so a newer job of the key need not wait for the mark to
+	// run out.
+	if !g.strays.has(jc.id) {
+		g.strays.add(jc.id)
+		g.strayReturned(jc)
+	}
 	return true
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -325,4 +326,90 @@ func TestAStepCallIsNotSentByARunWhoseLeaseRanOut(t *testing.T) {
 	close(wake)
 	require.ErrorIs(t, <-stepErr, idempotency.ErrLeaseLost)
 	require.Zero(t, calls.Load(), "a run whose lease ran out sent the call")
+}
+
+var (
+	keyedCancel  = tasks.Define[order]("joint:keyed_cancel", tasks.MaxRetry(0), tasks.Unique(time.Millisecond), tasks.Key(func(o order) string { return o.OrderID }))
+	keyedTimeout = tasks.Define[order]("joint:keyed_timeout", tasks.MaxRetry(0), tasks.Unique(time.Millisecond), tasks.Timeout(time.Second),
+		tasks.Key(func(o order) string { return o.OrderID }))
+)
+
+// keyOverlap counts the handlers of each key running at once and the most
+// ever seen together.
+type keyOverlap struct {
+	mu      sync.Mutex
+	running map[string]int
+	most    int
+}
+
+func (k *keyOverlap) enter(key string) func() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.running == nil {
+		k.running = map[string]int{}
+	}
+	k.running[key]++
+	k.most = max(k.most, k.running[key])
+	return func() {
+		k.mu.Lock()
+		k.running[key]--
+		k.mu.Unlock()
+	}
+}
+
+// A kind's dedupe window never lets two runs of one key overlap: a newer
+// job of a key whose older job was cancelled mid-run, or given up at its
+// timeout, is accepted at once, but starts only when the older handler has
+// returned — waiting without spending attempts.
+func TestADedupeWindowNeverOverlapsTwoRunsOfAKey(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kind *tasks.Kind[order]
+		end  func(t *testing.T, b *bundle, id string)
+	}{
+		{"cancelled", keyedCancel, func(t *testing.T, b *bundle, id string) {
+			_, err := b.client.Cancel(context.Background(), id)
+			require.NoError(t, err)
+		}},
+		{"timed out", keyedTimeout, func(t *testing.T, b *bundle, id string) {
+			b.waitStatus(t, id, idempotency.StatusDead, 20*time.Second)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			var overlap keyOverlap
+			var runs atomic.Int32
+			started := make(chan struct{}, 2)
+			release := make(chan struct{})
+			mux := tasks.NewMux()
+			tasks.Handle(mux, tc.kind, func(ctx context.Context, o order) error {
+				defer overlap.enter(o.OrderID)()
+				if runs.Add(1) == 1 {
+					started <- struct{}{}
+					<-release // ignores its context: still acting after keel let it go
+				}
+				return nil
+			})
+			srv := b.startWorker(t, mux, func(c *server.Config) { c.Guard.TimeoutGrace = 200 * time.Millisecond })
+			first, err := b.client.Enqueue(ctx, tc.kind.New(order{OrderID: "k1"}))
+			require.NoError(t, err)
+			<-started
+			tc.end(t, b, first.Job.ID)
+			busy := srv.Guard().Stats().LeaseBusy
+			second, err := b.client.Enqueue(ctx, tc.kind.New(order{OrderID: "k1"}))
+			require.NoError(t, err)
+			require.False(t, second.Existed, "the window passed: a new job")
+			require.NotEqual(t, first.Job.ID, second.Job.ID)
+			testenv.Eventually(t, 20*time.Second, func() bool { return srv.Guard().Stats().LeaseBusy > busy },
+				"the newer job was never held back")
+			require.EqualValues(t, 1, runs.Load(), "the newer job started beside the older handler")
+			close(release)
+			j := b.waitStatus(t, second.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+			require.Equal(t, 1, j.Attempts, "waiting for the older handler spent an attempt")
+			overlap.mu.Lock()
+			defer overlap.mu.Unlock()
+			require.Equal(t, 1, overlap.most, "two runs of one key overlapped")
+		})
+	}
 }

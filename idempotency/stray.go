@@ -1,0 +1,104 @@
+package idempotency
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// strays are the handlers on this worker that keel gave up (at their
+// timeout, or because their job was cancelled) and that have not returned:
+// they may still act. Their jobs' stray_until is renewed while they run, so
+// that a newer job of the same key does not start beside them (roundCTEs),
+// and cleared when the last of a job's strays here returns.
+type strays struct {
+	mu   sync.Mutex
+	jobs map[string]int // job id → its strays on this worker
+}
+
+func (s *strays) add(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.jobs == nil {
+		s.jobs = map[string]int{}
+	}
+	s.jobs[id]++
+}
+
+// done notes that one stray of job id returned; it reports whether it was
+// the job's last here.
+func (s *strays) done(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.jobs[id] <= 1 {
+		delete(s.jobs, id)
+		return true
+	}
+	s.jobs[id]--
+	return false
+}
+
+func (s *strays) has(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.jobs[id] > 0
+}
+
+func (s *strays) list() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]string, 0, len(s.jobs))
+	for id := range s.jobs {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// keyFreeSQL is the claim's condition that no older job of the same key
+// (moved aside by a newer one, see supersedeSQL) has a stray that may still
+// act; the claimed row is keel_jobs. Only rows with a stray are in the
+// index it reads.
+const keyFreeSQL = `NOT EXISTS (SELECT 1 FROM keel_jobs o WHERE o.stray_until IS NOT NULL AND o.stray_until > now()
+	AND o.kind = keel_jobs.kind AND o.business_key = keel_jobs.business_key || '#' || o.id)`
+
+// markStray records that jc's handler is given up but may still act. It is
+// written before the run's outcome, which may finish the job and free its
+// key for a newer job.
+func (g *Guard) markStray(jc *jobContext) {
+	g.strays.add(jc.id)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET stray_until = now() + $2 * interval '1 millisecond' WHERE id = $1`,
+		jc.id, g.cfg.Lease.Milliseconds()); err != nil {
+		g.stats.ledgerErrs.Add(1)
+		g.cfg.Logger.Warn("keel: could not record a given-up handler that may still act", "job_id", jc.id, "err", err)
+	}
+}
+
+// strayReturned notes that a given-up handler returned: once none of its
+// job's is left here, a newer job of its key may start.
+func (g *Guard) strayReturned(jc *jobContext) {
+	if !g.strays.done(jc.id) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET stray_until = NULL WHERE id = $1`, jc.id); err != nil {
+		g.cfg.Logger.Warn("keel: could not clear a returned handler's mark; it runs out on its own", "job_id", jc.id, "err", err)
+	}
+}
+
+// renewStrays keeps the marks of the given-up handlers still running here.
+func (g *Guard) renewStrays(ctx context.Context) {
+	ids := g.strays.list()
+	if len(ids) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
+	defer cancel()
+	if _, err := g.store.pool.Exec(rctx, `UPDATE keel_jobs SET stray_until = now() + $2 * interval '1 millisecond'
+		WHERE id = ANY($1)`, ids, g.cfg.Lease.Milliseconds()); err != nil && ctx.Err() == nil {
+		g.stats.ledgerErrs.Add(1)
+		g.cfg.Logger.Warn("keel: could not renew the marks of given-up handlers", "jobs", len(ids), "err", err)
+	}
+}
