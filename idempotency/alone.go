@@ -21,6 +21,14 @@ const (
 	// holdWait bounds how long a delivery waits while a run runs alone (or
 	// waits to) before it is handed back for another worker to start.
 	holdWait = 5 * time.Second
+	// aloneDrain bounds how long a worker takes no new work for a run that
+	// was handed back because the others did not finish in time: on a
+	// worker that always has a long job running, the run would otherwise
+	// wait for an idle moment that never comes.
+	aloneDrain = 10 * time.Minute
+	// drainIdle ends such a drain once the worker has been idle this long
+	// without the run coming back (another worker took it).
+	drainIdle = 10 * time.Second
 )
 
 // errNotAlone ends a wait at the gate that took longer than it may;
@@ -49,6 +57,14 @@ type aloneGate struct {
 	// shut: the worker is stopping. Nobody waits at the gate any more:
 	// what waited is handed back for another worker to start.
 	shut bool
+	// reserved is a job whose run was handed back because the others did
+	// not finish in time: until drainUntil, or until the worker has been
+	// idle for drainIdle (idleSince), only that job starts here, so that
+	// the worker drains and the run finds room when it comes back.
+	reserved   string
+	drainUntil time.Time
+	idleSince  time.Time
+	now        func() time.Time // the drain's clock; time.Now but in tests
 }
 
 // gatePass is one run's place at the gate.
@@ -60,7 +76,7 @@ type gatePass struct {
 	left    bool
 }
 
-func newAloneGate() *aloneGate { return &aloneGate{changed: make(chan struct{})} }
+func newAloneGate() *aloneGate { return &aloneGate{changed: make(chan struct{}), now: time.Now} }
 
 // close ends every wait at the gate; later ones do not wait.
 func (g *aloneGate) close() {
@@ -111,20 +127,60 @@ func (g *aloneGate) await(ctx context.Context, timer <-chan time.Time, ready fun
 // enter waits, up to wait, while a run runs alone or waits to, and then
 // counts the caller among the worker's runs.
 func (g *aloneGate) enter(ctx context.Context, wait time.Duration) (*gatePass, error) {
+	return g.enterAs(ctx, "", wait)
+}
+
+// enterAs is enter for a delivery of job id: while the worker drains for a
+// reserved job, only that job's delivery gets in.
+func (g *aloneGate) enterAs(ctx context.Context, id string, wait time.Duration) (*gatePass, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.shut {
 		return nil, ErrGuardClosed
 	}
-	if g.owner != nil {
+	if g.owner != nil || g.draining(id) {
 		t := time.NewTimer(wait)
 		defer t.Stop()
-		if err := g.await(ctx, t.C, func() bool { return g.owner == nil }); err != nil {
+		if err := g.await(ctx, t.C, func() bool { return g.owner == nil && !g.draining(id) }); err != nil {
 			return nil, err
 		}
 	}
 	g.running++
+	g.idleSince = time.Time{}
 	return &gatePass{gate: g, counted: true}, nil
+}
+
+// draining reports whether the worker keeps job id out while it drains
+// for a reserved job; g.mu held. A drain past its bound, or one the
+// reserved job did not come back to while the worker stood idle, ends.
+func (g *aloneGate) draining(id string) bool {
+	if g.reserved == "" || id == g.reserved {
+		return false
+	}
+	now := g.now()
+	idle := g.running == 0 && g.zombies == 0 && !g.idleSince.IsZero() && now.Sub(g.idleSince) > drainIdle
+	if now.After(g.drainUntil) || idle {
+		g.reserved = ""
+		return false
+	}
+	return true
+}
+
+// reserve makes the worker drain for job id, whose run could not run alone
+// because the others did not finish in time: nothing else starts here
+// until its run comes back and runs, for at most aloneDrain.
+func (g *aloneGate) reserve(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reserved, g.drainUntil = id, g.now().Add(aloneDrain)
+	g.noteIdle()
+}
+
+// noteIdle starts the idle clock of a drain; g.mu held.
+func (g *aloneGate) noteIdle() {
+	if g.reserved != "" && g.running == 0 && g.zombies == 0 && g.idleSince.IsZero() {
+		g.idleSince = g.now()
+	}
 }
 
 // alone waits, up to wait, until p's run is the only one on the worker,
@@ -152,6 +208,7 @@ func (p *gatePass) alone(ctx context.Context, wait time.Duration) error {
 	err := g.await(ctx, t.C, func() bool { return p.givenUp || g.owner == nil })
 	if err == nil && !p.givenUp {
 		g.owner = p
+		g.reserved = "" // the drain, if any, was for this run or yields to it
 		g.broadcast()
 		err = g.await(ctx, t.C, func() bool { return p.givenUp || g.running == 0 || g.zombies > 0 })
 		if err == nil && g.zombies > 0 {
@@ -217,6 +274,7 @@ func (p *gatePass) leave() {
 	if g.owner == p {
 		g.owner = nil
 	}
+	g.noteIdle()
 	g.broadcast()
 }
 
@@ -242,7 +300,15 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) e
 		"job_id", jc.id, "attempt", jc.attempt)
 	began := time.Now()
 	if err := jc.pass.alone(ctx, gateWait(ctx, aloneWait)); err != nil {
-		if errors.Is(err, errNotAlone) || errors.Is(err, errBesideHung) || errors.Is(err, ErrGuardClosed) {
+		if errors.Is(err, errNotAlone) {
+			// The others did not finish in time: the worker drains for
+			// this job, so that its run finds room when it comes back in
+			// a moment, even on a worker that is never idle.
+			g.gate.reserve(jc.id)
+			return retry.Wait(retry.MinDelay, fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not yet (waited %s); the worker takes no new work until it can: %w",
+				jc.id, time.Since(began).Round(time.Millisecond), err))
+		}
+		if errors.Is(err, errBesideHung) || errors.Is(err, ErrGuardClosed) {
 			waited := time.Since(began)
 			return retry.Wait(max(waited, retry.MinDelay), fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not (waited %s); handed back: %w",
 				jc.id, waited.Round(time.Millisecond), err))

@@ -204,3 +204,38 @@ func TestAStoppingWorkerKeepsNobodyAtTheGate(t *testing.T) {
 	neighbour.leave()
 	awaitGate(t, g, 0, false)
 }
+
+// A worker drains for a run handed back for want of room: only that job's
+// delivery gets in, until its run takes the gate, the worker stands idle
+// for drainIdle without it, or aloneDrain passes.
+func TestAGateDrainsForAReservedRunAndNotForEver(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now()
+	g := newAloneGate()
+	g.now = func() time.Time { return now }
+	busy := enterNow(t, g)
+	g.reserve("crashed")
+	_, err := g.enterAs(ctx, "other", 10*time.Millisecond)
+	require.ErrorIs(t, err, errNotAlone, "new work got in while the worker drains")
+	back, err := g.enterAs(ctx, "crashed", time.Second)
+	require.NoError(t, err, "the reserved job's run was kept out")
+	back.leave()
+
+	// Idle, but the reserved job went to another worker: the drain ends.
+	busy.leave()
+	_, err = g.enterAs(ctx, "other", 10*time.Millisecond)
+	require.ErrorIs(t, err, errNotAlone)
+	now = now.Add(drainIdle + time.Second)
+	p, err := g.enterAs(ctx, "other", time.Second)
+	require.NoError(t, err, "an idle worker kept draining for a job that went elsewhere")
+	p.leave()
+
+	// Never idle: the drain still ends at aloneDrain.
+	busy = enterNow(t, g)
+	g.reserve("crashed")
+	now = now.Add(aloneDrain + time.Second)
+	p, err = g.enterAs(ctx, "other", time.Second)
+	require.NoError(t, err, "the drain outlived its bound")
+	p.leave()
+	busy.leave()
+}

@@ -11,16 +11,6 @@ import (
 	"github.com/keeljobs/keel/retry"
 )
 
-// Classes of a job that ended at its deadline.
-const (
-	// ClassDeadline: its deadline passed before a run could start (a delay
-	// or a retry past it, a backlog): a dead letter, alerted.
-	ClassDeadline retry.Class = "deadline"
-	// ClassExpired: the same for a kind that drops stale work
-	// (tasks.ExpireAtDeadline): discarded, no alert.
-	ClassExpired retry.Class = "expired"
-)
-
 // endPastDeadlineSQL ends the jobs in $1 whose deadline comes before
 // now + $2 ms while no run holds them: pending, failed, or running under a
 // lease that ran out. asynq fails a delivery past its deadline before any
@@ -104,13 +94,13 @@ func (g *Guard) endAtDeadline(ctx context.Context, t *asynq.Task, id string, mar
 	}
 	if expired > 0 {
 		g.stats.expired.Add(1)
-		noteFailure(ctx, StatusDiscarded, ClassExpired)
+		noteFailure(ctx, StatusDiscarded, retry.ClassExpired)
 		g.cfg.Logger.Info("keel: job expired at its deadline before it could run", "job_id", id, "kind", t.Type())
 		return true, false
 	}
 	for _, e := range deaths {
 		g.stats.dead.Add(1)
-		noteFailure(ctx, StatusDead, ClassDeadline)
+		noteFailure(ctx, StatusDead, retry.ClassDeadline)
 		g.cfg.Logger.Warn("keel: job's deadline passed before it could run; it is a dead letter", "job_id", id, "kind", t.Type())
 		if g.cfg.OnDead != nil {
 			g.onDead(ctx, e)

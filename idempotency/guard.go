@@ -933,7 +933,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			return fmt.Errorf("%w: task id %q: %w", ErrUnknownJob, id, asynq.SkipRetry)
 		}
 		// Deliveries wait here while a run runs alone on this worker.
-		pass, err := g.gate.enter(ctx, gateWait(ctx, holdWait))
+		pass, err := g.gate.enterAs(ctx, id, gateWait(ctx, holdWait))
 		if err != nil {
 			why := "another job runs alone on this worker"
 			if errors.Is(err, ErrGuardClosed) {

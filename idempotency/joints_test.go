@@ -413,3 +413,65 @@ func TestADedupeWindowNeverOverlapsTwoRunsOfAKey(t *testing.T) {
 		})
 	}
 }
+
+var (
+	crashedBefore = tasks.Define[order]("joint:crashed_before", tasks.MaxRetry(1), tasks.Timeout(10*time.Second),
+		tasks.Key(func(o order) string { return o.OrderID }))
+	busyLong = tasks.Define[order]("joint:busy_long", tasks.MaxRetry(3), tasks.Key(func(o order) string { return o.OrderID }))
+)
+
+// A job whose earlier run crashed runs its last run alone. On a worker that
+// always has a long job running (a new one arrives before the last ends)
+// that must not wait for an idle moment that never comes: handed back once
+// because the others did not finish in time, the worker takes no new work
+// until the run has come back and run.
+func TestARunThatMustRunAloneGetsRoomOnAWorkerNeverIdle(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	var longRunning atomic.Int32
+	mux := tasks.NewMux()
+	tasks.Handle(mux, busyLong, func(ctx context.Context, o order) error {
+		longRunning.Add(1)
+		defer longRunning.Add(-1)
+		select { // a long job: a report, an export
+		case <-time.After(4 * time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return nil
+	})
+	var ran atomic.Int32
+	tasks.Handle(mux, crashedBefore, func(ctx context.Context, o order) error {
+		ran.Add(1)
+		return nil
+	})
+	b.startWorker(t, mux, func(c *server.Config) { c.Concurrency = 3 })
+	feed, fed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(fed)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			if _, err := b.client.Enqueue(ctx, busyLong.New(order{OrderID: fmt.Sprintf("long-%d", i)})); err != nil {
+				t.Error(err)
+				return
+			}
+			select {
+			case <-feed:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	defer func() { close(feed); <-fed }()
+	testenv.Eventually(t, 10*time.Second, func() bool { return longRunning.Load() > 0 }, "the worker never got busy")
+	// A job whose first run crashed its worker: its next run is its last,
+	// and must run alone.
+	res, err := b.client.Enqueue(ctx, crashedBefore.New(order{OrderID: "crashed-before"}, tasks.Delay(2*time.Second)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET attempts = 1, crashes = 1 WHERE id = $1 AND status = 'pending'`, res.Job.ID)
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 40*time.Second)
+	require.EqualValues(t, 1, ran.Load())
+	require.Equal(t, 2, j.Attempts, "waiting for room spent an attempt")
+}

@@ -109,10 +109,17 @@ const (
 	// ClassWaitedTooLong: the job waited (rate limits, Retry-After) longer in
 	// total than its wait ceiling.
 	ClassWaitedTooLong Class = "waited_too_long"
+	// ClassDeadline: the job's deadline (tasks.Deadline) passed before a run
+	// could start — a backlog, a retry that would come after it: dead.
+	ClassDeadline Class = "deadline"
+	// ClassExpired: the same for a kind that drops stale work
+	// (tasks.ExpireAtDeadline): the job is discarded, not dead, and raises
+	// no alert.
+	ClassExpired Class = "expired"
 )
 
 // StoredClasses are every class a dead job can carry in the ledger, for
 // filters that must refuse a class that does not exist.
 func StoredClasses() []Class {
-	return []Class{ClassPermanent, ClassTransient, ClassUnknown, ClassTimeout, ClassCrashed, ClassWaitedTooLong}
+	return []Class{ClassPermanent, ClassTransient, ClassUnknown, ClassTimeout, ClassCrashed, ClassWaitedTooLong, ClassDeadline}
 }

@@ -96,7 +96,9 @@ func BusinessKey(key string) Option { return optionFunc(func(s *settings) { s.ke
 // enqueue of the same key makes a new job; the old one keeps its record
 // (idempotency.Job.SupersededAt) and no longer answers to the key. A job
 // that is still open — pending, running, or failed and waiting to retry —
-// always dedupes, however old: keel never runs two jobs of one key at once.
+// always dedupes, however old: keel never runs two jobs of one key at once;
+// a newer job of the key does not start while a handler of an older one
+// that keel gave up (timed out, cancelled) may still be running.
 // Dead and cancelled jobs count as finished; a dead job that was superseded
 // cannot be replayed (enqueue anew instead).
 func Unique(window time.Duration) Option {
