@@ -227,6 +227,15 @@ func TestAJobWhoseDeadlinePassedBeforeItRanEnds(t *testing.T) {
 	require.EqualValues(t, 1, srv.Guard().Stats().Expired)
 	_, err = b.store.Replay(ctx, nil, stale.Job.ID, "ops", "")
 	require.Error(t, err, "an expired job was replayable")
+	// A person who replays the dead one wants it run: its passed deadline
+	// goes with the replay.
+	insp := asynq.NewInspector(b.redis)
+	defer insp.Close()
+	_, err = b.store.Replay(ctx, insp, dead.Job.ID, "ops", "the partner is back")
+	require.NoError(t, err)
+	j = b.waitStatus(t, dead.Job.ID, idempotency.StatusSucceeded, 15*time.Second)
+	require.Nil(t, j.Deadline)
+	require.EqualValues(t, 1, runs.Load())
 }
 
 // A retry that would come after the job's deadline is not scheduled for

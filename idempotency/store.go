@@ -282,6 +282,25 @@ func (s *Store) Get(ctx context.Context, id string) (Job, error) {
 	return j, interpretError(err)
 }
 
+// FinishedAmong returns which of ids are jobs that finished for good
+// (succeeded, discarded, cancelled): nothing runs them again.
+func (s *Store) FinishedAmong(ctx context.Context, ids []string) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id FROM keel_jobs WHERE id = ANY($1)
+		AND status IN ('succeeded', 'discarded', 'cancelled')`, ids)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	finished := make(map[string]bool, len(found))
+	for _, id := range found {
+		finished[id] = true
+	}
+	return finished, nil
+}
+
 // Lookup returns the job of one business action.
 func (s *Store) Lookup(ctx context.Context, kind, businessKey string) (Job, error) {
 	return LookupIn(ctx, s.pool, kind, businessKey)

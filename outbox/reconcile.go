@@ -126,7 +126,7 @@ type Reconciler struct {
 	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
-	repaired, rescued, pruned, prunedBatches atomic.Uint64
+	repaired, rescued, pruned, prunedBatches, settled atomic.Uint64
 }
 
 // NewReconciler returns a reconciler; Run it, then Close it.
@@ -151,13 +151,16 @@ type ReconcileStats struct {
 	Pruned         uint64
 	// PrunedBatches: batch rows removed once their members were pruned.
 	PrunedBatches uint64
+	// Settled: asynq copies of finished jobs that asynq still showed as
+	// running (a lost acknowledgement, after a failover) removed.
+	Settled uint64
 }
 
 // Stats returns this reconciler's counters.
 func (r *Reconciler) Stats() ReconcileStats {
 	rescued := r.rescued.Load()
 	return ReconcileStats{Republished: r.repaired.Load(), Rescued: rescued, LeasesReleased: rescued, Pruned: r.pruned.Load(),
-		PrunedBatches: r.prunedBatches.Load()}
+		PrunedBatches: r.prunedBatches.Load(), Settled: r.settled.Load()}
 }
 
 // Run rescues every RescueInterval, reconciles every Interval and prunes
@@ -171,6 +174,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	var lastPrune time.Time
 	r.every(ctx, r.cfg.Interval, "pass", func(ctx context.Context) (int, error) {
 		n, err := r.Reconcile(ctx)
+		if _, serr := r.SettleFinished(ctx); serr != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("keel reconciler: settling finished jobs asynq still runs failed", "err", serr)
+		}
 		if r.cfg.Retention > 0 && time.Since(lastPrune) >= r.cfg.PruneInterval && ctx.Err() == nil {
 			lastPrune = time.Now()
 			if _, perr := r.Prune(ctx); perr != nil && ctx.Err() == nil {

@@ -293,6 +293,18 @@ func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
 		require.Equal(t, 1, r, "job %s ran %d times", id, r)
 	}
 	runsMu.Unlock()
+	// Every job has succeeded: asynq shows none of them running any more,
+	// well before its own recovery (a lease, a recoverer and a retry: about
+	// 150 s) would have cleared an acknowledgement the old master lost.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		active := 0
+		for _, q := range []string{"critical", "default", "low"} {
+			if info, err := insp.GetQueueInfo(q); err == nil {
+				active += info.Active
+			}
+		}
+		return active == 0
+	}, "asynq still shows finished jobs as running")
 	return fig
 }
 
