@@ -155,10 +155,8 @@ func replayable(ctx context.Context, db DB, j Job) (ReplayResult, error) {
 
 // unreplayableSQL selects the dead jobs replayable refuses, as it judges
 // them (TestCountUnreplayableAgreesWithReplay keeps the two together):
-// superseded, effects committed (recorded, or known by the error an older
-// keel wrote, as scanJob reads it), or a step in doubt no Verify settles.
+// superseded, effects committed, or a step in doubt no Verify settles.
 const unreplayableSQL = `(superseded_at IS NOT NULL OR effects_committed_at IS NOT NULL
-	OR (error_class = 'permanent' AND left(coalesce(last_error, ''), ` + "length('" + failedAfterCompleteMsg + "')) = '" + failedAfterCompleteMsg + `')
 	OR EXISTS (SELECT 1 FROM keel_steps s WHERE s.job_id = keel_jobs.id AND s.status = 'started' AND NOT s.verifiable))`
 
 // CountUnreplayable counts the dead jobs f matches that a replay would

@@ -538,7 +538,7 @@ func TestBulkActionsNeedTheConfirmedCount(t *testing.T) {
 
 // The count of dead jobs a bulk replay would refuse, which its confirm page
 // shows, agrees with Replay's own verdict on each job: superseded, effects
-// committed (recorded, or known by an older keel's error), a step in doubt
+// committed (recorded, or converted from an older keel's row), a step in doubt
 // no Verify can settle — and not a step its handler can Verify.
 func TestCountUnreplayableAgreesWithReplay(t *testing.T) {
 	b := setup(t)
@@ -565,6 +565,7 @@ func TestCountUnreplayableAgreesWithReplay(t *testing.T) {
 		dead("verifiable", `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'mail', 'started', true)`),
 		dead("done-step", `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'done')`),
 	}
+	reapplyMigration(t, b.pool, "effects_as_data") // the effects-old row is an older keel's
 	refused := 0
 	for _, id := range ids {
 		if _, err := b.store.CheckReplay(ctx, id); err != nil {

@@ -547,8 +547,8 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 }
 
 // A job that died the same way without effects_committed_at (before
-// migration 0011, or at the hands of an older worker during a rolling
-// deploy: the row an older failedAfterComplete writes) is refused too.
+// migration 0011: the row an older failedAfterComplete writes) is refused
+// too, once the migration that records it as data has run.
 func TestReplayAfterCompletingInTxIsRefusedWithoutTheColumn(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
@@ -560,6 +560,7 @@ func TestReplayAfterCompletingInTxIsRefusedWithoutTheColumn(t *testing.T) {
 		|| '(its local effects are in; what came after did not happen; steps must come before the completing InTx): boom'
 		WHERE id = $1`, j.ID)
 	require.NoError(t, err)
+	reapplyMigration(t, b.pool, "effects_as_data")
 
 	got, err := b.store.Get(ctx, j.ID)
 	require.NoError(t, err)

@@ -1189,8 +1189,7 @@ func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) err
 }
 
 // failedAfterCompleteMsg begins the error of a job failedAfterComplete
-// records: scanJob knows such a job by it where effects_committed_at is
-// missing. Keep it as it is.
+// records; the job is known by its effects_committed_at, not by this text.
 const failedAfterCompleteMsg = "keel: handler failed after its completing InTx committed"
 
 // failedAfterComplete handles a handler that failed after its completing

@@ -178,16 +178,6 @@ func scanJob(row pgx.Row) (Job, error) {
 	if j.SupersededAt != nil {
 		j.BusinessKey = OriginalKey(j.BusinessKey, j.ID)
 	}
-	if j.EffectsCommittedAt == nil && j.Status == StatusDead && j.ErrorClass == "permanent" &&
-		strings.HasPrefix(j.LastError, failedAfterCompleteMsg) {
-		// The same death recorded without the column: before migration
-		// 0011, or by an older worker during a rolling deploy. Its effects
-		// are in all the same.
-		j.EffectsCommittedAt = j.FinishedAt
-		if j.EffectsCommittedAt == nil {
-			j.EffectsCommittedAt = &j.UpdatedAt
-		}
-	}
 	j.Timeout = time.Duration(timeoutMS) * time.Millisecond
 	return j, err
 }

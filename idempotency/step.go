@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/keeljobs/keel/retry"
@@ -397,7 +396,7 @@ func inDoubtError(jobID, name string, err error, verify bool) error {
 		// Verify can say that a call happened, not that it happened twice.
 		// The dead letter must say that a person is needed (and InDoubt's
 		// own errors say so already).
-		if !strings.Contains(err.Error(), ErrInDoubt.Error()) {
+		if !errors.Is(err, ErrInDoubt) {
 			return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w: %w", name, jobID, ErrInDoubt, err))
 		}
 		return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jobID, err))
