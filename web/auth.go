@@ -22,8 +22,9 @@ import (
 type principal struct {
 	Name string
 	Role Role
-	sid  string // session id; empty when the proxy vouched for the user
-	csrf string // the token this user's forms carry
+	sid  string    // session id; empty when the proxy vouched for the user
+	exp  time.Time // when the session's cookie expires
+	csrf string    // the token this user's forms carry
 }
 
 // Operator reports whether p may change jobs.
@@ -36,10 +37,12 @@ func principalFrom(ctx context.Context) *principal {
 	return p
 }
 
-// auth signs people in and recognises them again. Sessions are stateless
-// HMAC-signed cookies naming the user; the role is looked up on every
+// auth signs people in and recognises them again. Sessions are HMAC-signed
+// cookies naming the user and a session id; the role is looked up on every
 // request, so changing KEEL_WEB_USERS takes effect at the next restart, and
-// a changed password ends the user's old sessions.
+// a changed password ends the user's old sessions. A session signed out
+// before its expiry is recorded in the ledger (keel_web_sessions_ended),
+// which every replica reads.
 type auth struct {
 	users          map[string]User
 	sessionKey     []byte
@@ -51,8 +54,7 @@ type auth struct {
 	proxyOperators map[string]bool
 	now            func() time.Time
 
-	mu      sync.Mutex
-	revoked map[string]time.Time // session id → its expiry (logged out)
+	ended *endedSessions
 
 	deviceKey     []byte
 	deviceName    string
@@ -77,7 +79,7 @@ func newAuth(cfg Config, secret []byte) *auth {
 		proxyHeader:    cfg.ProxyUserHeader,
 		proxyOperators: map[string]bool{},
 		now:            time.Now,
-		revoked:        map[string]time.Time{},
+		ended:          newEndedSessions(cfg.Pool),
 		deviceKey:      derive(secret, "keel web device"),
 		deviceName:     "keel_device",
 		byAddr:         newLimiter(),
@@ -123,27 +125,38 @@ func generation(u User) string {
 
 // identify returns who sent r, or nil.
 func (a *auth) identify(r *http.Request) *principal {
+	p, _ := a.identifyErr(r)
+	return p
+}
+
+// identifyErr is identify that also says when a session could not be
+// checked against the ledger's list of ended sessions: such a session is
+// not accepted.
+func (a *auth) identifyErr(r *http.Request) (*principal, error) {
 	if a.proxyHeader != "" {
 		if name := strings.TrimSpace(r.Header.Get(a.proxyHeader)); name != "" {
 			if validName(name) != nil {
-				return nil
+				return nil, nil
 			}
 			role := RoleViewer
 			if a.proxyOperators[name] {
 				role = RoleOperator
 			}
-			return &principal{Name: name, Role: role, csrf: a.mac(a.csrfKey, "proxy", name)}
+			return &principal{Name: name, Role: role, csrf: a.mac(a.csrfKey, "proxy", name)}, nil
 		}
 	}
 	c, err := r.Cookie(a.cookieName)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	name, sid, ok := a.verify(c.Value)
+	name, sid, exp, ok := a.verify(c.Value)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	return &principal{Name: name, Role: a.users[name].Role, sid: sid, csrf: a.mac(a.csrfKey, "session", sid)}
+	if ended, err := a.ended.has(r.Context(), sid); err != nil || ended {
+		return nil, err
+	}
+	return &principal{Name: name, Role: a.users[name].Role, sid: sid, exp: exp, csrf: a.mac(a.csrfKey, "session", sid)}, nil
 }
 
 // issue returns a session cookie for u.
@@ -169,56 +182,34 @@ func (a *auth) cookie(value string, exp time.Time) *http.Cookie {
 	return c
 }
 
-func (a *auth) verify(value string) (name, sid string, ok bool) {
+// verify checks a session cookie's signature, expiry and password
+// generation; whether the session was ended is the ledger's to say.
+func (a *auth) verify(value string) (name, sid string, exp time.Time, ok bool) {
 	enc, sig, found := strings.Cut(value, ".")
 	if !found {
-		return "", "", false
+		return "", "", exp, false
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(enc)
 	if err != nil {
-		return "", "", false
+		return "", "", exp, false
 	}
 	payload := string(raw)
 	if subtle.ConstantTimeCompare([]byte(sig), []byte(a.mac(a.sessionKey, payload))) != 1 {
-		return "", "", false
+		return "", "", exp, false
 	}
 	f := strings.Split(payload, "|")
 	if len(f) != 5 || f[0] != "v1" {
-		return "", "", false
+		return "", "", exp, false
 	}
-	exp, err := strconv.ParseInt(f[3], 10, 64)
-	if err != nil || a.now().Unix() >= exp {
-		return "", "", false
+	unix, err := strconv.ParseInt(f[3], 10, 64)
+	if err != nil || a.now().Unix() >= unix {
+		return "", "", exp, false
 	}
 	u, known := a.users[f[1]]
 	if !known || generation(u) != f[4] {
-		return "", "", false
+		return "", "", exp, false
 	}
-	a.mu.Lock()
-	_, gone := a.revoked[f[2]]
-	a.mu.Unlock()
-	if gone {
-		return "", "", false
-	}
-	return f[1], f[2], true
-}
-
-// revoke ends a session before its expiry (logout). The list lives in this
-// process only; with several replicas a logged-out cookie still works on
-// the others until it expires — the cookie itself is deleted either way.
-func (a *auth) revoke(sid string) {
-	if sid == "" {
-		return
-	}
-	now := a.now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for id, exp := range a.revoked {
-		if now.After(exp) {
-			delete(a.revoked, id)
-		}
-	}
-	a.revoked[sid] = now.Add(a.ttl)
+	return f[1], f[2], time.Unix(unix, 0), true
 }
 
 // checkPassword returns the user name and password identify. Unknown names

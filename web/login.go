@@ -76,8 +76,19 @@ const maxNameBytes = 128
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
-	s.auth.revoke(p.sid)
 	http.SetCookie(w, s.auth.cookie("", time.Time{}))
+	if p.sid == "" {
+		http.Redirect(w, r, "/login", http.StatusSeeOther)
+		return
+	}
+	if err := s.auth.ended.end(r.Context(), p.sid, p.exp, s.auth.now()); err != nil {
+		// This server refuses the session already; the others would not.
+		s.errorPage(w, r, http.StatusServiceUnavailable, "Signed out of this server, but the sign-out could not be recorded in the ledger, "+
+			"so the session may still work on other replicas until it expires at "+p.exp.UTC().Format("2006-01-02 15:04 UTC")+
+			" ("+s.logRef("recording a sign-out failed", r, err)+").")
+		return
+	}
+	s.cfg.Logger.Info("keel web: signed out", "name", p.Name)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 

@@ -139,7 +139,12 @@ func (s *Server) routes() http.Handler {
 // page is sent to the sign-in form; anything else gets 401.
 func (s *Server) requireSignIn(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := s.auth.identify(r)
+		p, err := s.auth.identifyErr(r)
+		if err != nil {
+			http.Error(w, "keel could not check your session against the ledger (Postgres), so it is not accepted now; the server's log says why ("+
+				s.logRef("checking a session failed", r, err)+")", http.StatusServiceUnavailable)
+			return
+		}
 		if p == nil {
 			if safeMethod(r.Method) && !strings.HasPrefix(r.URL.Path, MonitoringPath+"/api/") {
 				http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusFound)
