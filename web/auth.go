@@ -60,9 +60,10 @@ type auth struct {
 	deviceName    string
 	proxies       []netip.Prefix
 	byAddr        *limiter
-	byAccount     *limiter
 	byDevice      *limiter
-	comparing     chan struct{} // a slot per concurrent password comparison
+	byAccount     *slowdown
+	recent        *recentAddrs
+	slots         *compareSlots
 	dummyOnce     sync.Once
 	dummyHash     []byte
 	beforeCompare func(name string) // tests count comparisons here
@@ -83,9 +84,10 @@ func newAuth(cfg Config, secret []byte) *auth {
 		deviceKey:      derive(secret, "keel web device"),
 		deviceName:     "keel_device",
 		byAddr:         newLimiter(),
-		byAccount:      newLimiter(),
 		byDevice:       newLimiter(),
-		comparing:      make(chan struct{}, cfg.LoginConcurrency),
+		byAccount:      newSlowdown(),
+		recent:         newRecentAddrs(),
+		slots:          newCompareSlots(cfg.LoginConcurrency),
 	}
 	a.proxies, _ = parseTrustedProxies(cfg.TrustedProxies) // Validate has checked them
 	if a.secure {
@@ -280,56 +282,49 @@ func (a *auth) device(r *http.Request, name string) (string, bool) {
 
 // attempt is one admitted sign-in attempt: what it was counted against.
 type attempt struct {
-	addr, account, device string
+	addr, site string // the client's address key, and its IPv6 /48
+	device     string // the device cookie's id, for a browser known for the account
+	known      bool   // a known device, or an address the account signed in from lately
 }
 
-// admitAttempt counts a sign-in attempt before any password is compared.
-// It returns the HTTP status and the wait to report when the attempt is
-// refused.
+// admitAttempt counts a sign-in attempt before any password is compared
+// (see the limits in limits.go). It returns the HTTP status and the wait
+// to report when the attempt is refused; an attempt refused for want of a
+// compare slot stays counted.
 func (a *auth) admitAttempt(r *http.Request, name string) (attempt, int, time.Duration) {
 	now := a.now()
-	at := attempt{addr: clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), a.proxies)}
+	var at attempt
+	at.addr, at.site = clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), a.proxies)
 	if id, ok := a.device(r, name); ok {
 		// A browser the user signed in from: its own count, not the
 		// address's or the account's, which others can use up.
-		at.device = id
-		if !a.byDevice.admit(id, now) {
+		at.device, at.known = id, true
+		if !a.byDevice.admit(id, now, loginAttemptsAllowed) {
 			return at, http.StatusTooManyRequests, loginAttemptWindow
 		}
 	} else {
-		if !a.byAddr.admit(at.addr, now) {
+		if !a.byAddr.admit(at.addr, now, loginAttemptsAllowed) ||
+			(at.site != "" && !a.byAddr.admit(at.site, now, loginSiteAttemptsAllowed)) {
 			return at, http.StatusTooManyRequests, loginAttemptWindow
 		}
-		at.account = name
-		if ok, wait := a.byAccount.admitSlowly(name, now, loginAccountSpacing); !ok {
-			a.byAddr.refund(at.addr)
-			return at, http.StatusTooManyRequests, wait
+		at.known = a.recent.has(name, at.addr, now)
+		if _, exists := a.users[name]; exists && !at.known {
+			if ok, wait := a.byAccount.admit(name, now); !ok {
+				return at, http.StatusTooManyRequests, wait
+			}
 		}
 	}
-	select {
-	case a.comparing <- struct{}{}:
-	default:
-		a.refund(at)
+	if !a.slots.take(r.Context(), at.known) {
 		return at, http.StatusServiceUnavailable, time.Second
 	}
 	return at, 0, 0
 }
 
-// refund takes back an admitted attempt that was not tried.
-func (a *auth) refund(at attempt) {
-	if at.device != "" {
-		a.byDevice.refund(at.device)
-		return
-	}
-	a.byAddr.refund(at.addr)
-	a.byAccount.refund(at.account)
-}
-
 // tryPassword compares the password of an admitted attempt and settles
-// its counts: a success clears the address's and the device's, and does
-// not count against the account.
+// its counts: a success clears the address's and the device's, does not
+// count against the account, and makes the address a known one.
 func (a *auth) tryPassword(at attempt, name, password string) (User, bool) {
-	defer func() { <-a.comparing }()
+	defer a.slots.release(at.known)
 	if a.beforeCompare != nil {
 		a.beforeCompare(name)
 	}
@@ -339,8 +334,11 @@ func (a *auth) tryPassword(at attempt, name, password string) (User, bool) {
 			a.byDevice.clear(at.device)
 		} else {
 			a.byAddr.clear(at.addr)
-			a.byAccount.refund(at.account)
+			if !at.known {
+				a.byAccount.forgive(name)
+			}
 		}
+		a.recent.add(name, at.addr, a.now())
 	}
 	return u, ok
 }

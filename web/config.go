@@ -107,7 +107,9 @@ type Config struct {
 	// Host header is refused, so a DNS-rebinding page cannot reach it.
 	AllowedHosts []string
 	// LoginConcurrency caps concurrent password comparisons (bcrypt is
-	// slow by design); sign-ins beyond it get 503 at once. Default
+	// slow by design). Sign-ins from browsers and addresses not known for
+	// the account may hold only half of them (all when it is 1) and get 503
+	// beyond that; known ones wait briefly for a slot. Default
 	// DefaultLoginConcurrency.
 	LoginConcurrency int
 	// Logger; default slog.Default().

@@ -41,10 +41,13 @@
 // (see Config.AllowedHosts) get 421, which stops DNS rebinding.
 //
 // Sign-in attempts are counted before the password is compared: per client
-// address (read from X-Forwarded-For only behind Config.TrustedProxies),
-// per account as a slowdown rather than a lock-out, and per device for
-// browsers the user signed in from before; concurrent compares are capped
-// (Config.LoginConcurrency). Sign-ins, failed sign-ins and operator writes
+// address (read from X-Forwarded-For only behind Config.TrustedProxies; an
+// IPv6 client by its /56), per account as a slowdown rather than a
+// lock-out, from which browsers and addresses the user signed in from
+// before are exempt, and per device; concurrent compares are capped
+// (Config.LoginConcurrency), with part of them kept for those known
+// clients. Signing out is recorded in the ledger, so it holds on every
+// replica and after a restart. Sign-ins, failed sign-ins and operator writes
 // through asynqmon are written to the audit log, and asynqmon's "run" of a
 // keel job's archived task is keel's replay.
 package web

@@ -118,8 +118,9 @@ func TestSessionCookieCannotBeForged(t *testing.T) {
 
 func TestTooManyFailedSignInsAreRefused(t *testing.T) {
 	b := setup(t, nil)
+	freeze(b)
 	u := b.anonymous()
-	for range 10 {
+	for range web.AccountFreeAttempts {
 		require.Equal(t, http.StatusUnauthorized, u.post(t, "/login", url.Values{"name": {operatorName}, "password": {"guess"}}).status)
 	}
 	res := u.post(t, "/login", url.Values{"name": {operatorName}, "password": {operatorPassword}})
