@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/google/uuid"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/metrics"
@@ -161,6 +163,10 @@ func parseTime(what, s string) (time.Time, error) {
 }
 
 func readFilter(v url.Values) (filterForm, idempotency.DeadFilter, error) {
+	v = maps.Clone(v)
+	if err := tooLong(v, "kind", "queue", "class", "since", "until"); err != nil {
+		return filterForm{}, idempotency.DeadFilter{}, err
+	}
 	f := filterForm{Kind: strings.TrimSpace(v.Get("kind")), Queue: strings.TrimSpace(v.Get("queue")),
 		Class: strings.TrimSpace(v.Get("class")), Since: strings.TrimSpace(v.Get("since")), Until: strings.TrimSpace(v.Get("until"))}
 	df := idempotency.DeadFilter{Kind: f.Kind, Queue: f.Queue, Class: f.Class}
@@ -271,6 +277,10 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	q := r.URL.Query()
+	if err := tooLong(q, "kind", "key", "id"); err != nil {
+		s.render(w, r, http.StatusBadRequest, "lookup", view{Title: "Look up a job", Nav: "lookup", Error: err.Error(), Data: lookupData{}})
+		return
+	}
 	// A business key may begin or end with spaces: it is looked up as
 	// given, and trimmed only when no key is so (one pasted with stray
 	// spaces).
@@ -331,6 +341,7 @@ type jobData struct {
 var flashes = map[string]string{
 	"replayed":          "Replayed: the job is pending again with a fresh retry budget; the relay hands it to a worker.",
 	"already-replayed":  "Nothing to do: the job was no longer dead (someone replayed it first).",
+	"not-dead":          "Nothing to do: the job is not dead, and only a dead job is replayed; its status is below.",
 	"discarded":         "Discarded: the job is closed for good.",
 	"already-discarded": "Nothing to do: the job was already closed (someone discarded it first); its resolution below is theirs.",
 	"step-resolved":     "Step resolved. Replay the job when no step is left in doubt.",
@@ -459,9 +470,22 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Logger.Info("keel web: job replayed", "job_id", id, "actor", p.Name, "already", res.AlreadyReplayed)
 	done := "replayed"
 	if res.AlreadyReplayed {
-		done = "already-replayed"
+		done = "not-dead"
+		if s.wasReplayed(r.Context(), id) {
+			done = "already-replayed"
+		}
 	}
 	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
+}
+
+// wasReplayed reports whether the audit log has a replay of job id: the
+// reason a job someone meant to replay is no longer dead, when it is.
+func (s *Server) wasReplayed(ctx context.Context, id string) bool {
+	entries, err := s.store.Audit(ctx, id)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(entries, func(e idempotency.AuditEntry) bool { return e.Action == "replay" })
 }
 
 func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
