@@ -119,7 +119,7 @@ func TestJobsListRefreshesWithoutScript(t *testing.T) {
 
 func TestPayloadIsShownReadably(t *testing.T) {
 	b := setup(t, nil)
-	res, err := b.client.Enqueue(t.Context(), tasks.NewRaw("order:send_receipt",
+	res, err := b.client.Enqueue(t.Context(), tasks.NewRaw(plainKind.Name(),
 		[]byte(`{"note":"\u003cb\u003e \u0026 \\u003c","items":[1,2]}`), "order:1"))
 	require.NoError(t, err)
 	body := b.signIn(t, viewerName, viewerPassword).get(t, "/jobs/"+res.Job.ID).body

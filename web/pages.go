@@ -18,6 +18,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // pageTimeout bounds the reads behind one page.
@@ -334,6 +335,10 @@ type jobData struct {
 	InDoubt      bool
 	MonitorURL   string
 	Note         string
+	// PayloadHidden: the payload is of a kind this program does not
+	// declare, whose redaction it cannot apply; PayloadShown: an operator
+	// asked to see it anyway.
+	PayloadHidden, PayloadShown bool
 }
 
 // flashes are the only messages a redirect can ask a page to show: the
@@ -375,6 +380,25 @@ func canonicalRedirect(w http.ResponseWriter, r *http.Request, prefix string) bo
 }
 
 func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, status int, flash, errMsg, note string) {
+	s.jobPageShowing(w, r, id, status, flash, errMsg, note, false)
+}
+
+// showPayload shows an operator, on request, the payload of a kind whose
+// redaction this program cannot apply; the request is audited.
+func (s *Server) showPayload(w http.ResponseWriter, r *http.Request) {
+	id, p := r.PathValue("id"), principalFrom(r.Context())
+	if _, err := s.store.Get(r.Context(), id); err != nil {
+		s.jobPage(w, r, id, http.StatusNotFound, "", "", "")
+		return
+	}
+	s.audit(r.Context(), id, "show-payload", p.Name, "the payload of a kind this dashboard cannot redact")
+	s.cfg.Logger.Info("keel web: payload shown", "job_id", id, "actor", p.Name)
+	s.jobPageShowing(w, r, id, http.StatusOK, "", "", "", true)
+}
+
+// jobPageShowing is the job's page; showPayload shows a payload this
+// program cannot redact (for an operator who asked).
+func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id string, status int, flash, errMsg, note string, showPayload bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	j, err := s.store.Get(ctx, id)
@@ -386,8 +410,15 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 		s.ledgerError(w, r, err)
 		return
 	}
-	d := jobData{Job: j, Payload: prettyPayload(s.cfg.PayloadFormatter(j.Kind, j.Payload)), Note: note,
-		MonitorURL: MonitoringPath + "/queues/" + url.PathEscape(j.Queue) + "/tasks/" + url.PathEscape(j.ID)}
+	d := jobData{Job: j, Note: note, MonitorURL: MonitoringPath + "/queues/" + url.PathEscape(j.Queue) + "/tasks/" + url.PathEscape(j.ID)}
+	switch {
+	case !s.hidesUndeclared || tasks.Known(j.Kind):
+		d.Payload = prettyPayload(s.cfg.PayloadFormatter(j.Kind, j.Payload))
+	case showPayload && principalFrom(r.Context()).Operator():
+		d.Payload, d.PayloadShown = prettyPayload(string(j.Payload)), true
+	default:
+		d.PayloadHidden = true
+	}
 	if d.Steps, err = s.store.Steps(ctx, j.ID); err == nil {
 		d.Audit, err = s.store.Audit(ctx, j.ID)
 	}

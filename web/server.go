@@ -41,6 +41,9 @@ type Server struct {
 	hosts   hostPolicy
 	handler http.Handler
 	bulks   *bulkRuns
+	// hidesUndeclared: the default PayloadFormatter hides payloads of kinds
+	// this program does not declare (see DeclaredPayloads).
+	hidesUndeclared bool
 
 	closeOnce sync.Once
 }
@@ -48,6 +51,7 @@ type Server struct {
 // New builds a server; Run it, or mount Handler in a server of your own,
 // and Close it when done.
 func New(cfg Config) (*Server, error) {
+	hidesUndeclared := cfg.PayloadFormatter == nil
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -60,7 +64,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	cfg.Redis = redisconn.Follow(cfg.Redis)
-	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret), bulks: newBulkRuns()}
+	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret), bulks: newBulkRuns(),
+		hidesUndeclared: hidesUndeclared}
 	if cfg.Origin != "" {
 		s.origin, _ = parseOrigin(cfg.Origin)
 	}
@@ -117,6 +122,7 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("POST /jobs/{id}/discard", operatorOnly(checkToken(s.discard)))
 	app.HandleFunc("POST /jobs/{id}/resolve", operatorOnly(checkToken(s.resolve)))
 	app.HandleFunc("POST /jobs/{id}/cancel", operatorOnly(checkToken(s.cancelJob)))
+	app.HandleFunc("POST /jobs/{id}/payload", operatorOnly(checkToken(s.showPayload)))
 	app.HandleFunc("POST /logout", checkToken(s.logout))
 	app.HandleFunc("GET "+MonitoringPath, func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, MonitoringPath+"/", http.StatusMovedPermanently)
