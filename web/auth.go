@@ -127,13 +127,17 @@ func generation(u User) string {
 
 // identify returns who sent r, or nil.
 func (a *auth) identify(r *http.Request) *principal {
-	p, _ := a.identifyErr(r)
+	p, err := a.identifyErr(r)
+	if err != nil {
+		return nil
+	}
 	return p
 }
 
 // identifyErr is identify that also says when a session could not be
-// checked against the ledger's list of ended sessions: such a session is
-// not accepted.
+// checked against the ledger's list of ended sessions; the principal is
+// then returned with the error, for the caller to decide (see
+// requireSignIn).
 func (a *auth) identifyErr(r *http.Request) (*principal, error) {
 	if a.proxyHeader != "" {
 		if name := strings.TrimSpace(r.Header.Get(a.proxyHeader)); name != "" {
@@ -155,10 +159,15 @@ func (a *auth) identifyErr(r *http.Request) (*principal, error) {
 	if !ok {
 		return nil, nil
 	}
-	if ended, err := a.ended.has(r.Context(), sid); err != nil || ended {
-		return nil, err
+	p := &principal{Name: name, Role: a.users[name].Role, sid: sid, exp: exp, csrf: a.mac(a.csrfKey, "session", sid)}
+	ended, err := a.ended.has(r.Context(), sid)
+	if err != nil {
+		return p, err
 	}
-	return &principal{Name: name, Role: a.users[name].Role, sid: sid, exp: exp, csrf: a.mac(a.csrfKey, "session", sid)}, nil
+	if ended {
+		return nil, nil
+	}
+	return p, nil
 }
 
 // issue returns a session cookie for u.

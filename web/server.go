@@ -146,8 +146,11 @@ func (s *Server) routes() http.Handler {
 func (s *Server) requireSignIn(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.auth.identifyErr(r)
-		if err != nil {
-			http.Error(w, "keel could not check your session against the ledger (Postgres), so it is not accepted now; the server's log says why ("+
+		if err != nil && !safeMethod(r.Method) {
+			// Whether the session was signed out is unknown: nothing may
+			// change under it. Reads go on (the overview shows Redis's
+			// side in a ledger outage).
+			http.Error(w, "keel could not check your session against the ledger (Postgres), so it cannot change anything now; the server's log says why ("+
 				s.logRef("checking a session failed", r, err)+")", http.StatusServiceUnavailable)
 			return
 		}
