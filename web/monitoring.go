@@ -59,10 +59,12 @@ var (
 	foreignLink = regexp.MustCompile(`<link[^>]*href="https?://[^"]*"[^>]*>`)
 )
 
-// backLink leads from asynqmon back to keel's pages.
-const backLink = `<a id="keel-back" href="/" style="position:fixed;right:16px;bottom:16px;z-index:2000;` +
-	`padding:8px 14px;border-radius:18px;background:#14213d;color:#fff;font:14px system-ui,sans-serif;` +
-	`text-decoration:none;box-shadow:0 2px 6px rgba(0,0,0,.3)">← keel: jobs, dead letters</a>`
+// backLink leads from asynqmon back to keel's pages. It sits in the free
+// right end of asynqmon's top bar (64 px high, above the app's z-index of
+// 1100), not over the page, whose tables reach every corner.
+const backLink = `<a id="keel-back" href="/" title="keel: jobs, dead letters" style="position:fixed;right:16px;top:14px;z-index:1300;` +
+	`padding:7px 14px;border-radius:18px;background:#14213d;color:#fff;font:14px/20px system-ui,sans-serif;` +
+	`text-decoration:none;box-shadow:0 1px 4px rgba(0,0,0,.3)">← keel</a>`
 
 // monitorIndex is asynqmon's index page as keel serves it: nothing loaded
 // from another site (the system's fonts stand in for Roboto), and a link

@@ -112,7 +112,7 @@ func (s *Server) queueView(q metrics.QueueState, dead int, now time.Time) queueV
 	for i, p := range rs {
 		ts[i], proc[i], fail[i] = p.At, p.Processed, p.Failed
 	}
-	v.RateChart = lineChart(320, 64, chartWindow, now, ts, []chartLine{
+	v.RateChart = lineChart(600, 120, chartWindow, now, ts, []chartLine{
 		{Class: "l-processed", Label: "processed/min"}, {Class: "l-failed", Label: "failed/min"}}, [][]float64{proc, fail})
 	ts = make([]time.Time, len(ss))
 	pend := make([]float64, len(ss))
@@ -120,7 +120,7 @@ func (s *Server) queueView(q metrics.QueueState, dead int, now time.Time) queueV
 	for i, p := range ss {
 		ts[i], pend[i], act[i] = p.At, float64(p.Pending), float64(p.Active)
 	}
-	v.DepthChart = lineChart(320, 64, chartWindow, now, ts, []chartLine{
+	v.DepthChart = lineChart(600, 120, chartWindow, now, ts, []chartLine{
 		{Class: "l-pending", Label: "pending"}, {Class: "l-active", Label: "active"}}, [][]float64{pend, act})
 	if hist, err := s.insp.History(q.Name, 7); err == nil {
 		days := make([]dayStat, len(hist))
@@ -128,7 +128,7 @@ func (s *Server) queueView(q metrics.QueueState, dead int, now time.Time) queueV
 		for i, h := range hist {
 			days[len(hist)-1-i] = dayStat{Date: h.Date, Processed: h.Processed, Failed: h.Failed}
 		}
-		v.History = barChart(320, 40, days)
+		v.History = barChart(600, 60, days)
 	}
 	return v
 }
