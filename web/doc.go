@@ -6,11 +6,12 @@
 // # Pages
 //
 // The overview shows each queue's depth by state, the age of its oldest
-// pending task, processed and failed rates with small charts of the last
-// hour (sampled by the server itself every 10s) and its dead letters. The
-// dead-letter page lists the ledger's dead jobs with their reason, attempts,
-// last error, payload summary, business key, trace id and steps, filtered by
-// kind, queue, error class and time. A job's page answers "what state is it
+// pending task, processed and failed rates with charts of the last hour
+// (sampled by the server itself every 10s) and its dead letters. The
+// dead-letter page lists the ledger's dead jobs in a table (job, queue,
+// reason, class, attempts, age) whose rows open for the last error, payload
+// summary, trace id and steps, filtered by kind, queue, error class and
+// time. A job's page answers "what state is it
 // in, and who handles it next": status, attempts, lease holder and expiry,
 // timestamps, steps and the audit log. Operators replay, discard (with a
 // note), resolve steps in doubt, and act on every dead job a filter matches
