@@ -3,7 +3,8 @@
 # enqueue, status, dead, ledger, healthcheck, ... for any program's jobs,
 # e.g. docker run --rm keel migrate. orders beside it is the example order
 # service, built with the cli package as your own worker binary would be;
-# docker-compose.yml runs its worker, API and scheduler (entrypoint: orders).
+# docker-compose.yml runs its worker, API, scheduler and dashboard
+# (entrypoint: orders).
 # Your own image: build your binary the same way and copy it in as well.
 
 FROM golang:1.26 AS build

@@ -123,7 +123,7 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 	fl.StringSliceVar(&f.hosts, "allowed-host", splitList(os.Getenv("KEEL_WEB_ALLOWED_HOSTS")),
 		"a further host name the server answers to, repeatable (env KEEL_WEB_ALLOWED_HOSTS, comma-separated)")
 	fl.IntVar(&f.logins, "login-concurrency", envInt("KEEL_WEB_LOGIN_CONCURRENCY", web.DefaultLoginConcurrency),
-		"password comparisons at once; more sign-ins wait with 503 (env KEEL_WEB_LOGIN_CONCURRENCY)")
+		"password comparisons at once; sign-ins from browsers and addresses not known for the account may hold half of them, and get 503 beyond (env KEEL_WEB_LOGIN_CONCURRENCY)")
 	cmd.AddCommand(hashPasswordCmd())
 	return cmd
 }

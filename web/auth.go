@@ -22,8 +22,9 @@ import (
 type principal struct {
 	Name string
 	Role Role
-	sid  string // session id; empty when the proxy vouched for the user
-	csrf string // the token this user's forms carry
+	sid  string    // session id; empty when the proxy vouched for the user
+	exp  time.Time // when the session's cookie expires
+	csrf string    // the token this user's forms carry
 }
 
 // Operator reports whether p may change jobs.
@@ -36,10 +37,12 @@ func principalFrom(ctx context.Context) *principal {
 	return p
 }
 
-// auth signs people in and recognises them again. Sessions are stateless
-// HMAC-signed cookies naming the user; the role is looked up on every
+// auth signs people in and recognises them again. Sessions are HMAC-signed
+// cookies naming the user and a session id; the role is looked up on every
 // request, so changing KEEL_WEB_USERS takes effect at the next restart, and
-// a changed password ends the user's old sessions.
+// a changed password ends the user's old sessions. A session signed out
+// before its expiry is recorded in the ledger (keel_web_sessions_ended),
+// which every replica reads.
 type auth struct {
 	users          map[string]User
 	sessionKey     []byte
@@ -51,16 +54,16 @@ type auth struct {
 	proxyOperators map[string]bool
 	now            func() time.Time
 
-	mu      sync.Mutex
-	revoked map[string]time.Time // session id → its expiry (logged out)
+	ended *endedSessions
 
 	deviceKey     []byte
 	deviceName    string
 	proxies       []netip.Prefix
 	byAddr        *limiter
-	byAccount     *limiter
 	byDevice      *limiter
-	comparing     chan struct{} // a slot per concurrent password comparison
+	byAccount     *slowdown
+	recent        *recentAddrs
+	slots         *compareSlots
 	dummyOnce     sync.Once
 	dummyHash     []byte
 	beforeCompare func(name string) // tests count comparisons here
@@ -77,13 +80,14 @@ func newAuth(cfg Config, secret []byte) *auth {
 		proxyHeader:    cfg.ProxyUserHeader,
 		proxyOperators: map[string]bool{},
 		now:            time.Now,
-		revoked:        map[string]time.Time{},
+		ended:          newEndedSessions(cfg.Pool),
 		deviceKey:      derive(secret, "keel web device"),
 		deviceName:     "keel_device",
 		byAddr:         newLimiter(),
-		byAccount:      newLimiter(),
 		byDevice:       newLimiter(),
-		comparing:      make(chan struct{}, cfg.LoginConcurrency),
+		byAccount:      newSlowdown(),
+		recent:         newRecentAddrs(),
+		slots:          newCompareSlots(cfg.LoginConcurrency),
 	}
 	a.proxies, _ = parseTrustedProxies(cfg.TrustedProxies) // Validate has checked them
 	if a.secure {
@@ -123,27 +127,47 @@ func generation(u User) string {
 
 // identify returns who sent r, or nil.
 func (a *auth) identify(r *http.Request) *principal {
+	p, err := a.identifyErr(r)
+	if err != nil {
+		return nil
+	}
+	return p
+}
+
+// identifyErr is identify that also says when a session could not be
+// checked against the ledger's list of ended sessions; the principal is
+// then returned with the error, for the caller to decide (see
+// requireSignIn).
+func (a *auth) identifyErr(r *http.Request) (*principal, error) {
 	if a.proxyHeader != "" {
 		if name := strings.TrimSpace(r.Header.Get(a.proxyHeader)); name != "" {
 			if validName(name) != nil {
-				return nil
+				return nil, nil
 			}
 			role := RoleViewer
 			if a.proxyOperators[name] {
 				role = RoleOperator
 			}
-			return &principal{Name: name, Role: role, csrf: a.mac(a.csrfKey, "proxy", name)}
+			return &principal{Name: name, Role: role, csrf: a.mac(a.csrfKey, "proxy", name)}, nil
 		}
 	}
 	c, err := r.Cookie(a.cookieName)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	name, sid, ok := a.verify(c.Value)
+	name, sid, exp, ok := a.verify(c.Value)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	return &principal{Name: name, Role: a.users[name].Role, sid: sid, csrf: a.mac(a.csrfKey, "session", sid)}
+	p := &principal{Name: name, Role: a.users[name].Role, sid: sid, exp: exp, csrf: a.mac(a.csrfKey, "session", sid)}
+	ended, err := a.ended.has(r.Context(), sid)
+	if err != nil {
+		return p, err
+	}
+	if ended {
+		return nil, nil
+	}
+	return p, nil
 }
 
 // issue returns a session cookie for u.
@@ -169,56 +193,34 @@ func (a *auth) cookie(value string, exp time.Time) *http.Cookie {
 	return c
 }
 
-func (a *auth) verify(value string) (name, sid string, ok bool) {
+// verify checks a session cookie's signature, expiry and password
+// generation; whether the session was ended is the ledger's to say.
+func (a *auth) verify(value string) (name, sid string, exp time.Time, ok bool) {
 	enc, sig, found := strings.Cut(value, ".")
 	if !found {
-		return "", "", false
+		return "", "", exp, false
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(enc)
 	if err != nil {
-		return "", "", false
+		return "", "", exp, false
 	}
 	payload := string(raw)
 	if subtle.ConstantTimeCompare([]byte(sig), []byte(a.mac(a.sessionKey, payload))) != 1 {
-		return "", "", false
+		return "", "", exp, false
 	}
 	f := strings.Split(payload, "|")
 	if len(f) != 5 || f[0] != "v1" {
-		return "", "", false
+		return "", "", exp, false
 	}
-	exp, err := strconv.ParseInt(f[3], 10, 64)
-	if err != nil || a.now().Unix() >= exp {
-		return "", "", false
+	unix, err := strconv.ParseInt(f[3], 10, 64)
+	if err != nil || a.now().Unix() >= unix {
+		return "", "", exp, false
 	}
 	u, known := a.users[f[1]]
 	if !known || generation(u) != f[4] {
-		return "", "", false
+		return "", "", exp, false
 	}
-	a.mu.Lock()
-	_, gone := a.revoked[f[2]]
-	a.mu.Unlock()
-	if gone {
-		return "", "", false
-	}
-	return f[1], f[2], true
-}
-
-// revoke ends a session before its expiry (logout). The list lives in this
-// process only; with several replicas a logged-out cookie still works on
-// the others until it expires — the cookie itself is deleted either way.
-func (a *auth) revoke(sid string) {
-	if sid == "" {
-		return
-	}
-	now := a.now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for id, exp := range a.revoked {
-		if now.After(exp) {
-			delete(a.revoked, id)
-		}
-	}
-	a.revoked[sid] = now.Add(a.ttl)
+	return f[1], f[2], time.Unix(unix, 0), true
 }
 
 // checkPassword returns the user name and password identify. Unknown names
@@ -289,56 +291,49 @@ func (a *auth) device(r *http.Request, name string) (string, bool) {
 
 // attempt is one admitted sign-in attempt: what it was counted against.
 type attempt struct {
-	addr, account, device string
+	addr, site string // the client's address key, and its IPv6 /48
+	device     string // the device cookie's id, for a browser known for the account
+	known      bool   // a known device, or an address the account signed in from lately
 }
 
-// admitAttempt counts a sign-in attempt before any password is compared.
-// It returns the HTTP status and the wait to report when the attempt is
-// refused.
+// admitAttempt counts a sign-in attempt before any password is compared
+// (see the limits in limits.go). It returns the HTTP status and the wait
+// to report when the attempt is refused; an attempt refused for want of a
+// compare slot stays counted.
 func (a *auth) admitAttempt(r *http.Request, name string) (attempt, int, time.Duration) {
 	now := a.now()
-	at := attempt{addr: clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), a.proxies)}
+	var at attempt
+	at.addr, at.site = clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), a.proxies)
 	if id, ok := a.device(r, name); ok {
 		// A browser the user signed in from: its own count, not the
 		// address's or the account's, which others can use up.
-		at.device = id
-		if !a.byDevice.admit(id, now) {
+		at.device, at.known = id, true
+		if !a.byDevice.admit(id, now, loginAttemptsAllowed) {
 			return at, http.StatusTooManyRequests, loginAttemptWindow
 		}
 	} else {
-		if !a.byAddr.admit(at.addr, now) {
+		if !a.byAddr.admit(at.addr, now, loginAttemptsAllowed) ||
+			(at.site != "" && !a.byAddr.admit(at.site, now, loginSiteAttemptsAllowed)) {
 			return at, http.StatusTooManyRequests, loginAttemptWindow
 		}
-		at.account = name
-		if ok, wait := a.byAccount.admitSlowly(name, now, loginAccountSpacing); !ok {
-			a.byAddr.refund(at.addr)
-			return at, http.StatusTooManyRequests, wait
+		at.known = a.recent.has(name, at.addr, now)
+		if _, exists := a.users[name]; exists && !at.known {
+			if ok, wait := a.byAccount.admit(name, now); !ok {
+				return at, http.StatusTooManyRequests, wait
+			}
 		}
 	}
-	select {
-	case a.comparing <- struct{}{}:
-	default:
-		a.refund(at)
+	if !a.slots.take(r.Context(), at.known) {
 		return at, http.StatusServiceUnavailable, time.Second
 	}
 	return at, 0, 0
 }
 
-// refund takes back an admitted attempt that was not tried.
-func (a *auth) refund(at attempt) {
-	if at.device != "" {
-		a.byDevice.refund(at.device)
-		return
-	}
-	a.byAddr.refund(at.addr)
-	a.byAccount.refund(at.account)
-}
-
 // tryPassword compares the password of an admitted attempt and settles
-// its counts: a success clears the address's and the device's, and does
-// not count against the account.
+// its counts: a success clears the address's and the device's, does not
+// count against the account, and makes the address a known one.
 func (a *auth) tryPassword(at attempt, name, password string) (User, bool) {
-	defer func() { <-a.comparing }()
+	defer a.slots.release(at.known)
 	if a.beforeCompare != nil {
 		a.beforeCompare(name)
 	}
@@ -348,8 +343,11 @@ func (a *auth) tryPassword(at attempt, name, password string) (User, bool) {
 			a.byDevice.clear(at.device)
 		} else {
 			a.byAddr.clear(at.addr)
-			a.byAccount.refund(at.account)
+			if !at.known {
+				a.byAccount.forgive(name)
+			}
 		}
+		a.recent.add(name, at.addr, a.now())
 	}
 	return u, ok
 }

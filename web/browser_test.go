@@ -211,6 +211,8 @@ func TestBrowser(t *testing.T) {
 
 	// Dead letters: the error is shown as text and does not run.
 	run(t, ctx, chromedp.Navigate(base+"/dead"), chromedp.WaitVisible(chromedp.CSS("#job-"+replayed.ID)))
+	require.Equal(t, xssError, text(t, ctx, "#job-"+replayed.ID+" summary"))
+	run(t, ctx, chromedp.Click(chromedp.CSS("#job-"+replayed.ID+" summary")), chromedp.WaitVisible(chromedp.CSS("#job-"+replayed.ID+" pre.err")))
 	require.Equal(t, xssError, text(t, ctx, "#job-"+replayed.ID+" pre.err"))
 	require.True(t, eval[bool](t, ctx, `window.__xss === undefined`), "the job's error ran as script")
 	require.Equal(t, 0, eval[int](t, ctx, `document.querySelectorAll('main script').length`))
@@ -399,8 +401,12 @@ func TestBrowserJobsList(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusDiscarded, j3.Status)
 
-	// The payload reads as JSON, with < as <.
-	run(t, ctx, chromedp.Navigate(base+"/jobs/"+done.Job.ID), chromedp.WaitVisible(chromedp.CSS("pre.payload")))
+	// The payload of a kind this program does not declare is hidden until
+	// the operator asks; then it reads as JSON, with < as <.
+	run(t, ctx, chromedp.Navigate(base+"/jobs/"+done.Job.ID), chromedp.WaitVisible(chromedp.ID("payload-hidden")))
+	require.Equal(t, 0, eval[int](t, ctx, `document.querySelectorAll('pre.payload').length`))
+	run(t, ctx, chromedp.Click(chromedp.ID("show-payload")), chromedp.WaitVisible(chromedp.CSS("pre.payload")))
+	require.Equal(t, "show-payload", b.audit(t, done.Job.ID)[0].Action)
 	require.Equal(t, "{\n  \"note\": \"<b>bold</b> & co\"\n}", text(t, ctx, "pre.payload"))
 	require.Equal(t, 0, eval[int](t, ctx, `document.querySelectorAll('pre.payload b').length`))
 

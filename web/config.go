@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -86,7 +87,11 @@ type Config struct {
 	// /metrics serves. Default: a new registry with Go and process metrics.
 	Registry *prometheus.Registry
 	// PayloadFormatter turns a payload into the text people see, here and
-	// in asynqmon; it is where secrets are redacted. Default tasks.Summarize.
+	// in asynqmon; it is where secrets are redacted. Default
+	// DeclaredPayloads: the kind's Summary (tasks.Summarize) for kinds this
+	// program declares, and nothing for kinds it does not, whose redaction
+	// it cannot apply (operators may show such a payload on the job's page,
+	// audited).
 	PayloadFormatter func(kind string, payload []byte) string
 	// SampleInterval is how often queue counters are sampled for the
 	// last-hour charts (SamplePoints samples are kept). Default 10s.
@@ -107,11 +112,30 @@ type Config struct {
 	// Host header is refused, so a DNS-rebinding page cannot reach it.
 	AllowedHosts []string
 	// LoginConcurrency caps concurrent password comparisons (bcrypt is
-	// slow by design); sign-ins beyond it get 503 at once. Default
+	// slow by design). Sign-ins from browsers and addresses not known for
+	// the account may hold only half of them (all when it is 1) and get 503
+	// beyond that; known ones wait briefly for a slot. Default
 	// DefaultLoginConcurrency.
 	LoginConcurrency int
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+}
+
+// DeclaredPayloads is the default PayloadFormatter: tasks.Summarize for a
+// kind this program declares (tasks.Known), and a note that the payload is
+// hidden for one it does not: a kind's Summary, which redacts, runs only in
+// a program that declares the kind, so the stock keel binary, which
+// declares none, would otherwise show every payload whole.
+func DeclaredPayloads(kind string, payload []byte) string {
+	if !tasks.Known(kind) {
+		return hiddenPayload(kind)
+	}
+	return tasks.Summarize(kind, payload)
+}
+
+func hiddenPayload(kind string) string {
+	return "(payload hidden: this dashboard's program does not declare kind \"" + visible.Text(kind) + "\", so it cannot apply the kind's redaction; " +
+		"run the dashboard from your own binary (cli.Main) to see it through the kind's Summary, or, as an operator, show it on the job's page)"
 }
 
 // WithDefaults returns c with every unset field at its default. It does not
@@ -136,7 +160,7 @@ func (c Config) WithDefaults() Config {
 		c.LoginConcurrency = DefaultLoginConcurrency
 	}
 	if c.PayloadFormatter == nil {
-		c.PayloadFormatter = tasks.Summarize
+		c.PayloadFormatter = DeclaredPayloads
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

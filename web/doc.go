@@ -6,11 +6,12 @@
 // # Pages
 //
 // The overview shows each queue's depth by state, the age of its oldest
-// pending task, processed and failed rates with small charts of the last
-// hour (sampled by the server itself every 10s) and its dead letters. The
-// dead-letter page lists the ledger's dead jobs with their reason, attempts,
-// last error, payload summary, business key, trace id and steps, filtered by
-// kind, queue, error class and time. A job's page answers "what state is it
+// pending task, processed and failed rates with charts of the last hour
+// (sampled by the server itself every 10s) and its dead letters. The
+// dead-letter page lists the ledger's dead jobs in a table (job, queue,
+// reason, class, attempts, age) whose rows open for the last error, payload
+// summary, trace id and steps, filtered by kind, queue, error class and
+// time. A job's page answers "what state is it
 // in, and who handles it next": status, attempts, lease holder and expiry,
 // timestamps, steps and the audit log. Operators replay, discard (with a
 // note), resolve steps in doubt, and act on every dead job a filter matches
@@ -41,10 +42,13 @@
 // (see Config.AllowedHosts) get 421, which stops DNS rebinding.
 //
 // Sign-in attempts are counted before the password is compared: per client
-// address (read from X-Forwarded-For only behind Config.TrustedProxies),
-// per account as a slowdown rather than a lock-out, and per device for
-// browsers the user signed in from before; concurrent compares are capped
-// (Config.LoginConcurrency). Sign-ins, failed sign-ins and operator writes
+// address (read from X-Forwarded-For only behind Config.TrustedProxies; an
+// IPv6 client by its /56), per account as a slowdown rather than a
+// lock-out, from which browsers and addresses the user signed in from
+// before are exempt, and per device; concurrent compares are capped
+// (Config.LoginConcurrency), with part of them kept for those known
+// clients. Signing out is recorded in the ledger, so it holds on every
+// replica and after a restart. Sign-ins, failed sign-ins and operator writes
 // through asynqmon are written to the audit log, and asynqmon's "run" of a
 // keel job's archived task is keel's replay.
 package web

@@ -9,8 +9,13 @@ func SetCompareHook(s *Server, f func(name string)) { s.auth.beforeCompare = f }
 // SetClock makes the sign-in limits read the time from now.
 func SetClock(s *Server, now func() time.Time) { s.auth.now = now }
 
-// AccountSpacing is how far apart a slowed-down account's attempts are.
-const AccountSpacing = loginAccountSpacing
+// AccountFreeAttempts is how many attempts an account takes from unknown
+// clients before it is slowed down.
+const AccountFreeAttempts = accountFreeAttempts
+
+// SitePrefixAttempts is how many sign-in attempts an IPv6 /48 gets in a
+// window.
+const SitePrefixAttempts = loginSiteAttemptsAllowed
 
 // SetBulkInlineWait sets how long a bulk action's request waits for it
 // before sending the operator to its progress page, until the test ends.

@@ -82,6 +82,26 @@ func (s *Server) checkHost(next http.Handler) http.Handler {
 
 const badBytes = "a parameter holds a NUL byte or is not valid UTF-8"
 
+// maxParamBytes bounds a filter or look-up parameter: longer ones are
+// refused, and never echoed back into the page.
+const maxParamBytes = 512
+
+// tooLong returns an error naming the first of the parameters names in v
+// longer than maxParamBytes, after deleting every such one from v so that
+// a page built from v does not echo it.
+func tooLong(v url.Values, names ...string) error {
+	var err error
+	for _, n := range names {
+		if len(v.Get(n)) > maxParamBytes {
+			if err == nil {
+				err = fmt.Errorf("%s: at most %d bytes", n, maxParamBytes)
+			}
+			v.Del(n)
+		}
+	}
+	return err
+}
+
 func cleanText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 func cleanValues(v url.Values) bool {

@@ -71,6 +71,9 @@ func TestSafeNext(t *testing.T) {
 		"https://evil.example": "/",
 		"/\r\nSet-Cookie: x":   "/",
 		"javascript:alert(1)":  "/",
+		`/./\evil.example`:     "/",
+		`/x/../\evil.example`:  "/",
+		"/a/./b/../c/":         "/a/c/",
 	} {
 		require.Equal(t, want, safeNext(in), in)
 	}

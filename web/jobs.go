@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -68,6 +69,10 @@ func (f jobFilter) Empty() bool {
 }
 
 func readJobFilter(q url.Values) (jobFilter, error) {
+	q = maps.Clone(q)
+	if err := tooLong(q, "status", "kind", "queue", "prefix", "error", "batch", "from", "sort", "refresh"); err != nil {
+		return jobFilter{}, err
+	}
 	f := jobFilter{Status: strings.TrimSpace(q.Get("status")), Kind: strings.TrimSpace(q.Get("kind")),
 		Queue: strings.TrimSpace(q.Get("queue")), Prefix: q.Get("prefix"), Error: strings.TrimSpace(q.Get("error")),
 		Batch: strings.TrimSpace(q.Get("batch")), From: strings.TrimSpace(q.Get("from"))}
@@ -87,11 +92,6 @@ func readJobFilter(q url.Values) (jobFilter, error) {
 			return f, fmt.Errorf("refresh %q: want one of %v seconds", r, refreshChoices)
 		}
 		f.Refresh = n
-	}
-	for what, s := range map[string]string{"kind": f.Kind, "queue": f.Queue, "prefix": f.Prefix, "error": f.Error, "batch": f.Batch, "from": f.From} {
-		if len(s) > 512 {
-			return f, fmt.Errorf("%s: at most 512 bytes", what)
-		}
 	}
 	return f, nil
 }

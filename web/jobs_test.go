@@ -119,7 +119,7 @@ func TestJobsListRefreshesWithoutScript(t *testing.T) {
 
 func TestPayloadIsShownReadably(t *testing.T) {
 	b := setup(t, nil)
-	res, err := b.client.Enqueue(t.Context(), tasks.NewRaw("order:send_receipt",
+	res, err := b.client.Enqueue(t.Context(), tasks.NewRaw(plainKind.Name(),
 		[]byte(`{"note":"\u003cb\u003e \u0026 \\u003c","items":[1,2]}`), "order:1"))
 	require.NoError(t, err)
 	body := b.signIn(t, viewerName, viewerPassword).get(t, "/jobs/"+res.Job.ID).body
@@ -263,4 +263,40 @@ func TestJobPageShowsRunsKeelAddedAfterACrash(t *testing.T) {
 	page := v.get(t, "/jobs/"+j.ID).body
 	require.Contains(t, page, "Failed attempt 1 of 2")
 	require.Contains(t, page, "1 run(s) keel added because a run crashed beside other jobs")
+}
+
+func TestOverlongFilterParametersAreRefusedNotEchoed(t *testing.T) {
+	b := setup(t, nil)
+	v := b.signIn(t, operatorName, operatorPassword)
+	long := strings.Repeat("k", 60<<10)
+	for _, path := range []string{
+		"/dead?kind=" + long, "/dead?queue=" + long, "/dead?class=" + long, "/dead?since=" + long,
+		"/jobs?kind=" + long, "/jobs?kind=" + long + "&key=x", "/jobs?kind=x&key=" + long, "/jobs?id=" + long,
+		"/jobs?key=" + long, "/dead/confirm?action=replay&kind=" + long,
+	} {
+		res := v.get(t, path)
+		require.Equal(t, http.StatusBadRequest, res.status, path[:20])
+		require.NotContains(t, res.body, strings.Repeat("k", 600), path[:20])
+		require.Contains(t, res.body, "at most 512 bytes", path[:20])
+	}
+}
+
+func TestReplayOfAJobThatNeverDiedSaysSo(t *testing.T) {
+	b := setup(t, nil)
+	res, err := b.client.Enqueue(t.Context(), tasks.NewRaw("order:send_receipt", []byte(`{}`), "order:9"))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `UPDATE keel_jobs SET status = 'succeeded', finished_at = now() WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	op := b.signIn(t, operatorName, operatorPassword)
+	r := op.post(t, "/jobs/"+res.Job.ID+"/replay", url.Values{"csrf": {op.token(t)}})
+	require.Equal(t, http.StatusSeeOther, r.status, r.body)
+	page := op.get(t, r.header.Get("Location"))
+	require.NotContains(t, page.body, "someone replayed it first")
+	require.Contains(t, page.body, "Nothing to do: the job is not dead")
+
+	// One that died and was replayed meanwhile is said to have been.
+	j := b.deadJob(t, "order:send_receipt", "order:10", "boom")
+	require.Equal(t, http.StatusSeeOther, op.post(t, "/jobs/"+j.ID+"/replay", url.Values{"csrf": {op.token(t)}}).status)
+	r = op.post(t, "/jobs/"+j.ID+"/replay", url.Values{"csrf": {op.token(t)}})
+	require.Contains(t, op.get(t, r.header.Get("Location")).body, "someone replayed it first")
 }

@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -9,45 +10,62 @@ import (
 	"time"
 )
 
-// Sign-in guessing is limited three ways, each attempt counted before its
-// password is compared (so concurrent guesses cannot all slip past the
-// count):
+// Sign-in guessing is limited per client address, per account and per
+// device, each attempt counted before its password is compared (so
+// concurrent guesses cannot all slip past the count), and an attempt
+// refused for want of a compare slot still counts: no refusal is a free
+// retry.
 //
 //   - Per client address: loginAttemptsAllowed attempts per
-//     loginAttemptWindow, then a hard refusal until the window ends. A
-//     successful sign-in clears the address's count. Behind a proxy the
-//     address is read from X-Forwarded-For, but only when the connection
-//     comes from Config.TrustedProxies; otherwise everyone behind the proxy
-//     would share one count, and ten bad guesses would lock all of them out.
-//   - Per account: after loginAttemptsAllowed attempts in the window the
-//     account is slowed down, not locked: one attempt per
-//     loginAccountSpacing, whoever sends it. Guessing from many addresses
-//     gains little, and the real user waits seconds, not the window.
-//   - A browser that signed in as the account before carries a signed
-//     device cookie; its attempts for that account are counted per device
-//     instead, so an attacker hammering the account (or sharing the
-//     user's address) does not lock that user out at all.
+//     loginAttemptWindow, then a hard refusal until the window ends; an
+//     IPv6 client is its /56 (a customer's site: one holds 256 /64s), and
+//     each /48 gets loginSiteAttemptsAllowed. A successful sign-in clears
+//     the address's count. Behind a proxy the address is read from
+//     X-Forwarded-For, but only when the connection comes from
+//     Config.TrustedProxies.
+//   - Per account, for attempts from browsers and addresses the account is
+//     not known at: accountFreeAttempts, then one attempt per spacing that
+//     doubles from accountFirstSpacing to accountMaxSpacing, whoever sends
+//     it, until accountQuiet passes without an attempt. Guessing from many
+//     addresses gains nothing; the account is slowed, never locked.
+//   - Known clients are exempt from the account's slowdown, which others
+//     can use up: a browser that signed in as the account before carries a
+//     signed device cookie and is counted on its own (loginAttemptsAllowed
+//     per window), and an address the account signed in from within
+//     recentAddrTTL is counted as an address only.
 //
-// At most Config.LoginConcurrency comparisons run at once; more get 503 at
-// once rather than queueing behind bcrypt.
+// At most Config.LoginConcurrency comparisons run at once, and clients not
+// known for the account they name may hold only part of them
+// (unknownSlots): a flood of sign-ins from nowhere known is refused with
+// 503 while known clients still get a slot, waiting up to loginSlotWait for
+// one.
 const (
-	loginAttemptsAllowed = 10
-	loginAttemptWindow   = 5 * time.Minute
-	loginAccountSpacing  = 5 * time.Second
+	loginAttemptsAllowed     = 10
+	loginSiteAttemptsAllowed = 5 * loginAttemptsAllowed
+	loginAttemptWindow       = 5 * time.Minute
+	accountFreeAttempts      = 5
+	accountFirstSpacing      = time.Second
+	accountMaxSpacing        = time.Minute
+	accountQuiet             = 15 * time.Minute
+	// recentAddrTTL is how long an address a user signed in from exempts
+	// new browsers there from the account's slowdown.
+	recentAddrTTL = 30 * 24 * time.Hour
 	// deviceTTL is how long a device cookie exempts a browser from the
 	// account's slowdown.
 	deviceTTL = 90 * 24 * time.Hour
-	// maxTracked bounds each limiter's memory; expired entries are dropped
-	// when it is exceeded.
+	// loginSlotWait is how long a known client waits for a compare slot.
+	loginSlotWait = 2 * time.Second
+	// maxTracked bounds each limiter's memory: expired entries are dropped
+	// when it is exceeded, then the oldest.
 	maxTracked = 10000
 )
 
 type attempts struct {
 	n     int
 	start time.Time // the window's start
-	last  time.Time // the last admitted attempt
 }
 
+// limiter counts attempts per key in fixed windows, with a hard limit.
 type limiter struct {
 	mu   sync.Mutex
 	seen map[string]*attempts
@@ -55,42 +73,75 @@ type limiter struct {
 
 func newLimiter() *limiter { return &limiter{seen: map[string]*attempts{}} }
 
-func (l *limiter) entry(key string, now time.Time) *attempts {
-	if len(l.seen) > maxTracked {
-		for k, a := range l.seen {
-			if now.Sub(a.start) >= loginAttemptWindow {
-				delete(l.seen, k)
-			}
-		}
-	}
+// admit counts an attempt for key if fewer than limit were counted in its
+// window.
+func (l *limiter) admit(key string, now time.Time, limit int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	a := l.seen[key]
 	if a == nil || now.Sub(a.start) >= loginAttemptWindow {
+		if a == nil && len(l.seen) >= maxTracked {
+			l.shrink(now)
+		}
 		a = &attempts{start: now}
 		l.seen[key] = a
 	}
-	return a
-}
-
-// admit counts an attempt for key if the hard limit allows it.
-func (l *limiter) admit(key string, now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	a := l.entry(key, now)
-	if a.n >= loginAttemptsAllowed {
+	if a.n >= limit {
 		return false
 	}
 	a.n++
-	a.last = now
 	return true
 }
 
-// admitSlowly counts an attempt for key: freely up to the limit, then one
-// per spacing. It returns how long to wait when it refuses.
-func (l *limiter) admitSlowly(key string, now time.Time, spacing time.Duration) (bool, time.Duration) {
+// shrink drops expired windows, and the oldest one if none has expired.
+func (l *limiter) shrink(now time.Time) {
+	var oldest string
+	for k, a := range l.seen {
+		if now.Sub(a.start) >= loginAttemptWindow {
+			delete(l.seen, k)
+		} else if oldest == "" || a.start.Before(l.seen[oldest].start) {
+			oldest = k
+		}
+	}
+	if len(l.seen) >= maxTracked {
+		delete(l.seen, oldest)
+	}
+}
+
+func (l *limiter) clear(key string) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	a := l.entry(key, now)
-	if a.n >= loginAttemptsAllowed {
+	delete(l.seen, key)
+	l.mu.Unlock()
+}
+
+// slowdown spaces an account's attempts from unknown clients out: free up
+// to accountFreeAttempts, then further apart each time.
+type slowdown struct {
+	mu   sync.Mutex
+	seen map[string]*spaced // only accounts that exist: a bounded map
+}
+
+type spaced struct {
+	n    int
+	last time.Time
+}
+
+func newSlowdown() *slowdown { return &slowdown{seen: map[string]*spaced{}} }
+
+// admit counts an attempt for account, or returns how long to wait.
+func (s *slowdown) admit(account string, now time.Time) (bool, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.seen[account]
+	if a == nil || now.Sub(a.last) >= accountQuiet {
+		a = &spaced{}
+		s.seen[account] = a
+	}
+	if a.n >= accountFreeAttempts {
+		spacing := accountMaxSpacing
+		if shift := a.n - accountFreeAttempts; shift < 16 {
+			spacing = min(accountFirstSpacing<<shift, accountMaxSpacing)
+		}
 		if wait := a.last.Add(spacing).Sub(now); wait > 0 {
 			return false, wait
 		}
@@ -100,20 +151,95 @@ func (l *limiter) admitSlowly(key string, now time.Time, spacing time.Duration) 
 	return true, 0
 }
 
-// refund takes back an attempt that was counted but not tried (or that
-// succeeded).
-func (l *limiter) refund(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if a := l.seen[key]; a != nil && a.n > 0 {
+// forgive takes back the count of an attempt that succeeded.
+func (s *slowdown) forgive(account string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.seen[account]; a != nil && a.n > 0 {
 		a.n--
 	}
 }
 
-func (l *limiter) clear(key string) {
-	l.mu.Lock()
-	delete(l.seen, key)
-	l.mu.Unlock()
+// recentAddrs are the addresses each account signed in from lately.
+type recentAddrs struct {
+	mu   sync.Mutex
+	seen map[string]time.Time // account NUL address key → until
+}
+
+func newRecentAddrs() *recentAddrs { return &recentAddrs{seen: map[string]time.Time{}} }
+
+func (r *recentAddrs) add(account, addr string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.seen) >= maxTracked {
+		var oldest string
+		for k, until := range r.seen {
+			if now.After(until) {
+				delete(r.seen, k)
+			} else if oldest == "" || until.Before(r.seen[oldest]) {
+				oldest = k
+			}
+		}
+		if len(r.seen) >= maxTracked {
+			delete(r.seen, oldest)
+		}
+	}
+	r.seen[account+"\x00"+addr] = now.Add(recentAddrTTL)
+}
+
+func (r *recentAddrs) has(account, addr string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	until, ok := r.seen[account+"\x00"+addr]
+	return ok && now.Before(until)
+}
+
+// compareSlots caps concurrent password comparisons, keeping some for
+// clients known for the account they sign in to.
+type compareSlots struct {
+	all     chan struct{}
+	unknown chan struct{}
+}
+
+// newCompareSlots makes n slots; unknown clients may hold n - n/2 of them
+// (all of them when n is 1).
+func newCompareSlots(n int) *compareSlots {
+	return &compareSlots{all: make(chan struct{}, n), unknown: make(chan struct{}, n-n/2)}
+}
+
+// take takes a slot: at once for an unknown client, or within
+// loginSlotWait for a known one.
+func (c *compareSlots) take(ctx context.Context, known bool) bool {
+	if known {
+		t := time.NewTimer(loginSlotWait)
+		defer t.Stop()
+		select {
+		case c.all <- struct{}{}:
+			return true
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		return false
+	}
+	select {
+	case c.unknown <- struct{}{}:
+	default:
+		return false
+	}
+	select {
+	case c.all <- struct{}{}:
+		return true
+	default:
+		<-c.unknown
+		return false
+	}
+}
+
+func (c *compareSlots) release(known bool) {
+	<-c.all
+	if !known {
+		<-c.unknown
+	}
 }
 
 // parseTrustedProxies reads addresses and CIDR prefixes.
@@ -164,18 +290,19 @@ func parseAddr(s string) (netip.Addr, bool) {
 // clientAddr is the address sign-in attempts are counted against: the
 // connection's peer, or, when that peer is a trusted proxy, the nearest
 // address in X-Forwarded-For that is not a trusted proxy. X-Forwarded-For
-// is never read otherwise: anyone can send it.
-func clientAddr(remoteAddr string, forwardedFor []string, proxies []netip.Prefix) string {
+// is never read otherwise: anyone can send it. It returns the address's
+// key (see addrKey) and, for IPv6, its /48's.
+func clientAddr(remoteAddr string, forwardedFor []string, proxies []netip.Prefix) (key, site string) {
 	host, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
 		host = remoteAddr
 	}
 	peer, ok := parseAddr(host)
 	if !ok {
-		return host
+		return host, ""
 	}
 	if !trusted(proxies, peer) {
-		return addrKey(peer)
+		return addrKey(peer), siteKey(peer)
 	}
 	var hops []string
 	for _, v := range forwardedFor {
@@ -192,15 +319,25 @@ func clientAddr(remoteAddr string, forwardedFor []string, proxies []netip.Prefix
 			break
 		}
 	}
-	return addrKey(client)
+	return addrKey(client), siteKey(client)
 }
 
-// addrKey counts an IPv6 client by its /64, which one host usually owns
-// whole.
+// addrKey counts an IPv6 client by its /56: providers give a customer a
+// /56 (or a /48), so a single attacker has 256 /64s or more to choose from.
 func addrKey(a netip.Addr) string {
 	if a.Is6() {
-		p, _ := a.Prefix(64)
+		p, _ := a.Prefix(56)
 		return p.String()
 	}
 	return a.String()
+}
+
+// siteKey is an IPv6 client's /48, counted with a larger limit; empty for
+// IPv4.
+func siteKey(a netip.Addr) string {
+	if a.Is6() {
+		p, _ := a.Prefix(48)
+		return p.String()
+	}
+	return ""
 }

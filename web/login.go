@@ -3,6 +3,7 @@ package web
 import (
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -75,21 +76,48 @@ const maxNameBytes = 128
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
-	s.auth.revoke(p.sid)
 	http.SetCookie(w, s.auth.cookie("", time.Time{}))
+	if p.sid == "" {
+		http.Redirect(w, r, "/login", http.StatusSeeOther)
+		return
+	}
+	if err := s.auth.ended.end(r.Context(), p.sid, p.exp, s.auth.now()); err != nil {
+		// This server refuses the session already; the others would not.
+		s.errorPage(w, r, http.StatusServiceUnavailable, "Signed out of this server, but the sign-out could not be recorded in the ledger, "+
+			"so the session may still work on other replicas until it expires at "+p.exp.UTC().Format("2006-01-02 15:04 UTC")+
+			" ("+s.logRef("recording a sign-out failed", r, err)+").")
+		return
+	}
+	s.cfg.Logger.Info("keel web: signed out", "name", p.Name)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps the after-sign-in redirect on this server: a path, never
-// another host (//evil.example, /\evil.example).
+// safeNext keeps the after-sign-in redirect on this server. It checks what
+// will actually be sent: http.Redirect cleans a path (/./\evil.example
+// becomes /\evil.example), so next is cleaned the same way first, and a
+// browser reads a backslash in a path as a slash (/\evil.example is
+// //evil.example, another host), so none may remain. Anything else becomes
+// "/".
 func safeNext(next string) string {
-	if next == "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") ||
-		strings.ContainsAny(next, "\r\n\t") {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, `/\`) ||
+		strings.ContainsFunc(next, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		return "/"
 	}
-	u, err := url.Parse(next)
-	if err != nil || u.Scheme != "" || u.Host != "" {
+	// As http.Redirect: the part before "?" is cleaned, a trailing slash kept.
+	p, query, hasQuery := strings.Cut(next, "?")
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && !strings.HasSuffix(clean, "/") {
+		clean += "/"
+	}
+	if strings.Contains(clean, `\`) || strings.HasPrefix(clean, "//") {
 		return "/"
 	}
-	return next
+	if hasQuery {
+		clean += "?" + query
+	}
+	u, err := url.Parse(clean)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.Opaque != "" {
+		return "/"
+	}
+	return clean
 }

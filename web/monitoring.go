@@ -1,6 +1,7 @@
 package web
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -20,12 +21,14 @@ import (
 	"github.com/hibiken/asynqmon"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/visible"
 )
 
 // monitor is one asynqmon handler, its index page as keel serves it and
 // the policy that page needs.
 type monitor struct {
 	h     *asynqmon.HTTPHandler
+	raw   []byte // asynqmon's own index page
 	index []byte
 	csp   string
 }
@@ -46,7 +49,7 @@ func newMonitor(redis asynq.RedisConnOpt, format func(string, []byte) string, re
 		return nil, fmt.Errorf("keel web: asynqmon's index page answered %d", rec.Code)
 	}
 	index := monitorIndex(rec.Body.String())
-	return &monitor{h: h, index: []byte(index), csp: monitorCSP(index)}, nil
+	return &monitor{h: h, raw: rec.Body.Bytes(), index: []byte(index), csp: monitorCSP(index)}, nil
 }
 
 var (
@@ -56,10 +59,12 @@ var (
 	foreignLink = regexp.MustCompile(`<link[^>]*href="https?://[^"]*"[^>]*>`)
 )
 
-// backLink leads from asynqmon back to keel's pages.
-const backLink = `<a id="keel-back" href="/" style="position:fixed;right:16px;bottom:16px;z-index:2000;` +
-	`padding:8px 14px;border-radius:18px;background:#14213d;color:#fff;font:14px system-ui,sans-serif;` +
-	`text-decoration:none;box-shadow:0 2px 6px rgba(0,0,0,.3)">← keel: jobs, dead letters</a>`
+// backLink leads from asynqmon back to keel's pages. It sits in the free
+// right end of asynqmon's top bar (64 px high, above the app's z-index of
+// 1100), not over the page, whose tables reach every corner.
+const backLink = `<a id="keel-back" href="/" title="keel: jobs, dead letters" style="position:fixed;right:16px;top:14px;z-index:1300;` +
+	`padding:7px 14px;border-radius:18px;background:#14213d;color:#fff;font:14px/20px system-ui,sans-serif;` +
+	`text-decoration:none;box-shadow:0 1px 4px rgba(0,0,0,.3)">← keel</a>`
 
 // monitorIndex is asynqmon's index page as keel serves it: nothing loaded
 // from another site (the system's fonts stand in for Roboto), and a link
@@ -92,14 +97,101 @@ func (m *monitor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case strings.HasPrefix(rest, "/api/"):
 		w.Header().Set("Cache-Control", "no-store")
+		if safeMethod(r.Method) {
+			m.serveShown(w, r)
+			return
+		}
 	case safeMethod(r.Method) && !strings.HasPrefix(rest, "/static/") && path.Ext(rest) == "":
 		// A page of the app: asynqmon answers every one with its index.
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write(m.index)
+		m.serveIndex(w)
+		return
+	case safeMethod(r.Method):
+		// A file of the app's, or a page whose path has a dot in it (queue
+		// names may): asynqmon answers what is not a file of its own with
+		// its index, which must be keel's too.
+		rec := httptest.NewRecorder()
+		m.h.ServeHTTP(rec, r)
+		if bytes.Equal(rec.Body.Bytes(), m.raw) {
+			m.serveIndex(w)
+			return
+		}
+		copyResponse(w, rec, rec.Body.Bytes())
 		return
 	}
 	m.h.ServeHTTP(w, r)
+}
+
+func (m *monitor) serveIndex(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(m.index)
+}
+
+// serveShown answers a read of asynqmon's API with every string in it
+// passed through visible.Text: the app renders kind names, payloads, errors
+// and queue names as they come, so a name with U+202E would read reversed
+// there.
+func (m *monitor) serveShown(w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	m.h.ServeHTTP(rec, r)
+	body := rec.Body.Bytes()
+	// asynqmon writes JSON without saying so (the recorder sniffs text/plain).
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if rec.Code == http.StatusOK && dec.Decode(&v) == nil && !dec.More() {
+		rec.Header().Set("Content-Type", "application/json")
+		if shown, changed := showJSON(v); changed {
+			if b, err := json.Marshal(shown); err == nil {
+				body = append(b, '\n')
+			}
+		}
+	}
+	copyResponse(w, rec, body)
+}
+
+// showJSON returns v with visible.Text applied to every string, keys
+// included, and whether anything changed.
+func showJSON(v any) (any, bool) {
+	switch v := v.(type) {
+	case string:
+		s := visible.Text(v)
+		return s, s != v
+	case []any:
+		changed := false
+		for i, e := range v {
+			var c bool
+			v[i], c = showJSON(e)
+			changed = changed || c
+		}
+		return v, changed
+	case map[string]any:
+		changed := false
+		for k, e := range v {
+			e, c := showJSON(e)
+			if sk := visible.Text(k); sk != k {
+				delete(v, k)
+				k, c = sk, true
+			}
+			v[k] = e
+			changed = changed || c
+		}
+		return v, changed
+	}
+	return v, false
+}
+
+// copyResponse writes a recorded response with body.
+func copyResponse(w http.ResponseWriter, rec *httptest.ResponseRecorder, body []byte) {
+	h := w.Header()
+	for k, vs := range rec.Header() {
+		if k == "Content-Security-Policy" || k == "Content-Length" {
+			continue
+		}
+		h[k] = vs
+	}
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(body)
 }
 
 // monitoring routes a signed-in user to the asynqmon of their role. Viewers

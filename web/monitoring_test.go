@@ -114,3 +114,48 @@ func TestAsynqmonListsATaskWhoseSummaryPanics(t *testing.T) {
 	require.Contains(t, res.body, "Summary panicked")
 	require.NotContains(t, res.body, "s3cret")
 }
+
+type mail struct {
+	To string `json:"to"`
+}
+
+// bidiKind's name reads "bidi:send_mail" where U+202E is obeyed.
+var bidiKind = tasks.Define[mail]("bidi:\u202eliam_dnes", tasks.Key(func(m mail) string { return m.To }))
+
+// asynqmon renders what its API returns as it is: keel's proxy shows
+// characters that reorder or hide text as codes there too.
+func TestAsynqmonShowsHiddenCharactersAsCodes(t *testing.T) {
+	b := setup(t, nil)
+	c := asynq.NewClient(b.redis)
+	defer c.Close()
+	_, err := c.Enqueue(asynq.NewTask(bidiKind.Name(), []byte("{\"to\":\"a\u00adb\u2028c\U000e0041d\u3164\"}")), asynq.Queue("default"))
+	require.NoError(t, err)
+	v := b.signIn(t, viewerName, viewerPassword)
+	for _, p := range []string{"/monitoring/api/queues/default/pending_tasks", "/monitoring/api/queues/default/pending_tasks?page=1&page_size=20"} {
+		res := v.get(t, p)
+		require.Equal(t, http.StatusOK, res.status, res.body)
+		for _, r := range []string{"\u202e", "\u00ad", "\u2028", "\U000e0041", "\u3164", `\u202e`, `\u2028`} {
+			require.NotContains(t, res.body, r, "%q in %s", r, p)
+		}
+		require.Contains(t, res.body, "bidi:[U+202E]liam_dnes")
+		require.Contains(t, res.body, "a[U+00AD]b[U+2028]c[U+E0041]d[U+3164]")
+		require.Equal(t, "application/json", res.header.Get("Content-Type"))
+	}
+}
+
+// Queue names may hold dots: every page of the app is keel's wrapped index,
+// whatever its path looks like, while asynqmon's files are its own.
+func TestAsynqmonPagesWithADotAreWrapped(t *testing.T) {
+	b := setup(t, nil)
+	v := b.signIn(t, viewerName, viewerPassword)
+	for _, p := range []string{"/monitoring/queues/reports.v2", "/monitoring/queues/reports.v2/tasks/x.y", "/monitoring/a.b",
+		"/monitoring/static/nothing-here.js", "/monitoring/servers"} {
+		res := v.get(t, p)
+		require.Equal(t, http.StatusOK, res.status, p)
+		require.Contains(t, res.body, `<a id="keel-back"`, p)
+		require.NotContains(t, res.body, "https://", p)
+	}
+	res := v.get(t, "/monitoring/favicon.ico")
+	require.Equal(t, http.StatusOK, res.status)
+	require.NotContains(t, res.body, "keel-back")
+}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/google/uuid"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,9 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // pageTimeout bounds the reads behind one page.
@@ -109,7 +112,7 @@ func (s *Server) queueView(q metrics.QueueState, dead int, now time.Time) queueV
 	for i, p := range rs {
 		ts[i], proc[i], fail[i] = p.At, p.Processed, p.Failed
 	}
-	v.RateChart = lineChart(320, 64, chartWindow, now, ts, []chartLine{
+	v.RateChart = lineChart(600, 120, chartWindow, now, ts, []chartLine{
 		{Class: "l-processed", Label: "processed/min"}, {Class: "l-failed", Label: "failed/min"}}, [][]float64{proc, fail})
 	ts = make([]time.Time, len(ss))
 	pend := make([]float64, len(ss))
@@ -117,7 +120,7 @@ func (s *Server) queueView(q metrics.QueueState, dead int, now time.Time) queueV
 	for i, p := range ss {
 		ts[i], pend[i], act[i] = p.At, float64(p.Pending), float64(p.Active)
 	}
-	v.DepthChart = lineChart(320, 64, chartWindow, now, ts, []chartLine{
+	v.DepthChart = lineChart(600, 120, chartWindow, now, ts, []chartLine{
 		{Class: "l-pending", Label: "pending"}, {Class: "l-active", Label: "active"}}, [][]float64{pend, act})
 	if hist, err := s.insp.History(q.Name, 7); err == nil {
 		days := make([]dayStat, len(hist))
@@ -125,7 +128,7 @@ func (s *Server) queueView(q metrics.QueueState, dead int, now time.Time) queueV
 		for i, h := range hist {
 			days[len(hist)-1-i] = dayStat{Date: h.Date, Processed: h.Processed, Failed: h.Failed}
 		}
-		v.History = barChart(320, 40, days)
+		v.History = barChart(600, 60, days)
 	}
 	return v
 }
@@ -161,6 +164,10 @@ func parseTime(what, s string) (time.Time, error) {
 }
 
 func readFilter(v url.Values) (filterForm, idempotency.DeadFilter, error) {
+	v = maps.Clone(v)
+	if err := tooLong(v, "kind", "queue", "class", "since", "until"); err != nil {
+		return filterForm{}, idempotency.DeadFilter{}, err
+	}
 	f := filterForm{Kind: strings.TrimSpace(v.Get("kind")), Queue: strings.TrimSpace(v.Get("queue")),
 		Class: strings.TrimSpace(v.Get("class")), Since: strings.TrimSpace(v.Get("since")), Until: strings.TrimSpace(v.Get("until"))}
 	df := idempotency.DeadFilter{Kind: f.Kind, Queue: f.Queue, Class: f.Class}
@@ -271,6 +278,10 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	q := r.URL.Query()
+	if err := tooLong(q, "kind", "key", "id"); err != nil {
+		s.render(w, r, http.StatusBadRequest, "lookup", view{Title: "Look up a job", Nav: "lookup", Error: err.Error(), Data: lookupData{}})
+		return
+	}
 	// A business key may begin or end with spaces: it is looked up as
 	// given, and trimmed only when no key is so (one pasted with stray
 	// spaces).
@@ -324,6 +335,10 @@ type jobData struct {
 	InDoubt      bool
 	MonitorURL   string
 	Note         string
+	// PayloadHidden: the payload is of a kind this program does not
+	// declare, whose redaction it cannot apply; PayloadShown: an operator
+	// asked to see it anyway.
+	PayloadHidden, PayloadShown bool
 }
 
 // flashes are the only messages a redirect can ask a page to show: the
@@ -331,6 +346,7 @@ type jobData struct {
 var flashes = map[string]string{
 	"replayed":          "Replayed: the job is pending again with a fresh retry budget; the relay hands it to a worker.",
 	"already-replayed":  "Nothing to do: the job was no longer dead (someone replayed it first).",
+	"not-dead":          "Nothing to do: the job is not dead, and only a dead job is replayed; its status is below.",
 	"discarded":         "Discarded: the job is closed for good.",
 	"already-discarded": "Nothing to do: the job was already closed (someone discarded it first); its resolution below is theirs.",
 	"step-resolved":     "Step resolved. Replay the job when no step is left in doubt.",
@@ -364,6 +380,25 @@ func canonicalRedirect(w http.ResponseWriter, r *http.Request, prefix string) bo
 }
 
 func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, status int, flash, errMsg, note string) {
+	s.jobPageShowing(w, r, id, status, flash, errMsg, note, false)
+}
+
+// showPayload shows an operator, on request, the payload of a kind whose
+// redaction this program cannot apply; the request is audited.
+func (s *Server) showPayload(w http.ResponseWriter, r *http.Request) {
+	id, p := r.PathValue("id"), principalFrom(r.Context())
+	if _, err := s.store.Get(r.Context(), id); err != nil {
+		s.jobPage(w, r, id, http.StatusNotFound, "", "", "")
+		return
+	}
+	s.audit(r.Context(), id, "show-payload", p.Name, "the payload of a kind this dashboard cannot redact")
+	s.cfg.Logger.Info("keel web: payload shown", "job_id", id, "actor", p.Name)
+	s.jobPageShowing(w, r, id, http.StatusOK, "", "", "", true)
+}
+
+// jobPageShowing is the job's page; showPayload shows a payload this
+// program cannot redact (for an operator who asked).
+func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id string, status int, flash, errMsg, note string, showPayload bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	j, err := s.store.Get(ctx, id)
@@ -375,8 +410,15 @@ func (s *Server) jobPage(w http.ResponseWriter, r *http.Request, id string, stat
 		s.ledgerError(w, r, err)
 		return
 	}
-	d := jobData{Job: j, Payload: prettyPayload(s.cfg.PayloadFormatter(j.Kind, j.Payload)), Note: note,
-		MonitorURL: MonitoringPath + "/queues/" + url.PathEscape(j.Queue) + "/tasks/" + url.PathEscape(j.ID)}
+	d := jobData{Job: j, Note: note, MonitorURL: MonitoringPath + "/queues/" + url.PathEscape(j.Queue) + "/tasks/" + url.PathEscape(j.ID)}
+	switch {
+	case !s.hidesUndeclared || tasks.Known(j.Kind):
+		d.Payload = prettyPayload(s.cfg.PayloadFormatter(j.Kind, j.Payload))
+	case showPayload && principalFrom(r.Context()).Operator():
+		d.Payload, d.PayloadShown = prettyPayload(string(j.Payload)), true
+	default:
+		d.PayloadHidden = true
+	}
 	if d.Steps, err = s.store.Steps(ctx, j.ID); err == nil {
 		d.Audit, err = s.store.Audit(ctx, j.ID)
 	}
@@ -459,9 +501,22 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Logger.Info("keel web: job replayed", "job_id", id, "actor", p.Name, "already", res.AlreadyReplayed)
 	done := "replayed"
 	if res.AlreadyReplayed {
-		done = "already-replayed"
+		done = "not-dead"
+		if s.wasReplayed(r.Context(), id) {
+			done = "already-replayed"
+		}
 	}
 	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
+}
+
+// wasReplayed reports whether the audit log has a replay of job id: the
+// reason a job someone meant to replay is no longer dead, when it is.
+func (s *Server) wasReplayed(ctx context.Context, id string) bool {
+	entries, err := s.store.Audit(ctx, id)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(entries, func(e idempotency.AuditEntry) bool { return e.Action == "replay" })
 }
 
 func (s *Server) discard(w http.ResponseWriter, r *http.Request) {

@@ -41,6 +41,9 @@ type Server struct {
 	hosts   hostPolicy
 	handler http.Handler
 	bulks   *bulkRuns
+	// hidesUndeclared: the default PayloadFormatter hides payloads of kinds
+	// this program does not declare (see DeclaredPayloads).
+	hidesUndeclared bool
 
 	closeOnce sync.Once
 }
@@ -48,6 +51,7 @@ type Server struct {
 // New builds a server; Run it, or mount Handler in a server of your own,
 // and Close it when done.
 func New(cfg Config) (*Server, error) {
+	hidesUndeclared := cfg.PayloadFormatter == nil
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -60,7 +64,8 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	cfg.Redis = redisconn.Follow(cfg.Redis)
-	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret), bulks: newBulkRuns()}
+	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret), bulks: newBulkRuns(),
+		hidesUndeclared: hidesUndeclared}
 	if cfg.Origin != "" {
 		s.origin, _ = parseOrigin(cfg.Origin)
 	}
@@ -117,6 +122,7 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("POST /jobs/{id}/discard", operatorOnly(checkToken(s.discard)))
 	app.HandleFunc("POST /jobs/{id}/resolve", operatorOnly(checkToken(s.resolve)))
 	app.HandleFunc("POST /jobs/{id}/cancel", operatorOnly(checkToken(s.cancelJob)))
+	app.HandleFunc("POST /jobs/{id}/payload", operatorOnly(checkToken(s.showPayload)))
 	app.HandleFunc("POST /logout", checkToken(s.logout))
 	app.HandleFunc("GET "+MonitoringPath, func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, MonitoringPath+"/", http.StatusMovedPermanently)
@@ -139,7 +145,15 @@ func (s *Server) routes() http.Handler {
 // page is sent to the sign-in form; anything else gets 401.
 func (s *Server) requireSignIn(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := s.auth.identify(r)
+		p, err := s.auth.identifyErr(r)
+		if err != nil && !safeMethod(r.Method) {
+			// Whether the session was signed out is unknown: nothing may
+			// change under it. Reads go on (the overview shows Redis's
+			// side in a ledger outage).
+			http.Error(w, "keel could not check your session against the ledger (Postgres), so it cannot change anything now; the server's log says why ("+
+				s.logRef("checking a session failed", r, err)+")", http.StatusServiceUnavailable)
+			return
+		}
 		if p == nil {
 			if safeMethod(r.Method) && !strings.HasPrefix(r.URL.Path, MonitoringPath+"/api/") {
 				http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusFound)

@@ -59,6 +59,7 @@ type bundle struct {
 	store  *idempotency.Store
 	srv    *web.Server
 	ts     *httptest.Server
+	cfg    web.Config
 }
 
 // setup serialises the package's tests: they share one Redis DB and schema.
@@ -85,12 +86,28 @@ func setup(t *testing.T, mod func(*web.Config)) *bundle {
 	if mod != nil {
 		mod(&cfg)
 	}
+	b.cfg = cfg
 	b.srv, err = web.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(b.srv.Close)
 	b.ts = httptest.NewServer(b.srv.Handler())
 	t.Cleanup(b.ts.Close)
 	return b
+}
+
+// replica starts another server with the same settings, as a second
+// replica (or the same one restarted) would run, and returns a bundle
+// whose users talk to it.
+func (b *bundle) replica(t *testing.T) *bundle {
+	t.Helper()
+	r := *b
+	var err error
+	r.srv, err = web.New(b.cfg)
+	require.NoError(t, err)
+	t.Cleanup(r.srv.Close)
+	r.ts = httptest.NewServer(r.srv.Handler())
+	t.Cleanup(r.ts.Close)
+	return &r
 }
 
 // deadJob enqueues a job and marks it dead as a worker would.

@@ -116,11 +116,16 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05") + " UTC"
 	},
-	"ago":     ago,
-	"agop":    func(t *time.Time) string { return agoPtr(t) },
-	"dur":     humanDuration,
-	"rate":    func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
-	"clip":    clip,
+	"ago":  ago,
+	"agop": func(t *time.Time) string { return agoPtr(t) },
+	"dur":  humanDuration,
+	"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"clip": clip,
+	// firstLine is the line a list shows of an error.
+	"firstLine": func(s string) string {
+		line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+		return line
+	},
 	"add":     func(a, b int) int { return a + b },
 	"bytestr": func(b []byte) string { return clip(string(b), 200) },
 	"vis":     visible.Text,
@@ -169,14 +174,26 @@ func clip(s string, n int) string {
 	return s
 }
 
-// chart is a small line chart drawn as inline SVG.
+// chart is a line chart drawn as inline SVG: the plot is W×H, and a band
+// below it (to FullH) holds the time axis's labels.
 type chart struct {
-	W, H  int
-	Lines []chartLine
-	Max   string // the value at the top edge
-	Span  string // how much time the x axis covers
-	Empty bool
+	W, H, FullH int
+	Lines       []chartLine
+	Max         string // the value at the top edge
+	Span        string // how much time the x axis covers
+	Ticks       []tick // the time axis
+	Empty       bool
 }
+
+// tick is a mark on a chart's time axis.
+type tick struct {
+	X      float64
+	Label  string // "-45m", …, "now"
+	Anchor string // the label's text-anchor
+}
+
+// axisBand is the height below a chart's plot that holds its axis labels.
+const axisBand = 18
 
 type chartLine struct {
 	Class, Label string
@@ -188,7 +205,7 @@ type chartLine struct {
 // so that a fresh server's charts are not a sliver at the right edge. Values
 // are scaled to the largest one.
 func lineChart(w, h int, maxWindow time.Duration, now time.Time, ts []time.Time, series []chartLine, values [][]float64) chart {
-	c := chart{W: w, H: h, Empty: len(ts) < 2}
+	c := chart{W: w, H: h, FullH: h + axisBand, Empty: len(ts) < 2}
 	window := maxWindow
 	if len(ts) > 0 {
 		window = min(max(now.Sub(ts[0]), time.Minute), maxWindow)
@@ -196,6 +213,19 @@ func lineChart(w, h int, maxWindow time.Duration, now time.Time, ts []time.Time,
 	c.Span = "last hour"
 	if window < maxWindow {
 		c.Span = fmt.Sprintf("last %d min", int(window.Round(time.Minute).Minutes()))
+	}
+	for i := range 5 {
+		t := tick{X: float64(w) * float64(i) / 4, Label: "now", Anchor: "middle"}
+		if i < 4 {
+			t.Label = "-" + humanDuration(window*time.Duration(4-i)/4)
+		}
+		switch i {
+		case 0:
+			t.Anchor = "start"
+		case 4:
+			t.Anchor = "end"
+		}
+		c.Ticks = append(c.Ticks, t)
 	}
 	top := 0.0
 	for _, vs := range values {

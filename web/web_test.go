@@ -118,8 +118,9 @@ func TestSessionCookieCannotBeForged(t *testing.T) {
 
 func TestTooManyFailedSignInsAreRefused(t *testing.T) {
 	b := setup(t, nil)
+	freeze(b)
 	u := b.anonymous()
-	for range 10 {
+	for range web.AccountFreeAttempts {
 		require.Equal(t, http.StatusUnauthorized, u.post(t, "/login", url.Values{"name": {operatorName}, "password": {"guess"}}).status)
 	}
 	res := u.post(t, "/login", url.Values{"name": {operatorName}, "password": {operatorPassword}})
@@ -634,10 +635,10 @@ func TestDeadLetterFilterAndPages(t *testing.T) {
 
 	page := v.get(t, "/dead?kind=order:send_receipt")
 	require.Contains(t, page.body, "3 dead jobs")
-	require.Equal(t, 2, strings.Count(page.body, `<article class="dead"`))
+	require.Equal(t, 2, strings.Count(page.body, `<tr class="dead-row"`))
 	require.Contains(t, page.body, `href="/dead?kind=order%3Asend_receipt&amp;page=2"`)
 	page = v.get(t, "/dead?kind=order:send_receipt&page=2")
-	require.Equal(t, 1, strings.Count(page.body, `<article class="dead"`))
+	require.Equal(t, 1, strings.Count(page.body, `<tr class="dead-row"`))
 	require.Contains(t, page.body, "page 2 of 2")
 
 	require.Contains(t, v.get(t, "/dead?class=transient").body, "0 dead jobs")

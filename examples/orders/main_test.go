@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
@@ -193,5 +194,27 @@ func TestComposeNamesRealSubcommands(t *testing.T) {
 			continue
 		}
 		require.True(t, known[m[1]], "docker-compose.yml runs `keel %s`, which does not exist", m[1])
+	}
+}
+
+// Every keel service of the compose file runs this binary, which declares
+// the example's kinds: the dashboard above all, which shows payloads
+// through the kinds' Summary (the stock keel binary, declaring none, would
+// have to hide them).
+func TestComposeRunsTheExamplesOwnBinary(t *testing.T) {
+	body, err := os.ReadFile("../../docker-compose.yml")
+	require.NoError(t, err)
+	var f struct {
+		Services map[string]struct {
+			Image      string   `yaml:"image"`
+			Entrypoint []string `yaml:"entrypoint"`
+		} `yaml:"services"`
+	}
+	require.NoError(t, yaml.Unmarshal(body, &f))
+	require.Contains(t, f.Services, "web")
+	for name, s := range f.Services {
+		if s.Image == "keel:local" {
+			require.Equal(t, []string{"orders"}, s.Entrypoint, "service %s", name)
+		}
 	}
 }

@@ -7,14 +7,15 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
 // Text returns s with every Hidden character written as [U+XXXX]:
 // bidirectional overrides and isolates (a key with U+202E would reverse the
-// rest of the line), zero-width characters, invalid UTF-8 and control
-// characters other than tab and newline (an ESC starts a terminal's escape
-// sequence).
+// rest of the line), zero-width and other invisible characters, invalid
+// UTF-8 and control characters other than tab and newline (an ESC starts a
+// terminal's escape sequence).
 func Text(s string) string {
 	if !strings.ContainsFunc(s, Hidden) {
 		return s
@@ -30,19 +31,23 @@ func Text(s string) string {
 	return b.String()
 }
 
-// Hidden reports whether Text writes r as a code.
+// Hidden reports whether Text writes r as a code: control characters but
+// tab and newline; format characters (Unicode's Cf: bidirectional marks,
+// embeddings, overrides and isolates, zero-width characters, the soft
+// hyphen, tag characters); line and paragraph separators (U+2028, U+2029);
+// characters Unicode says to draw as nothing (Other_Default_Ignorable_Code_Point:
+// Hangul fillers such as U+3164, the combining grapheme joiner); and
+// invalid UTF-8. Variation selectors stay: emoji use them.
 func Hidden(r rune) bool {
 	switch {
 	case r == '\t' || r == '\n':
 		return false
-	case r < 0x20, r >= 0x7f && r < 0xa0:
+	case r < 0x20, r >= 0x7f && r < 0xa0, r == utf8.RuneError:
 		return true
-	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
-		return true // bidirectional marks, embeddings, overrides and isolates
-	case r >= 0x200b && r <= 0x200d, r == 0x2060, r == 0xfeff, r == utf8.RuneError:
-		return true
+	case r < 0xa0:
+		return false
 	}
-	return false
+	return unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Other_Default_Ignorable_Code_Point)
 }
 
 // Writer passes what is written to it through Text on its way to w, a

@@ -18,6 +18,12 @@ func TestTextShowsWhatWouldActOnTheScreen(t *testing.T) {
 		"zero\u200bwidth\ufeff":           "zero[U+200B]width[U+FEFF]",
 		"bad \xff byte":                   "bad [U+FFFD] byte",
 		"c1 \u0085 control":               "c1 [U+0085] control",
+		"soft\u00adhyphen":                "soft[U+00AD]hyphen",
+		"line\u2028para\u2029":            "line[U+2028]para[U+2029]",
+		"tag\U000e0041\U000e007f":         "tag[U+E0041][U+E007F]",
+		"hangul\u3164filler\uffa0\u115f":  "hangul[U+3164]filler[U+FFA0][U+115F]",
+		"cgj\u034f mvs\u180e":             "cgj[U+034F] mvs[U+180E]",
+		"emoji stay: é 👍🏽 ❤️":             "emoji stay: é 👍🏽 ❤️",
 	} {
 		require.Equal(t, want, visible.Text(in), "%q", in)
 	}
