@@ -80,7 +80,7 @@ func (s *Store) Replay(ctx context.Context, insp *asynq.Inspector, id, actor, no
 		// A deadline that has passed goes: a person replaying the job
 		// wants it run, and asynq would fail it unrun.
 		j, err = scanJob(tx.QueryRow(ctx, `UPDATE keel_jobs SET status = 'pending', attempts = 0, run_at = now(),
-			deadline = CASE WHEN deadline <= now() THEN NULL ELSE deadline END,
+			deadline = CASE WHEN deadline <= now() THEN NULL ELSE deadline END, in_doubt = false,
 			crashes = 0, extra_runs = 0, waited_ms = 0, published_at = NULL, lease_holder = NULL, lease_until = NULL, finished_at = NULL, updated_at = now()
 			WHERE id = $1 RETURNING `+jobColumns, id))
 		if err != nil {

@@ -1305,7 +1305,8 @@ const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class 
 	finished_at = CASE WHEN $3 = 'dead' THEN now() ELSE NULL END,
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
 	trace_id = coalesce(nullif($10, ''), trace_id, nullif($13, '')),
-	waited_ms = waited_ms + $12
+	waited_ms = waited_ms + $12,
+	in_doubt = $3 = 'dead' AND $14
 	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $11
 	RETURNING business_key, coalesce(trace_id, '')`
 
@@ -1412,7 +1413,8 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	var businessKey, storedTrace string
 	err := g.untilLedgerAnswers(id, func() error {
 		return g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-			runIn.Milliseconds(), summary, traceID, jc.run, waited.Milliseconds(), spanTraceID(ctx)).Scan(&businessKey, &storedTrace)
+			runIn.Milliseconds(), summary, traceID, jc.run, waited.Milliseconds(), spanTraceID(ctx),
+			errors.Is(herr, ErrInDoubt)).Scan(&businessKey, &storedTrace)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		if jc.commitInDoubt.Load() {

@@ -51,7 +51,10 @@ type Job struct {
 	// discarded as expired (class expired) rather than dead (class
 	// deadline); see tasks.ExpireAtDeadline.
 	ExpireAtDeadline bool
-	RunAt            time.Time
+	// InDoubt: the job died because a call may or may not have happened
+	// (ErrInDoubt): a person must find out before it runs again.
+	InDoubt bool
+	RunAt   time.Time
 	// PublishedAt is when the job was handed over for publishing: to
 	// Redis, or, for a job EnqueueTx or EnqueueManyTx wrote, to the relay's
 	// outbox in the same transaction (the relay publishes it moments after
@@ -118,7 +121,7 @@ const jobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
 	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
-	coalesce(batch_id, ''), effects_committed_at, extra_runs, expire_stale`
+	coalesce(batch_id, ''), effects_committed_at, extra_runs, expire_stale, in_doubt`
 
 // publishColumns are what publishing reads of a job's row (taskMessage,
 // the publish spans, PublishMany's mark): the relay's claims read only
@@ -174,7 +177,7 @@ func scanJob(row pgx.Row) (Job, error) {
 		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
 		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
-		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt, &j.ExtraRuns, &j.ExpireAtDeadline)
+		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt, &j.ExtraRuns, &j.ExpireAtDeadline, &j.InDoubt)
 	if j.SupersededAt != nil {
 		j.BusinessKey = OriginalKey(j.BusinessKey, j.ID)
 	}

@@ -233,6 +233,7 @@ func TestInDoubtStepIsParkedNotRepeated(t *testing.T) {
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
 	require.EqualValues(t, 0, calls.Load(), "an in-doubt step was called blindly")
 	require.Contains(t, j.LastError, "in doubt: needs a person")
+	require.True(t, j.InDoubt, "the doubt is recorded as data, not only in the error's text")
 	require.Equal(t, string(retry.ClassPermanent), j.ErrorClass)
 	require.Equal(t, 1, j.Attempts)
 	require.NotNil(t, j.FinishedAt)

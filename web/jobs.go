@@ -137,8 +137,7 @@ func listJobs(ctx context.Context, db interface {
 	case "":
 	case statusInDoubt:
 		conds = append(conds, `j.status IN ('pending', 'failed', 'dead') AND (EXISTS (SELECT 1 FROM keel_steps s
-			WHERE s.job_id = j.id AND s.status = 'started' AND NOT s.verifiable) OR (j.status = 'dead' AND
-			position(`+arg(idempotency.ErrInDoubt.Error())+` in coalesce(j.last_error, '')) > 0))`)
+			WHERE s.job_id = j.id AND s.status = 'started' AND NOT s.verifiable) OR (j.status = 'dead' AND j.in_doubt))`)
 	default:
 		conds = append(conds, "j.status = "+arg(f.Status))
 	}
