@@ -1277,3 +1277,65 @@ func TestStatusNotFoundSaysWhatKeysLookLike(t *testing.T) {
 	_, _, err = greeter(t, "", "status", "cli:greet", "")
 	require.True(t, cli.IsUsageError(err), "%v", err)
 }
+
+// migrate --print shows a DBA the SQL the ledger lacks, in order, and
+// changes nothing; --check says whether anything is missing, and changes
+// nothing either.
+func TestMigratePrintsAndChecksWithoutChangingAnything(t *testing.T) {
+	const own = "keel_test_cli_migrate"
+	pool := testenv.Pool(t, own)
+	ctx := context.Background()
+	db := []string{"--database-url", testenv.URL(own)}
+	run := func(args ...string) (string, error) {
+		out, _, err := greeter(t, "", append(args, db...)...)
+		return out, err
+	}
+	out, err := run("migrate", "--check")
+	require.NoError(t, err)
+	require.Contains(t, out, "current")
+
+	ms, err := idempotency.Migrations()
+	require.NoError(t, err)
+	newest := ms[len(ms)-1]
+	_, err = pool.Exec(ctx, `DELETE FROM keel_schema_migrations WHERE version = $1`, newest.Version)
+	require.NoError(t, err)
+	_, err = run("migrate", "--check")
+	require.ErrorContains(t, err, newest.Name)
+	out, err = run("migrate", "--check", "--json")
+	require.Error(t, err)
+	require.JSONEq(t, `{"current": false, "missing": ["`+newest.Name+`"]}`, out)
+
+	out, err = run("migrate", "--print")
+	require.NoError(t, err)
+	require.Contains(t, out, "-- "+newest.Name+": run ")
+	require.Contains(t, out, strings.TrimSpace(newest.SQL))
+	require.NotContains(t, out, ms[0].Name, "an applied migration was printed")
+	_, err = run("migrate", "--check")
+	require.Error(t, err, "--print changed the schema")
+	out, err = run("migrate", "--print", "--json")
+	require.NoError(t, err)
+	var printed struct {
+		Migrations []struct {
+			Name string `json:"name"`
+			SQL  string `json:"sql"`
+		} `json:"migrations"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &printed))
+	require.Len(t, printed.Migrations, 1)
+	require.Equal(t, newest.SQL, printed.Migrations[0].SQL)
+
+	_, err = run("migrate")
+	require.NoError(t, err)
+	_, err = run("migrate", "--check")
+	require.NoError(t, err)
+
+	// A schema keel never migrated lacks every migration.
+	out, _, err = greeter(t, "", "migrate", "--print", "--database-url", testenv.URL("keel_test_cli_never_migrated"))
+	require.NoError(t, err)
+	for _, m := range ms {
+		require.Contains(t, out, "-- "+m.Name+": run ")
+	}
+	_, _, err = greeter(t, "", "migrate", "--print", "--check")
+	require.Error(t, err)
+	require.True(t, cli.IsUsageError(err), "%v", err)
+}

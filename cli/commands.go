@@ -123,12 +123,28 @@ func versionCmd(e *Env) *cobra.Command {
 }
 
 func migrateCmd(e *Env) *cobra.Command {
-	return &cobra.Command{
+	var print, check bool
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create the database if needed and create or upgrade the ledger schema (safe to run any number of times)",
-		Args:  cobra.NoArgs,
+		Long: `Create the database if needed and create or upgrade the ledger schema.
+It is safe to run any number of times, and by any number of processes at once.
+
+--print shows the SQL it would run, in order, and changes nothing: every
+migration for a database keel has never migrated. A DBA can read it, or run
+it by hand. --check changes nothing either: it exits 0 when the schema is
+current and 1, naming the migrations missing, when it is not.`,
+		Example: `  keel migrate --print > upgrade.sql
+  keel migrate --check && echo current`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if print || check {
+				if print && check {
+					return usageError{fmt.Errorf("--print and --check do not go together")}
+				}
+				return migratePending(cmd, e, check)
+			}
 			if err := e.CreateDatabase(ctx); err != nil {
 				return err
 			}
@@ -161,6 +177,75 @@ func migrateCmd(e *Env) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&print, "print", false, "print the SQL of the migrations the database lacks, and change nothing")
+	cmd.Flags().BoolVar(&check, "check", false, "exit 1 if the schema lacks a migration, and change nothing")
+	return cmd
+}
+
+// errSchemaBehind is what migrate --check fails with.
+var errSchemaBehind = errors.New("the ledger schema lacks migrations")
+
+// migratePending prints (or, with check, counts) the migrations the ledger
+// lacks. A database that does not exist yet lacks all of them.
+func migratePending(cmd *cobra.Command, e *Env, check bool) error {
+	ctx := cmd.Context()
+	var pending []idempotency.Migration
+	exists, err := e.DatabaseExists(ctx)
+	if err != nil {
+		return err
+	}
+	if exists {
+		pool, err := e.Pool(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if pending, err = idempotency.Pending(ctx, pool); err != nil {
+			return err
+		}
+	} else if pending, err = idempotency.Migrations(); err != nil {
+		return err
+	}
+	names := make([]string, len(pending))
+	for i, m := range pending {
+		names[i] = m.Name
+	}
+	out := cmd.OutOrStdout()
+	if check {
+		if e.JSON() {
+			if err := printJSON(out, map[string]any{"current": len(pending) == 0, "missing": names}); err != nil {
+				return err
+			}
+		}
+		if len(pending) > 0 {
+			return fmt.Errorf("%w: %s: run `%s migrate`", errSchemaBehind, strings.Join(names, ", "), e.app.name())
+		}
+		if !e.JSON() {
+			fmt.Fprintf(out, "ledger schema is current (version %d)\n", idempotency.SchemaVersion())
+		}
+		return nil
+	}
+	if e.JSON() {
+		list := make([]map[string]any, len(pending))
+		for i, m := range pending {
+			list[i] = map[string]any{"version": m.Version, "name": m.Name, "no_transaction": m.NoTransaction,
+				"additive": m.Additive, "sql": m.SQL}
+		}
+		return printJSON(out, map[string]any{"migrations": list})
+	}
+	if len(pending) == 0 {
+		fmt.Fprintf(out, "-- the ledger schema is current (version %d): nothing to run\n", idempotency.SchemaVersion())
+		return nil
+	}
+	for _, m := range pending {
+		how := "in one transaction, recorded in it"
+		if m.NoTransaction {
+			how = "statement by statement, outside a transaction (CREATE INDEX CONCURRENTLY)"
+		}
+		fmt.Fprintf(out, "-- %s: run %s\n%s\nINSERT INTO keel_schema_migrations (version, name, additive) VALUES (%d, '%s', %t);\n\n",
+			m.Name, how, strings.TrimSpace(m.SQL), m.Version, m.Name, m.Additive)
+	}
+	return nil
 }
 
 func healthcheckCmd(e *Env) *cobra.Command {

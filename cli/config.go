@@ -273,6 +273,28 @@ func redisRefused(err error) bool {
 // CreateDatabase creates the database --database-url names when it does
 // not exist yet (migrate calls it, so a fresh machine needs no psql).
 func (e *Env) CreateDatabase(ctx context.Context) error {
+	return e.onServer(ctx, func(conn *pgx.Conn, name string, exists bool) error {
+		if exists {
+			return nil
+		}
+		_, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile by another process
+			return nil
+		}
+		return err
+	})
+}
+
+// DatabaseExists reports whether the database --database-url names exists.
+func (e *Env) DatabaseExists(ctx context.Context) (exists bool, err error) {
+	err = e.onServer(ctx, func(_ *pgx.Conn, _ string, ok bool) error { exists = ok; return nil })
+	return exists, err
+}
+
+// onServer connects to the server's postgres database and calls fn with the
+// name of the database --database-url names and whether it exists.
+func (e *Env) onServer(ctx context.Context, fn func(conn *pgx.Conn, name string, exists bool) error) error {
 	cfg, err := pgx.ParseConfig(e.databaseURL)
 	if err != nil {
 		return usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(e.databaseURL), err)}
@@ -285,15 +307,10 @@ func (e *Env) CreateDatabase(ctx context.Context) error {
 	}
 	defer conn.Close(ctx)
 	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil || exists {
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
 		return err
 	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile by another process
-		return nil
-	}
-	return err
+	return fn(conn, name, exists)
 }
 
 // postgresError turns a failure to connect into one line that says what is

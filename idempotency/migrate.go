@@ -241,6 +241,39 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
 	return migrate(ctx, pool, ms)
 }
 
+// Pending returns the migrations Migrate would apply to the ledger pool
+// reaches, in order, and changes nothing: every one on a database keel has
+// never migrated. It refuses a database a newer keel migrated past what
+// this binary may use, as Migrate does (ErrSchemaTooNew). It is what
+// `keel migrate --print` shows a DBA and `keel migrate --check` counts.
+func Pending(ctx context.Context, pool *pgxpool.Pool) ([]Migration, error) {
+	ms, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('keel_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, interpretError(err)
+	}
+	if !exists {
+		return ms, nil
+	}
+	applied, err := appliedMigrations(ctx, pool)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if err := tooNew(applied, ms); err != nil {
+		return nil, err
+	}
+	var pending []Migration
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; !ok {
+			pending = append(pending, m)
+		}
+	}
+	return pending, nil
+}
+
 func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res MigrateResult, err error) {
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
