@@ -396,7 +396,7 @@ func inDoubtError(jobID, name string, err error, verify bool) error {
 		// Verify can say that a call happened, not that it happened twice.
 		// The dead letter must say that a person is needed (and InDoubt's
 		// own errors say so already).
-		if !errors.Is(err, ErrInDoubt) {
+		if !wrapsInDoubt(err) {
 			return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w: %w", name, jobID, ErrInDoubt, err))
 		}
 		return retry.Permanent(fmt.Errorf("keel: step %q of job %s: %w", name, jobID, err))
@@ -406,6 +406,27 @@ func inDoubtError(jobID, name string, err error, verify bool) error {
 		return d
 	}
 	return retry.Transient(d)
+}
+
+// wrapsInDoubt reports whether ErrInDoubt itself is in err's chain, so
+// that its words are in err's message: not only an error that answers
+// Is(ErrInDoubt) in its own words (a doubt Verify may settle, a server
+// error after the effect).
+func wrapsInDoubt(err error) bool {
+	if err == ErrInDoubt {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return wrapsInDoubt(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if wrapsInDoubt(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // doubt marks err in doubt, like InDoubt, but with msg for its text: a
