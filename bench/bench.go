@@ -122,7 +122,7 @@ type Options struct {
 	// Poll is how long an idle worker waits before it looks at empty queues
 	// again (asynq's TaskCheckInterval) for the latency part's keel worker
 	// and the asynq worker it is compared with. Default
-	// server.DefaultTaskCheckInterval.
+	// server.DefaultPollingTaskCheckInterval (a polling worker's).
 	Poll time.Duration
 	// RelayJobs is how many committed rows the relays publish. Default
 	// 20000, or 5000 with Quick.
@@ -214,7 +214,7 @@ func (o Options) withDefaults() Options {
 		o.LatencyPause = 10 * time.Millisecond
 	}
 	if o.Poll <= 0 {
-		o.Poll = server.DefaultTaskCheckInterval
+		o.Poll = server.DefaultPollingTaskCheckInterval
 	}
 	if o.RecoveryInterval <= 0 {
 		o.RecoveryInterval = time.Second

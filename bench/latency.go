@@ -83,6 +83,9 @@ const (
 	LatencyAsynqDefault = "asynq worker, asynq's default poll"
 	LatencyAsynq        = "asynq worker"
 	LatencyKeel         = "keel worker (server.New)"
+	// LatencyKeelPolling is a keel worker that never waits for announced
+	// work (IdleWait < 0) and polls as asynq does.
+	LatencyKeelPolling = "keel worker, polling (IdleWait -1)"
 )
 
 // asynqDefaultPoll is asynq's TaskCheckInterval when none is set.
@@ -128,7 +131,8 @@ func (e *env) latency(ctx context.Context) (LatencyReport, error) {
 	}{
 		{LatencyAsynqDefault, "Client.Enqueue", asynqDefaultPoll, plainSend, e.startAsynq},
 		{LatencyAsynq, "Client.Enqueue", o.Poll, plainSend, e.startAsynq},
-		{LatencyKeel, "EnqueueTx commit", o.Poll, keelSend, e.startKeelWorker},
+		{LatencyKeel, "EnqueueTx commit", server.DefaultTaskCheckInterval, keelSend, e.startKeelWorker},
+		{LatencyKeelPolling, "EnqueueTx commit", o.Poll, keelSend, e.startKeelPolling},
 	}
 	var base Latency
 	for _, row := range rows {
@@ -185,10 +189,20 @@ func (e *env) startAsynq(h asynq.Handler, poll time.Duration) (func() error, fun
 }
 
 // startKeelWorker starts a keel worker (server.New, with its relay) running
-// h that polls every poll.
+// h that polls every poll and, idle, waits for announced work.
 func (e *env) startKeelWorker(h asynq.Handler, poll time.Duration) (func() error, func() uint64, error) {
+	return e.keelWorker(h, poll, 0)
+}
+
+// startKeelPolling starts a keel worker that polls every poll and never
+// waits for announced work.
+func (e *env) startKeelPolling(h asynq.Handler, poll time.Duration) (func() error, func() uint64, error) {
+	return e.keelWorker(h, poll, -1)
+}
+
+func (e *env) keelWorker(h asynq.Handler, poll, idleWait time.Duration) (func() error, func() uint64, error) {
 	srv, err := server.New(server.Config{Redis: e.redis, Pool: e.pool, Queues: Queues(), Concurrency: e.o.Concurrency,
-		TaskCheckInterval: poll, Logger: e.warn}, h)
+		TaskCheckInterval: poll, IdleWait: idleWait, Logger: e.warn}, h)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -368,7 +368,7 @@ func ServeWorker(ctx context.Context) error {
 	switch spec.Worker {
 	case WorkerAsynq:
 		srv := asynq.NewServer(r, asynq.Config{Concurrency: spec.Concurrency, Queues: Queues(),
-			TaskCheckInterval: server.DefaultTaskCheckInterval, // as the keel worker's
+			TaskCheckInterval: server.DefaultPollingTaskCheckInterval, // as a polling worker's
 			Logger:            quietAsynq{log}, LogLevel: asynq.WarnLevel})
 		if err := srv.Start(noop); err != nil {
 			return err

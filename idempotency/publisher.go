@@ -10,6 +10,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/keeljobs/keel/internal/wake"
 )
 
 // Publisher puts ledger jobs into asynq's queues, many per round trip:
@@ -62,11 +64,18 @@ const publishChunk = 200
 // its first failing command but keeps what it wrote before, so each task's
 // list entry goes first: a queue Redis refuses gets no half-written task.
 //
+// Tasks due now are announced on wake.Channel when they make an empty
+// queue non-empty, so that idle workers look at once (internal/wake); a
+// queue with tasks waiting has no idle worker to wake, and every worker
+// subscribed would receive each announcement.
+//
 // KEYS[1] asynq:{q}:pending  KEYS[2] asynq:{q}:scheduled  KEYS[3…] asynq:{q}:t:<id>
 // ARGV[1] now (unix ns), then per task: id, message, process-at (unix s, 0: now)
 // Returns per task 1 (enqueued) or 0 (the id was taken).
 var publishScript = redis.NewScript(`
 local out = {}
+local due = false
+local was = redis.call("LLEN", KEYS[1])
 for i = 3, #KEYS do
 	local a = (i - 3) * 3 + 2
 	if redis.call("EXISTS", KEYS[i]) == 1 then
@@ -75,11 +84,15 @@ for i = 3, #KEYS do
 		redis.call("LPUSH", KEYS[1], ARGV[a])
 		redis.call("HSET", KEYS[i], "msg", ARGV[a + 1], "state", "pending", "pending_since", ARGV[1])
 		out[#out + 1] = 1
+		due = true
 	else
 		redis.call("ZADD", KEYS[2], ARGV[a + 2], ARGV[a])
 		redis.call("HSET", KEYS[i], "msg", ARGV[a + 1], "state", "scheduled")
 		out[#out + 1] = 1
 	end
+end
+if due and was == 0 then
+	redis.call("PUBLISH", "` + wake.Channel + `", KEYS[1])
 end
 return out
 `)

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/wake"
 )
 
 // DefaultRescueInterval is how often a reconciler looks for jobs whose
@@ -63,7 +64,9 @@ if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
 	return 0
 end
 redis.call("ZREM", KEYS[2], ARGV[1])
-redis.call("RPUSH", KEYS[3], ARGV[1])
+if redis.call("RPUSH", KEYS[3], ARGV[1]) == 1 then
+	redis.call("PUBLISH", "` + wake.Channel + `", KEYS[3])
+end
 redis.call("HSET", KEYS[4], "state", "pending", "pending_since", ARGV[3])
 return 1`)
 
@@ -81,7 +84,9 @@ end
 if redis.call("ZREM", KEYS[1], ARGV[1]) == 0 then
 	return 0
 end
-redis.call("RPUSH", KEYS[2], ARGV[1])
+if redis.call("RPUSH", KEYS[2], ARGV[1]) == 1 then
+	redis.call("PUBLISH", "` + wake.Channel + `", KEYS[2])
+end
 redis.call("HSET", KEYS[3], "state", "pending", "pending_since", ARGV[2])
 return 1`)
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/wake"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/tasks"
@@ -30,10 +31,19 @@ const (
 	DefaultShutdownTimeout = 25 * time.Second
 	// asynq's own defaults (1s and 5s) make an idle worker pick a new job up
 	// only every 0.5–1.5 s and move due retries every 5 s. An idle poll is a
-	// Redis script per queue, so 30ms costs about 100 cheap calls a second
-	// per idle worker, for a commit-to-start latency in tens of milliseconds.
-	DefaultTaskCheckInterval        = 30 * time.Millisecond
+	// Redis script per queue: polling every 30ms costs about 100 calls a
+	// second per idle worker (300 by Redis's count). keel's worker looks
+	// twice when its queues empty and then waits for announced work
+	// (IdleWait), so a short interval costs an idle worker nothing and
+	// starts a job a few milliseconds after it is announced.
+	DefaultTaskCheckInterval = 5 * time.Millisecond
+	// DefaultPollingTaskCheckInterval is TaskCheckInterval's default for a
+	// worker that never waits for announced work (IdleWait < 0).
+	DefaultPollingTaskCheckInterval = 30 * time.Millisecond
 	DefaultDelayedTaskCheckInterval = time.Second
+	// DefaultIdleWait is how long an idle worker waits for announced work
+	// before it looks into its queues again (see Config.IdleWait).
+	DefaultIdleWait = time.Second
 )
 
 // DefaultQueues are the weighted queues a worker reads when none are set:
@@ -53,13 +63,26 @@ type Config struct {
 	StrictPriority bool
 	// Concurrency is how many jobs run at once. Default 20.
 	Concurrency int
-	// TaskCheckInterval is how long an idle worker waits between looks for
-	// new jobs (asynq sleeps a random time between half and one and a half of
-	// it). Default 30ms; raise it to save Redis calls where latency matters less.
+	// TaskCheckInterval is how long a worker that found its queues empty
+	// waits before it looks again (asynq sleeps a random time between half
+	// and one and a half of it); the look after that waits for announced
+	// work (IdleWait). Default 5ms; 30ms with IdleWait negative, where it is
+	// the idle worker's polling interval: raise it then to save Redis calls
+	// where latency matters less.
 	TaskCheckInterval time.Duration
 	// DelayedTaskCheckInterval is how often due scheduled jobs and retries
 	// are moved to their queue. Default 1s.
 	DelayedTaskCheckInterval time.Duration
+	// IdleWait is how long a worker whose queues were all empty waits for
+	// work to be announced before it looks into them again: keel's
+	// publishes (Enqueue, the relay, the reconciler) announce theirs, and
+	// the worker's own forwarder its due retries and scheduled jobs, so
+	// those start as soon as they arrive; work nobody announced (an asynq
+	// client's, a task run from asynqmon) starts IdleWait later at most.
+	// An idle worker then sends Redis a few commands a second instead of
+	// ~300 (internal/wake). Default 1s; negative: poll every
+	// TaskCheckInterval, as asynq does.
+	IdleWait time.Duration
 	// ShutdownTimeout is how long running jobs may take to finish after a
 	// stop signal; jobs still running then go back to their queue. Default 25s
 	// (inside Kubernetes' default 30s grace period).
@@ -108,8 +131,14 @@ func (c Config) WithDefaults() Config {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if c.IdleWait == 0 {
+		c.IdleWait = DefaultIdleWait
+	}
 	if c.TaskCheckInterval == 0 {
 		c.TaskCheckInterval = DefaultTaskCheckInterval
+		if c.IdleWait < 0 {
+			c.TaskCheckInterval = DefaultPollingTaskCheckInterval
+		}
 	}
 	if c.DelayedTaskCheckInterval == 0 {
 		c.DelayedTaskCheckInterval = DefaultDelayedTaskCheckInterval
@@ -247,6 +276,7 @@ type Server struct {
 
 	closeOnce sync.Once
 	rc        redis.UniversalClient // the asynq server's; closed by close
+	waiter    *wake.Waiter          // holds an idle worker's looks; nil with IdleWait < 0
 	h         asynq.Handler
 }
 
@@ -268,6 +298,10 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 		return nil, fmt.Errorf("keel: unsupported server.Config.Redis type %T", cfg.Redis)
 	}
 	s := &Server{cfg: cfg, rc: rc}
+	if cfg.IdleWait > 0 {
+		s.waiter = wake.New(cfg.IdleWait, cfg.TaskCheckInterval)
+		rc.AddHook(s.waiter)
+	}
 	s.guard = idempotency.NewGuard(idempotency.NewStore(cfg.Pool), cfg.Guard)
 	// asynq fails a delivery past its deadline before any middleware runs;
 	// the guard hears of it here and ends the job in the ledger.
@@ -317,6 +351,15 @@ func asynqConfig(cfg Config, g *idempotency.Guard) asynq.Config {
 // Guard is the ledger middleware the server runs (for its stats).
 func (s *Server) Guard() *idempotency.Guard { return s.guard }
 
+// IdleWaits counts the times this worker, its queues empty, waited for
+// announced work instead of polling (Config.IdleWait).
+func (s *Server) IdleWaits() uint64 {
+	if s.waiter == nil {
+		return 0
+	}
+	return s.waiter.Waits()
+}
+
 // Relay is the server's embedded relay; nil with DisableRelay.
 func (s *Server) Relay() *outbox.Relay { return s.relay }
 
@@ -344,6 +387,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.recon != nil {
 		bg.Go(func() { _ = s.recon.Run(bgCtx) })
 	}
+	if s.waiter != nil {
+		bg.Go(func() { wake.Listen(bgCtx, s.rc, s.waiter) })
+	}
 	s.cfg.Logger.Info("keel worker started", "queues", FormatQueues(s.cfg.Queues),
 		"concurrency", s.cfg.Concurrency, "strict_priority", s.cfg.StrictPriority, "holder", s.guard.Holder(),
 		"relay", s.relay != nil, "reconciler", s.recon != nil)
@@ -351,6 +397,9 @@ func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Logger.Info("keel worker stopping", "shutdown_timeout", s.cfg.ShutdownTimeout)
 	// Runs the deploy cuts short must not count as attempts.
 	s.guard.BeginShutdown()
+	if s.waiter != nil {
+		s.waiter.Close() // asynq's processor must not wait to stop
+	}
 	s.srv.Shutdown()
 	stopBackground()
 	bg.Wait()
