@@ -127,6 +127,13 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 			prevCancelled(ctx, e)
 		}
 	}
+	prevExpired := cfg.Guard.OnExpired
+	cfg.Guard.OnExpired = func(ctx context.Context, e idempotency.DeadEvent) {
+		wm.OnExpired(ctx, e)
+		if prevExpired != nil {
+			prevExpired(ctx, e)
+		}
+	}
 	prev := cfg.Guard.OnDead
 	cfg.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) {
 		wm.OnDead(ctx, e)

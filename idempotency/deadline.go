@@ -33,24 +33,24 @@ const endPastDeadlineSQL = `UPDATE keel_jobs SET
 	RETURNING id, kind, queue, business_key, status, error_class, last_error, coalesce(trace_id, ''), attempts`
 
 // endPastDeadline ends the jobs ids whose deadline comes within margin
-// (see endPastDeadlineSQL) and returns the deaths among them; the expired
-// ones are counted in expired.
-func (s *Store) endPastDeadline(ctx context.Context, ids []string, margin time.Duration, summary string) (deaths []DeadEvent, expired int, err error) {
+// (see endPastDeadlineSQL) and returns the deaths and the expired among
+// them.
+func (s *Store) endPastDeadline(ctx context.Context, ids []string, margin time.Duration, summary string) (deaths, expired []DeadEvent, err error) {
 	rows, err := s.pool.Query(ctx, endPastDeadlineSQL, ids, margin.Milliseconds(), storableText(summary, maxErrorBytes))
 	if err != nil {
-		return nil, 0, interpretError(err)
+		return nil, nil, interpretError(err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var e DeadEvent
 		var status Status
 		if err := rows.Scan(&e.JobID, &e.Kind, &e.Queue, &e.BusinessKey, &status, &e.Class, &e.Error, &e.TraceID, &e.Attempts); err != nil {
-			return nil, 0, interpretError(err)
+			return nil, nil, interpretError(err)
 		}
 		if status == StatusDead {
 			deaths = append(deaths, e)
 		} else {
-			expired++
+			expired = append(expired, e)
 		}
 	}
 	return deaths, expired, interpretError(rows.Err())
@@ -59,8 +59,8 @@ func (s *Store) endPastDeadline(ctx context.Context, ids []string, margin time.D
 // EndPastDeadline ends those of jobs ids whose deadline has passed while
 // no run holds them (the reconciler calls it before it would publish them
 // again: asynq would only fail them unrun). It returns the deaths, for the
-// caller's alerts, and how many expired.
-func (s *Store) EndPastDeadline(ctx context.Context, ids []string) ([]DeadEvent, int, error) {
+// caller's alerts, and the jobs that expired (class expired).
+func (s *Store) EndPastDeadline(ctx context.Context, ids []string) (deaths, expired []DeadEvent, err error) {
 	return s.endPastDeadline(ctx, ids, 0, "")
 }
 
@@ -92,10 +92,13 @@ func (g *Guard) endAtDeadline(ctx context.Context, t *asynq.Task, id string, mar
 		g.cfg.Logger.Warn("keel: could not end a job past its deadline; the reconciler tries again", "job_id", id, "err", err)
 		return false, false
 	}
-	if expired > 0 {
+	for _, e := range expired {
 		g.stats.expired.Add(1)
 		noteFailure(ctx, StatusDiscarded, retry.ClassExpired)
 		g.cfg.Logger.Info("keel: job expired at its deadline before it could run", "job_id", id, "kind", t.Type())
+		if g.cfg.OnExpired != nil {
+			g.onExpired(ctx, e)
+		}
 		return true, false
 	}
 	for _, e := range deaths {
@@ -117,4 +120,9 @@ func checkRunAt(runAt time.Time, deadline time.Time) error {
 	}
 	return fmt.Errorf("%w: it would run at %s, not before its deadline %s", ErrPastDeadline,
 		runAt.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339))
+}
+
+func (g *Guard) onExpired(ctx context.Context, e DeadEvent) {
+	defer g.recoverHook("OnExpired", e.JobID)
+	g.cfg.OnExpired(ctx, e)
 }

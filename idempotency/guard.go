@@ -85,6 +85,11 @@ type GuardConfig struct {
 	// died"); one set here replaces that line (alert.Alerter.JobDied logs it
 	// too).
 	OnDead func(ctx context.Context, j DeadEvent)
+	// OnExpired is called when the guard discards a job whose deadline
+	// passed before it could run, its kind dropping stale work
+	// (tasks.ExpireAtDeadline): the event's Class is expired. Metrics hook
+	// in here; such a job raises no alert.
+	OnExpired func(ctx context.Context, j DeadEvent)
 	// OnCancelled is called when the guard stops a run because its job was
 	// cancelled (metrics hook in here).
 	OnCancelled func(ctx context.Context, j CancelEvent)

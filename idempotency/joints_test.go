@@ -212,8 +212,11 @@ func TestAJobWhoseDeadlinePassedBeforeItRanEnds(t *testing.T) {
 			return err
 		})
 	})
-	var deaths deathLog
-	srv := b.startWorker(t, mux, func(c *server.Config) { c.Guard.OnDead = deaths.onDead })
+	var deaths, expiries deathLog
+	srv := b.startWorker(t, mux, func(c *server.Config) {
+		c.Guard.OnDead = deaths.onDead
+		c.Guard.OnExpired = expiries.onDead
+	})
 
 	j := b.waitStatus(t, dead.Job.ID, idempotency.StatusDead, 15*time.Second)
 	require.Equal(t, "deadline", j.ErrorClass)
@@ -225,6 +228,7 @@ func TestAJobWhoseDeadlinePassedBeforeItRanEnds(t *testing.T) {
 	require.Zero(t, runs.Load(), "a job ran past its deadline")
 	testenv.Eventually(t, 5*time.Second, func() bool { return deaths.n.Load() == 1 }, "the dead one raised no alert, or the expired one did")
 	require.EqualValues(t, 1, srv.Guard().Stats().Expired)
+	require.EqualValues(t, 1, expiries.n.Load(), "the expiry was not reported (metrics count it)")
 	_, err = b.store.Replay(ctx, nil, stale.Job.ID, "ops", "")
 	require.Error(t, err, "an expired job was replayable")
 	// A person who replays the dead one wants it run: its passed deadline

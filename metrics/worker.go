@@ -56,6 +56,7 @@ type Worker struct {
 	postponed  *prometheus.CounterVec
 	dead       *prometheus.CounterVec
 	cancelled  *prometheus.CounterVec
+	expired    *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 }
 
@@ -93,6 +94,10 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 			Name: "keel_jobs_cancelled_total",
 			Help: "Running jobs this worker stopped because they were cancelled (a job cancelled while it waited never reaches a worker: see the ledger).",
 		}, []string{"kind"}),
+		expired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_jobs_expired_total",
+			Help: "Jobs discarded because their deadline passed before they could run, their kind dropping stale work (tasks.ExpireAtDeadline); those that died at their deadline count in keel_jobs_dead_total{class=\"deadline\"}.",
+		}, []string{"kind", "queue"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "keel_job_duration_seconds",
 			Help:    "How long job attempts took in the handler.",
@@ -107,7 +112,7 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 		if queue == "" {
 			queue = tasks.DefaultQueue
 		}
-		for _, v := range []*prometheus.CounterVec{w.processed, w.succeeded, w.postponed} {
+		for _, v := range []*prometheus.CounterVec{w.processed, w.succeeded, w.postponed, w.expired} {
 			v.WithLabelValues(k.Name, queue)
 		}
 		w.cancelled.WithLabelValues(k.Name)
@@ -116,7 +121,7 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 			w.dead.WithLabelValues(k.Name, queue, string(c))
 		}
 	}
-	cs := []prometheus.Collector{w.processed, w.succeeded, w.failed, w.postponed, w.dead, w.cancelled, w.duration}
+	cs := []prometheus.Collector{w.processed, w.succeeded, w.failed, w.postponed, w.dead, w.cancelled, w.expired, w.duration}
 	if opts.DuplicatesSkipped != nil {
 		fn := opts.DuplicatesSkipped
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -190,6 +195,12 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 // other hook).
 func (w *Worker) OnDead(_ context.Context, e idempotency.DeadEvent) {
 	w.dead.WithLabelValues(e.Kind, e.Queue, e.Class).Inc()
+}
+
+// OnExpired counts a job discarded at its deadline before it could run. It
+// has the shape of idempotency.GuardConfig.OnExpired.
+func (w *Worker) OnExpired(_ context.Context, e idempotency.DeadEvent) {
+	w.expired.WithLabelValues(e.Kind, e.Queue).Inc()
 }
 
 // OnCancelled counts a running job the guard stopped because it was

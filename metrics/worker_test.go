@@ -184,7 +184,7 @@ func TestWorkerExportsDeclaredKindsBeforeAnyJobRan(t *testing.T) {
 			want[k.Name+"/"+queueOf(k)+"/"+string(c)] = 0
 		}
 	}
-	require.Len(t, want, len(declared)*6)
+	require.Len(t, want, len(declared)*len(retry.StoredClasses()))
 	require.Equal(t, want, series(t, reg, "keel_jobs_dead_total"), "a dead series at 0 for every declared kind and class")
 	require.Equal(t, want, series(t, reg, "keel_jobs_failed_total"))
 	perKind := map[string]float64{}

@@ -453,8 +453,8 @@ func (r *Reconciler) endPastDeadline(ctx context.Context, jobs []idempotency.Job
 	for _, e := range deaths {
 		r.cfg.OnDead(ctx, e)
 	}
-	if expired > 0 {
-		r.cfg.Logger.Info("keel reconciler: jobs expired at their deadline before they could run", "jobs", expired)
+	if len(expired) > 0 {
+		r.cfg.Logger.Info("keel reconciler: jobs expired at their deadline before they could run", "jobs", len(expired))
 	}
 	return slices.DeleteFunc(jobs, func(j idempotency.Job) bool { return slices.Contains(past, j.ID) }), nil
 }
