@@ -224,8 +224,8 @@ func TestEnqueueSmoke(t *testing.T) {
 func TestLatencySmoke(t *testing.T) {
 	o := tiny(t, bench.PartLatency)
 	rep := run(t, o).Latency
-	if len(rep.Rows) != 3 {
-		t.Fatalf("%d rows, want 3", len(rep.Rows))
+	if len(rep.Rows) != 4 {
+		t.Fatalf("%d rows, want 4", len(rep.Rows))
 	}
 	for _, row := range rep.Rows {
 		if row.Samples != o.LatencySamples {

@@ -70,7 +70,9 @@ func (r LatencyReport) String() string {
 		verdict = "NOT met"
 	}
 	fmt.Fprintf(&sb, "\ntarget p99 ≤ %s ms for the keel worker: %s.\n", fmtMs(r.TargetP99Ms), verdict)
-	fmt.Fprintf(&sb, "poll: how often an idle worker looks at its queues (asynq sleeps ½–1½ of it between looks). keel's\n"+
+	fmt.Fprintf(&sb, "poll: how long a worker that found its queues empty sleeps before it looks again (asynq sleeps ½–1½\n"+
+		"of it); the keel worker (server.New) then waits for announced work (server.Config.IdleWait), the\n"+
+		"polling one looks again at once. keel's\n"+
 		"way in: the relay, awake while jobs keep coming (here: all along), polls every %s and publishes to\n"+
 		"Redis (asleep, EnqueueTx's NOTIFY wakes it); the worker's guard claims the job.\n"+
 		"put off: deliveries the guard found locked (the relay had not committed yet) and handed back to asynq.\n",
