@@ -53,8 +53,8 @@ func TestAnIdleWorkerStartsAnnouncedWorkAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	testenv.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 
-	waits := srv.IdleWaits()
-	testenv.Eventually(t, 10*time.Second, func() bool { return srv.IdleWaits() > waits }, "the worker never went idle again")
+	// Its first run fails; the worker goes idle and waits; its retry comes
+	// back through the forwarder, which announces nothing on the channel.
 	res, err = c.Enqueue(ctx, pingKind.New(ping{ID: "retried"}))
 	require.NoError(t, err)
 	testenv.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
