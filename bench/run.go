@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/asynqwire"
 )
 
 // The parts Run can measure, in the order it measures them.
@@ -371,7 +371,7 @@ func registerQueues(r asynq.RedisClientOpt) error {
 	for q := range Queues() {
 		names = append(names, q)
 	}
-	if err := rc.SAdd(context.Background(), idempotency.AsynqQueuesKey, names...).Err(); err != nil {
+	if err := rc.SAdd(context.Background(), asynqwire.QueuesKey, names...).Err(); err != nil {
 		return fmt.Errorf("keel bench: Redis at %s: %w", r.Addr, err)
 	}
 	return nil

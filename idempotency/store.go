@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/tracing"
 )
 
@@ -351,7 +352,7 @@ const AsynqRetryHeadroom = 5
 func TaskOptions(j Job) []asynq.Option {
 	opts := []asynq.Option{asynq.TaskID(j.ID), asynq.Queue(j.Queue), asynq.MaxRetry(j.MaxRetry + AsynqRetryHeadroom)}
 	if j.Timeout > 0 {
-		opts = append(opts, asynq.Timeout(asynqTimeout(j.Timeout)))
+		opts = append(opts, asynq.Timeout(asynqwire.Seconds(j.Timeout)))
 	}
 	if j.Deadline != nil {
 		opts = append(opts, asynq.Deadline(*j.Deadline))

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/redisconn"
 )
 
@@ -333,7 +334,7 @@ func (r *Reconciler) reconcilePage(ctx context.Context, page []openJob) (int, er
 	activeQueue := map[string]string{}
 	for i, st := range states {
 		switch st {
-		case asynqActive:
+		case asynqwire.StateActive:
 			// Not held in the ledger, yet asynq says a worker has it: the
 			// worker died between asynq's dequeue and the ledger's claim, or
 			// between recording a failure and asynq's retry. Only asynq's
@@ -342,10 +343,10 @@ func (r *Reconciler) reconcilePage(ctx context.Context, page []openJob) (int, er
 			activeQueue[ids[i]] = queues[i]
 		case "":
 			lost = append(lost, ids[i])
-		case asynqArchived:
+		case asynqwire.StateArchived:
 			// The job's failure was never recorded, or another deployment's
 			// worker refused it: drift too. The archived copy holds its id.
-			if _, err := deleteFinished(ctx, r.rdb, queues[i], asynqArchived, ids[i]); err != nil {
+			if _, err := asynqwire.DeleteInSet(ctx, r.rdb, queues[i], asynqwire.StateArchived, ids[i]); err != nil {
 				return 0, fmt.Errorf("keel reconciler: remove archived copy of open job %s: %w", ids[i], err)
 			}
 			lost = append(lost, ids[i])
@@ -407,7 +408,7 @@ func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idem
 			qs = append(qs, j.Queue)
 		}
 	}
-	if err := r.rdb.SAdd(ctx, idempotency.AsynqQueuesKey, qs...).Err(); err != nil {
+	if err := r.rdb.SAdd(ctx, asynqwire.QueuesKey, qs...).Err(); err != nil {
 		return 0, fmt.Errorf("keel reconciler: list queues %v: %w", qs, err)
 	}
 	// A failed job goes back for its retry at the time the ledger recorded

@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
-	"github.com/keeljobs/keel/internal/wake"
+	"github.com/keeljobs/keel/internal/asynqwire"
 )
 
 // DefaultRescueInterval is how often a reconciler looks for jobs whose
@@ -24,17 +24,6 @@ const DefaultRescueInterval = time.Second
 // (base.AllWorkers), scored by when each hash expires.
 const asynqWorkersKey = "asynq:workers"
 
-// asynq's task states (the "state" field of a task's hash).
-const (
-	asynqActive      = "active"
-	asynqPending     = "pending"
-	asynqScheduled   = "scheduled"
-	asynqRetry       = "retry"
-	asynqArchived    = "archived"
-	asynqCompleted   = "completed"
-	asynqAggregating = "aggregating"
-)
-
 // freshAsynqLease is how far ahead an asynq lease that was taken or extended
 // in the last few seconds still reaches. asynq leases a task for 30s at
 // dequeue and extends it by 30s every 5s from the worker's heartbeat, in
@@ -44,83 +33,10 @@ const (
 // out 8s or more after that: at most 22s ahead.
 const freshAsynqLease = 23 * time.Second
 
-// requeueActiveScript moves a task a dead worker held back to the head of
-// its queue, as asynq's own requeue at shutdown does (requeueCmd), but only
-// if it is still active and its asynq lease is not fresh (see
-// freshAsynqLease). Returns 1 moved, 0 not active any more, -1 fresh lease.
-//
-// KEYS[1] asynq:{q}:active  KEYS[2] asynq:{q}:lease  KEYS[3] asynq:{q}:pending
-// KEYS[4] asynq:{q}:t:<id>  ARGV[1] id  ARGV[2] fresh-lease cutoff (unix s)
-// ARGV[3] now (unix ns)
-var requeueActiveScript = redis.NewScript(`
-if redis.call("HGET", KEYS[4], "state") ~= "active" then
-	return 0
-end
-local s = redis.call("ZSCORE", KEYS[2], ARGV[1])
-if s and tonumber(s) >= tonumber(ARGV[2]) then
-	return -1
-end
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
-	return 0
-end
-redis.call("ZREM", KEYS[2], ARGV[1])
-if redis.call("RPUSH", KEYS[3], ARGV[1]) == 1 then
-	redis.call("PUBLISH", "` + wake.Channel + `", KEYS[3])
-end
-redis.call("HSET", KEYS[4], "state", "pending", "pending_since", ARGV[3])
-return 1`)
-
-// forwardNowScript moves one task from the scheduled or retry set to the
-// head of its queue, as asynq's forwarder does when its time has come.
-// Returns 1 moved, 0 not in that set (moved meanwhile).
-//
-// KEYS[1] asynq:{q}:scheduled or :retry  KEYS[2] asynq:{q}:pending
-// KEYS[3] asynq:{q}:t:<id>  ARGV[1] id  ARGV[2] now (unix ns)
-var forwardNowScript = redis.NewScript(`
-local group = redis.call("HGET", KEYS[3], "group")
-if group and group ~= "" then
-	return 0
-end
-if redis.call("ZREM", KEYS[1], ARGV[1]) == 0 then
-	return 0
-end
-if redis.call("RPUSH", KEYS[2], ARGV[1]) == 1 then
-	redis.call("PUBLISH", "` + wake.Channel + `", KEYS[2])
-end
-redis.call("HSET", KEYS[3], "state", "pending", "pending_since", ARGV[2])
-return 1`)
-
-// deleteFinishedScript deletes a task asynq keeps in its archived or
-// completed set, which reserves the task id; keel then publishes the job
-// again under the same id. Returns 1 deleted, 0 not in that set.
-//
-// KEYS[1] asynq:{q}:archived or :completed  KEYS[2] asynq:{q}:t:<id>
-// ARGV[1] id
-var deleteFinishedScript = redis.NewScript(`
-if redis.call("ZREM", KEYS[1], ARGV[1]) == 0 then
-	return 0
-end
-redis.call("DEL", KEYS[2])
-return 1`)
-
-// requeueActive runs requeueActiveScript for one task.
+// requeueActive hands a dead worker's task back to the head of its queue
+// (asynqwire.HandBack): 1 moved, 0 not active any more, -1 fresh lease.
 func requeueActive(ctx context.Context, rdb redis.Scripter, queue, id string, now time.Time) (int64, error) {
-	p := idempotency.AsynqQueuePrefix(queue)
-	return requeueActiveScript.Run(ctx, rdb, []string{p + "active", p + "lease", p + "pending", idempotency.AsynqTaskKey(queue, id)},
-		id, now.Add(freshAsynqLease).Unix(), now.UnixNano()).Int64()
-}
-
-// forwardNow runs forwardNowScript for one task in set (scheduled or retry).
-func forwardNow(ctx context.Context, rdb redis.Scripter, queue, set, id string, now time.Time) (int64, error) {
-	p := idempotency.AsynqQueuePrefix(queue)
-	return forwardNowScript.Run(ctx, rdb, []string{p + set, p + "pending", idempotency.AsynqTaskKey(queue, id)}, id, now.UnixNano()).Int64()
-}
-
-// deleteFinished runs deleteFinishedScript for one task in set (archived
-// or completed).
-func deleteFinished(ctx context.Context, rdb redis.Scripter, queue, set, id string) (int64, error) {
-	p := idempotency.AsynqQueuePrefix(queue)
-	return deleteFinishedScript.Run(ctx, rdb, []string{p + set, idempotency.AsynqTaskKey(queue, id)}, id).Int64()
+	return asynqwire.HandBack(ctx, rdb, queue, id, now.Add(freshAsynqLease), now)
 }
 
 // taskStates reads asynq's state of each task in one pipeline (go-redis
@@ -132,7 +48,7 @@ func taskStates(ctx context.Context, rdb redis.UniversalClient, queues, ids []st
 	cmds := make([]*redis.StringCmd, len(ids))
 	pipe := rdb.Pipeline()
 	for i, id := range ids {
-		cmds[i] = pipe.HGet(ctx, idempotency.AsynqTaskKey(queues[i], id), "state")
+		cmds[i] = pipe.HGet(ctx, asynqwire.TaskKey(queues[i], id), "state")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
@@ -247,7 +163,7 @@ func (r *Reconciler) rescueBatch(ctx context.Context, jobs []orphan) (int, error
 	}
 	var active []string
 	for i, st := range states {
-		if st == asynqActive {
+		if st == asynqwire.StateActive {
 			active = append(active, ids[i])
 		}
 	}
@@ -262,15 +178,15 @@ func (r *Reconciler) rescueBatch(ctx context.Context, jobs []orphan) (int, error
 		var moved int64
 		var err error
 		switch st := states[i]; st {
-		case asynqActive:
+		case asynqwire.StateActive:
 			if live[j.ID] {
 				continue // its server is alive: only the ledger lost touch with it
 			}
 			moved, err = requeueActive(ctx, r.rdb, j.Queue, j.ID, now)
-		case asynqRetry, asynqScheduled:
-			moved, err = forwardNow(ctx, r.rdb, j.Queue, st, j.ID, now)
-		case asynqArchived, asynqCompleted:
-			if moved, err = deleteFinished(ctx, r.rdb, j.Queue, st, j.ID); err == nil && moved == 1 {
+		case asynqwire.StateRetry, asynqwire.StateScheduled:
+			moved, err = asynqwire.ForwardNow(ctx, r.rdb, j.Queue, st, j.ID, now)
+		case asynqwire.StateArchived, asynqwire.StateCompleted:
+			if moved, err = asynqwire.DeleteInSet(ctx, r.rdb, j.Queue, st, j.ID); err == nil && moved == 1 {
 				republish = append(republish, j.ID)
 				continue
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -113,17 +114,8 @@ func (c *redisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
-// emptyFetch holds for asynq's dequeue script (its keys are a queue's
-// pending, paused, active and lease) that found nothing.
-func emptyFetch(cmd redis.Cmder) bool {
-	args := cmd.Args()
-	if len(args) < 5 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
-		return false
-	}
-	k, _ := args[3].(string)
-	p, _ := args[4].(string)
-	return strings.HasSuffix(k, ":pending") && strings.HasSuffix(p, ":paused") && cmd.Err() == redis.Nil
-}
+// emptyFetch holds for asynq's dequeue script that found nothing.
+func emptyFetch(cmd redis.Cmder) bool { return asynqwire.IsDequeue(cmd) && cmd.Err() == redis.Nil }
 
 // countingRedis makes asynq's and keel's Redis clients count through c.
 type countingRedis struct {

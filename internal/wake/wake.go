@@ -13,16 +13,17 @@ package wake
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keeljobs/keel/internal/asynqwire"
 )
 
 // Channel is where keel announces work: its publish and rescue scripts
-// PUBLISH the queue's name on it.
-const Channel = "keel:wake"
+// PUBLISH the queue's name on it (asynqwire).
+const Channel = asynqwire.WakeChannel
 
 // maxRoundGap bounds the gap that tells one of asynq's polling rounds from
 // the next: within a round the processor looks into its queues back to
@@ -116,7 +117,7 @@ func (w *Waiter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 func (w *Waiter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		switch {
-		case IsDequeue(cmd):
+		case asynqwire.IsDequeue(cmd):
 			if ch := w.before(time.Now()); ch != nil {
 				t := time.NewTimer(w.maxWait)
 				select {
@@ -129,7 +130,7 @@ func (w *Waiter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			err := next(ctx, cmd)
 			w.after(err == nil)
 			return err
-		case isForward(cmd):
+		case asynqwire.IsForward(cmd):
 			err := next(ctx, cmd)
 			if n, ok := cmd.(*redis.Cmd); ok && err == nil {
 				if moved, _ := n.Int64(); moved > 0 {
@@ -140,39 +141,6 @@ func (w *Waiter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return next(ctx, cmd)
 	}
-}
-
-// scriptKeys returns the keys of an EVAL or EVALSHA.
-func scriptKeys(cmd redis.Cmder) []string {
-	args := cmd.Args()
-	if name := cmd.Name(); (name != "evalsha" && name != "eval") || len(args) < 3 {
-		return nil
-	}
-	n, ok := args[2].(int)
-	if !ok || n < 0 || len(args) < 3+n {
-		return nil
-	}
-	keys := make([]string, n)
-	for i := range n {
-		keys[i], _ = args[3+i].(string)
-	}
-	return keys
-}
-
-// IsDequeue tells asynq v0.26's dequeue script (its keys are a queue's
-// pending, paused, active and lease) from other commands.
-func IsDequeue(cmd redis.Cmder) bool {
-	k := scriptKeys(cmd)
-	return len(k) == 4 && strings.HasSuffix(k[0], ":pending") && strings.HasSuffix(k[1], ":paused") &&
-		strings.HasSuffix(k[2], ":active") && strings.HasSuffix(k[3], ":lease")
-}
-
-// isForward tells asynq's forward script (a queue's scheduled or retry
-// set, then its pending list).
-func isForward(cmd redis.Cmder) bool {
-	k := scriptKeys(cmd)
-	return len(k) == 2 && (strings.HasSuffix(k[0], ":scheduled") || strings.HasSuffix(k[0], ":retry")) &&
-		strings.HasSuffix(k[1], ":pending")
 }
 
 // Listen wakes w whenever work is announced on Channel, and whenever its
