@@ -373,6 +373,9 @@ func (s *Server) Reconciler() *outbox.Reconciler { return s.recon }
 func (s *Server) Run(ctx context.Context) error {
 	if err := idempotency.CheckSchema(ctx, s.cfg.Pool); err != nil {
 		s.close()
+		if ctx.Err() != nil {
+			return nil // stopped before it started: nothing ran, nothing failed
+		}
 		return err
 	}
 	if err := s.srv.Start(s.h); err != nil {
