@@ -32,6 +32,12 @@ func TestChaosLong(t *testing.T) {
 		Poison:        10,
 		Hung:          30,
 		DeployJobs:    200,
+		Deadlines:     80,
+		LateCalls:     30,
+		Uniques:       30,
+		CommittedCuts: 100,
+		LongJobs:      600,
+		CrashOnce:     12,
 		PGRestartAt:   2 * time.Minute,
 		Deadline:      20 * time.Minute,
 	})
