@@ -251,7 +251,13 @@ CREATE TABLE chaos_key_runs (
 	gen          integer NOT NULL,
 	started_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
 	ended_at     timestamptz NOT NULL DEFAULT clock_timestamp());
--- Runs of deploy-committed jobs cut short after their completing InTx.
+-- Runs of deploy-committed jobs past their completing InTx (holder: the
+-- worker's name, so a deploy can aim at them; done once the run returns),
+-- and those a deploy cut short.
+CREATE TABLE chaos_after_commit (
+	business_key text NOT NULL,
+	holder       text NOT NULL,
+	done         boolean NOT NULL DEFAULT false);
 CREATE TABLE chaos_cut (
 	business_key text NOT NULL,
 	err          text NOT NULL);
@@ -395,6 +401,11 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 			return err
 		}
 		// After the completing InTx: a cache refresh, a log flush.
+		late := context.WithoutCancel(ctx)
+		_, _ = pool.Exec(late, `INSERT INTO chaos_after_commit (business_key, holder) VALUES ($1, $2)`, o.Key, os.Getenv(envWorker))
+		defer func() {
+			_, _ = pool.Exec(late, `UPDATE chaos_after_commit SET done = true WHERE business_key = $1`, o.Key)
+		}()
 		if err := pause(ctx, deployRun+rand.N(deployRun/2)); err != nil {
 			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_cut (business_key, err) VALUES ($1, $2)`, o.Key, err.Error())
 			return fmt.Errorf("chaos: %s: cut short after its commit: %w", o.Key, err)
