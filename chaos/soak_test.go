@@ -425,6 +425,9 @@ func (d *driver) submitOne(ctx context.Context, s submission) {
 		if err == nil || ctx.Err() != nil {
 			return
 		}
+		if try%10 == 9 {
+			d.note(fmt.Sprintf("submission of %s still refused after %d tries: %v", s.key, try+1, err))
+		}
 		if pause(ctx, min(100*time.Millisecond<<min(try, 5), 2*time.Second)) != nil {
 			return
 		}
@@ -440,20 +443,25 @@ func (d *driver) submit(ctx context.Context, s submission) (*tasks.Result, error
 	case d.cfg.Batches > 0:
 		opts = append(opts, tasks.InBatch(d.batches[s.n%d.cfg.Batches]))
 	}
-	if s.class.deadline {
+	// task is made just before it is enqueued: a deadline job's deadline
+	// counts from then.
+	task := func() *tasks.Task {
+		if !s.class.deadline {
+			return s.class.kind.New(o, opts...)
+		}
 		// Half wait past their deadline (delayed until just before it: the
 		// scheduled-task check and the queue make them late), half run
 		// and ask for a retry past it.
 		o.Due = time.Now().Add(deadlineIn)
+		delay := tasks.Delay(0)
 		if (s.n/2)%2 == 0 {
 			o.Due = time.Now().Add(deadlineDelay + deadlineSlack)
-			opts = append(opts, tasks.Delay(deadlineDelay))
+			delay = tasks.Delay(deadlineDelay)
 		}
-		opts = append(opts, tasks.Deadline(o.Due))
+		return s.class.kind.New(o, append(opts, delay, tasks.Deadline(o.Due))...)
 	}
-	t := s.class.kind.New(o, opts...)
 	if !s.viaTx {
-		return d.client.Enqueue(ctx, t)
+		return d.client.Enqueue(ctx, task())
 	}
 	var res *tasks.Result
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
@@ -461,7 +469,7 @@ func (d *driver) submit(ctx context.Context, s submission) (*tasks.Result, error
 			return err
 		}
 		var err error
-		res, err = d.client.EnqueueTx(ctx, tx, t)
+		res, err = d.client.EnqueueTx(ctx, tx, task())
 		return err
 	})
 	return res, err
