@@ -115,8 +115,9 @@ const (
 	// longRun is how long a long job runs (up to half as long again).
 	longRun = 3 * time.Second
 	// deadlineIn is a retried deadline job's deadline, from its submission;
-	// a delayed one is due deadlineDelay after it, deadlineSlack before its
-	// deadline, so it usually waits past it.
+	// a delayed one is due deadlineDelay after it (rounded up to a whole
+	// second, as keel does), deadlineSlack before its deadline, so it
+	// usually waits past it.
 	deadlineIn    = 10 * time.Second
 	deadlineDelay = time.Second
 	deadlineSlack = 200 * time.Millisecond

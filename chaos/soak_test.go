@@ -455,7 +455,10 @@ func (d *driver) submit(ctx context.Context, s submission) (*tasks.Result, error
 		o.Due = time.Now().Add(deadlineIn)
 		delay := tasks.Delay(0)
 		if (s.n/2)%2 == 0 {
-			o.Due = time.Now().Add(deadlineDelay + deadlineSlack)
+			// keel rounds a delayed run time up to a whole second (asynq
+			// schedules by seconds) and refuses a deadline not after it.
+			runAt := time.Now().Add(deadlineDelay).Truncate(time.Second).Add(time.Second)
+			o.Due = runAt.Add(deadlineSlack)
 			delay = tasks.Delay(deadlineDelay)
 		}
 		return s.class.kind.New(o, append(opts, delay, tasks.Deadline(o.Due))...)
