@@ -65,7 +65,7 @@ func (v *invariants) fail(name, example string) {
 }
 
 const (
-	invLost         = "jobs lost (accepted, not succeeded or dead)"
+	invLost         = "jobs lost (accepted, not ended: succeeded, dead or expired)"
 	invDupEffect    = "local effects duplicated"
 	invDupCall      = "external calls duplicated (per step key)"
 	invWrongState   = "jobs ended in a state their kind does not predict"

@@ -61,11 +61,14 @@
 //     are in a batch of their own, whose callback must run once. Before
 //     each, an enqueue with a Delay past its deadline must be refused with
 //     idempotency.ErrPastDeadline;
-//   - late call (Timeout 1 s): its step's client ignores its context and
-//     reaches the fake service 5 s later, long after keel gave the run up.
-//     The service applies every call it receives; the next attempt must
-//     wait while the call is in flight (idempotency.ErrCallInFlight, no
-//     attempt spent) and then skip the step: one call received per job;
+//   - late call (Timeout 1 s): its step's client ignores its context and,
+//     on the first attempt, reaches the fake service 5 s later, long after
+//     keel gave the run up. The service applies every call it receives; the
+//     next attempt must wait while the call is in flight
+//     (idempotency.ErrCallInFlight, no attempt spent) and then skip the
+//     step: one call received per job. (A kill or a deploy that cuts the
+//     call off before it is sent leaves Verify to find nothing and a later
+//     attempt to call, promptly.);
 //   - Unique (tasks.Unique of 1 ms, MaxRetry 0): a key's first job acts
 //     for 4 s whatever its context says; the driver cancels it
 //     (Client.Cancel) once it runs, or keel gives it up at its 1 s
@@ -101,7 +104,7 @@
 // (Enqueue returned nil, or the transaction that called EnqueueTx committed):
 //
 //   - jobs lost: 0 — every business key has a ledger row that is succeeded
-//     or dead;
+//     or dead, or discarded as expired (an expiring deadline job);
 //   - side effects duplicated: 0 — local effects at most once per key (the
 //     handlers also count unique violations), external calls at most once per
 //     step key; steps parked in doubt count as dead, not duplicated;

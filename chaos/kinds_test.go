@@ -57,8 +57,9 @@ var (
 	// drops stale work instead of making a dead letter.
 	deadlineKind = tasks.Define[order]("chaos:deadline", tasks.Key(orderKey), tasks.MaxRetry(3))
 	expiringKind = tasks.Define[order]("chaos:expiring", tasks.Key(orderKey), tasks.MaxRetry(3), tasks.ExpireAtDeadline())
-	// lateCallKind's step call ignores its context and reaches fakeService
-	// long after the run was given up at its timeout.
+	// lateCallKind's step call ignores its context and, on the first
+	// attempt, reaches fakeService long after the run was given up at its
+	// timeout.
 	lateCallKind = tasks.Define[order]("chaos:late_call", tasks.Key(orderKey), tasks.MaxRetry(3), tasks.Timeout(time.Second),
 		tasks.Queue("critical"))
 	// The Unique kinds' first job of a key outlives its run (cancelled, or
@@ -378,8 +379,15 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		})
 	}
 	tasks.Handle(mux, lateCallKind, func(ctx context.Context, o order) error {
+		// The first attempt's call outlives its run; a later one, made
+		// when a kill or a deploy cut that call off before it was sent
+		// (Verify finds nothing), is prompt, so the job keeps its budget.
+		after := time.Duration(0)
+		if idempotency.Attempt(ctx) == 1 {
+			after = lateCallAfter
+		}
 		err := idempotency.Step(ctx, stepName, func(ctx context.Context, key string) error {
-			return svc.chargeLate(key, o.Key)
+			return svc.chargeLate(key, o.Key, after)
 		}, idempotency.Verify(svc.charged))
 		if errors.Is(err, idempotency.ErrCallInFlight) {
 			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_call_waits (business_key) VALUES ($1)`, o.Key)

@@ -183,10 +183,10 @@ func (c *serviceClient) charge(ctx context.Context, key, order string) error {
 }
 
 // chargeLate is a charge whose client ignores its context: it sends the
-// request lateCallAfter later, whether the run that asked for it still
-// runs or not, and the service applies it.
-func (c *serviceClient) chargeLate(key, order string) error {
-	time.Sleep(lateCallAfter)
+// request after, whether the run that asked for it still runs or not, and
+// the service applies it.
+func (c *serviceClient) chargeLate(key, order string, after time.Duration) error {
+	time.Sleep(after)
 	req, err := http.NewRequest(http.MethodPost, c.base+"/charge?"+url.Values{"key": {key}, "order": {order}, "late": {"1"}}.Encode(), http.NoBody)
 	if err != nil {
 		return err
