@@ -78,7 +78,7 @@
 //     goes, its last moment seen acting (clock_timestamp()), and no two
 //     intervals of a key may overlap;
 //   - deploy-committed (MaxRetry 0): commits its effect with the completing
-//     InTx, then runs on 4-6 s and returns the context's error when a
+//     InTx, then runs on 8-12 s and returns the context's error when a
 //     deploy cuts it short. It must succeed: no dead letter, no alert;
 //   - long: 3-4.5 s each, arriving all through the submissions, so that
 //     no worker is ever idle;

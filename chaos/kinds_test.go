@@ -415,7 +415,9 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		defer func() {
 			_, _ = pool.Exec(late, `UPDATE chaos_after_commit SET done = true WHERE business_key = $1`, o.Key)
 		}()
-		if err := pause(ctx, deployRun+rand.N(deployRun/2)); err != nil {
+		// Twice a deploy job's run: a deploy that finds it past its commit
+		// cuts it short (ShutdownTimeout is 3 s).
+		if err := pause(ctx, 2*deployRun+rand.N(deployRun)); err != nil {
 			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_cut (business_key, err) VALUES ($1, $2)`, o.Key, err.Error())
 			return fmt.Errorf("chaos: %s: cut short after its commit: %w", o.Key, err)
 		}

@@ -589,13 +589,14 @@ func (d *driver) deployVictim() (*worker, string) {
 		var holder string
 		var n int
 		// Deploy jobs running, and deploy-committed jobs past their commit
-		// (their rows are succeeded by then), on the workers now running.
+		// (their rows are succeeded by then; counted twice, as fewer), on
+		// the workers now running.
 		holders := d.holders()
 		err := d.pool.QueryRow(context.Background(), `SELECT holder, sum(n)::int FROM (
 				SELECT lease_holder AS holder, count(*) AS n FROM keel_jobs
 				WHERE kind = $1 AND status = 'running' AND lease_until > now() GROUP BY 1
 				UNION ALL
-				SELECT holder, count(*) FROM chaos_after_commit WHERE NOT done GROUP BY 1) r
+				SELECT holder, 2 * count(*) FROM chaos_after_commit WHERE NOT done GROUP BY 1) r
 			WHERE holder = ANY($2) GROUP BY 1 ORDER BY 2 DESC LIMIT 1`, deployKind.Name(), holders).Scan(&holder, &n)
 		if err == nil {
 			for s, h := range holders {
