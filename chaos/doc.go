@@ -160,16 +160,18 @@
 // skipped by -short): 2,000 jobs plus 38 of the rare kinds and 111 of the
 // joints' (16 deadline, 6 late-call, 6 Unique, 20 deploy-committed, 60
 // long, 3 crash-once), one SIGKILL, two deploys, one Redis restart and the
-// poison and crash-once jobs' seven worker deaths; about 60 to 90 s on two
-// cores, depending on whether asynq's recoverer is needed.
+// poison and crash-once jobs' seven worker deaths; about 50 to 120 s on two
+// cores, depending on whether asynq's recoverer is needed and on how long
+// the runs that must run alone after a crash wait for room.
 //
 //	go test -race -count=1 -v -run TestChaosShort ./chaos
 //
 // The long version needs the chaos build tag: 20,000 jobs plus 240 of the
 // rare kinds and 852 of the joints' (80 deadline, 30 late-call, 30 Unique,
 // 100 deploy-committed, 600 long, 12 crash-once), a worker killed every
-// 10 s and a deploy every 30 s for five minutes, Redis emptied twice; about
-// 7 minutes on two cores, and it fails if not done within 20.
+// 10 s for five minutes and a deploy every 30 s for seven (the backlog
+// holds the last deploy jobs that long), Redis emptied twice; about
+// 8 to 9 minutes on two cores, and it fails if not done within 20.
 //
 //	go test -tags chaos -run TestChaosLong -timeout 30m -v ./chaos
 //
