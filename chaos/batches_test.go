@@ -32,15 +32,23 @@ func recordBatchCallback(ctx context.Context, d tasks.BatchDone) error {
 	})
 }
 
-// openBatches makes the variant's batches, each with both callbacks.
+// openBatches makes the variant's batches, each with both callbacks, and
+// the deadline jobs' batch when there are deadline jobs.
 func (d *driver) openBatches(ctx context.Context) {
-	for i := range d.cfg.Batches {
-		b, err := d.client.NewBatch(ctx, tasks.BatchSpec{Description: fmt.Sprintf("chaos batch %d", i),
+	open := func(desc string) string {
+		b, err := d.client.NewBatch(ctx, tasks.BatchSpec{Description: desc,
 			OnComplete: tasks.BatchCallback(batchDoneKind, nil), OnSuccess: tasks.BatchCallback(batchDoneKind, nil)})
 		if err != nil {
 			d.t.Fatalf("batches: %v", err)
 		}
 		d.batches = append(d.batches, b.ID)
+		return b.ID
+	}
+	for i := range d.cfg.Batches {
+		open(fmt.Sprintf("chaos batch %d", i))
+	}
+	if d.cfg.Deadlines > 0 {
+		d.deadlineBatch = open("chaos deadline jobs")
 	}
 }
 
@@ -176,8 +184,13 @@ func (d *driver) checkBatches(ctx context.Context) []string {
 	if cbJobs != len(d.batches)+successes || cbDone != cbJobs {
 		fail("%d callback jobs, %d succeeded; want %d, all succeeded", cbJobs, cbDone, len(d.batches)+successes)
 	}
-	if successes == 0 || successes == len(d.batches) {
-		fail("%d of %d batches all succeeded: the run did not exercise both callbacks", successes, len(d.batches))
+	if d.cfg.Batches > 0 && (successes == 0 || successes == d.cfg.Batches) {
+		fail("%d of %d batches all succeeded: the run did not exercise both callbacks", successes, d.cfg.Batches)
+	}
+	if d.deadlineBatch != "" {
+		if b, err := store.GetBatch(ctx, d.deadlineBatch); err != nil || b.Total == 0 {
+			fail("the deadline jobs' batch %s has no members (%v)", d.deadlineBatch, err)
+		}
 	}
 	d.note(fmt.Sprintf("batches: %d batches of %d members in all, %d all succeeded; %d callback jobs", len(d.batches), members, successes, cbJobs))
 	return failures

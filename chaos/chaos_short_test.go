@@ -25,6 +25,12 @@ func TestChaosShort(t *testing.T) {
 		Poison:        2,
 		Hung:          6,
 		DeployJobs:    30,
+		Deadlines:     16,
+		LateCalls:     6,
+		Uniques:       6,
+		CommittedCuts: 20,
+		LongJobs:      60,
+		CrashOnce:     3,
 		PGRestartAt:   15 * time.Second,
 		Deadline:      230 * time.Second,
 	})

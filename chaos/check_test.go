@@ -26,11 +26,12 @@ type jobRow struct {
 	id, kind, key, status string
 	attempts              int
 	lastErr, errClass     string
+	waitedMS              int64
 }
 
 // kindStats is one line of the table.
 type kindStats struct {
-	accepted, dupSubmits, succeeded, dead, inDoubt, open, lost, effects, calls, maxAttempts int
+	accepted, dupSubmits, succeeded, dead, discarded, inDoubt, open, lost, effects, calls, maxAttempts int
 }
 
 // invariant is one assertion of the check: its count must be zero.
@@ -64,7 +65,7 @@ func (v *invariants) fail(name, example string) {
 }
 
 const (
-	invLost         = "jobs lost (accepted, not succeeded or dead)"
+	invLost         = "jobs lost (accepted, not ended: succeeded, dead or expired)"
 	invDupEffect    = "local effects duplicated"
 	invDupCall      = "external calls duplicated (per step key)"
 	invWrongState   = "jobs ended in a state their kind does not predict"
@@ -80,6 +81,9 @@ const (
 	invHung         = "hung jobs not ended by their budget"
 	invLate         = "given-up runs whose late Step or InTx was not refused"
 	invDeployDead   = "MaxRetry(0) jobs dead from a deploy"
+	invDeadline     = "deadline jobs run past their deadline, or enqueues past it not refused"
+	invUnique       = "Unique keys whose runs overlapped, or whose second job was not new"
+	invAlert        = "alerts for jobs that did not die, or deadline deaths without one"
 	invExercised    = "faults planned but never exercised"
 )
 
@@ -102,13 +106,15 @@ func (d *driver) check(ctx context.Context) report {
 		}
 	}
 	jobs := map[string]jobRow{} // by business key
+	byID := map[string]jobRow{} // every row, by id
 	var ticks []jobRow
-	q(`SELECT id, kind, business_key, status, attempts, coalesce(last_error, ''), coalesce(error_class, '')
+	q(`SELECT id, kind, business_key, status, attempts, coalesce(last_error, ''), coalesce(error_class, ''), waited_ms
 		FROM keel_jobs WHERE kind LIKE 'chaos:%'`, func(r pgx.Rows) error {
 		var j jobRow
-		if err := r.Scan(&j.id, &j.kind, &j.key, &j.status, &j.attempts, &j.lastErr, &j.errClass); err != nil {
+		if err := r.Scan(&j.id, &j.kind, &j.key, &j.status, &j.attempts, &j.lastErr, &j.errClass, &j.waitedMS); err != nil {
 			return err
 		}
+		byID[j.id] = j
 		if j.kind == tickKind.Name() {
 			ticks = append(ticks, j)
 		} else {
@@ -170,6 +176,47 @@ func (d *driver) check(ctx context.Context) report {
 		lates = append(lates, l)
 		return err
 	})
+	type deadlineRun struct{ due, started time.Time }
+	deadlineRuns := map[string][]deadlineRun{}
+	q(`SELECT business_key, due, started FROM chaos_deadline_runs`, func(r pgx.Rows) error {
+		var k string
+		var dr deadlineRun
+		err := r.Scan(&k, &dr.due, &dr.started)
+		deadlineRuns[k] = append(deadlineRuns[k], dr)
+		return err
+	})
+	callWaits := map[string]int{} // late-call runs that waited for a call in flight
+	q(`SELECT business_key, count(*) FROM chaos_call_waits GROUP BY 1`, func(r pgx.Rows) error {
+		var k string
+		var n int
+		err := r.Scan(&k, &n)
+		callWaits[k] = n
+		return err
+	})
+	keyRuns := map[string][]keyRun{} // a Unique kind's runs, by key, in start order
+	q(`SELECT business_key, job_id, gen, started_at, ended_at FROM chaos_key_runs ORDER BY started_at`, func(r pgx.Rows) error {
+		var k string
+		var kr keyRun
+		err := r.Scan(&k, &kr.job, &kr.gen, &kr.start, &kr.ended)
+		keyRuns[k] = append(keyRuns[k], kr)
+		return err
+	})
+	cuts := map[string]int{} // deploy-committed runs cut short after their commit
+	q(`SELECT business_key, count(*) FROM chaos_cut GROUP BY 1`, func(r pgx.Rows) error {
+		var k string
+		var n int
+		err := r.Scan(&k, &n)
+		cuts[k] = n
+		return err
+	})
+	alerts := map[string]int{} // by job id
+	q(`SELECT job_id, count(*) FROM chaos_alerts GROUP BY 1`, func(r pgx.Rows) error {
+		var id string
+		var n int
+		err := r.Scan(&id, &n)
+		alerts[id] = n
+		return err
+	})
 	svc := d.service.stats()
 	orders := map[string]bool{}
 	q(`SELECT business_key FROM chaos_orders`, func(r pgx.Rows) error {
@@ -181,7 +228,7 @@ func (d *driver) check(ctx context.Context) report {
 
 	inv := newInvariants(invLost, invDupEffect, invDupCall, invWrongState, invNoReason, invEffect, invCall,
 		invDupSubmit, invOrphan, invWaitAttempts, invTickMissing, invTickBad,
-		invPoison, invHung, invLate, invDeployDead, invExercised)
+		invPoison, invHung, invLate, invDeployDead, invDeadline, invUnique, invAlert, invExercised)
 	q(`SELECT business_key, kind, err FROM chaos_violations`, func(r pgx.Rows) error {
 		var k, kind, e string
 		err := r.Scan(&k, &kind, &e)
@@ -213,11 +260,26 @@ func (d *driver) check(ctx context.Context) report {
 		}
 	}
 
+	for id, n := range alerts {
+		if j, ok := byID[id]; !ok || j.status != "dead" {
+			inv.fail(invAlert, fmt.Sprintf("job %s (%s %s): %s (%s), alerted %d times", id, j.kind, j.key, j.status, j.errClass, n))
+		}
+	}
+	for _, j := range byID {
+		if strings.HasSuffix(j.key, refusedSuffix) {
+			inv.fail(invDeadline, fmt.Sprintf("%s: an enqueue past its deadline made job %s", j.key, j.id))
+		}
+	}
+	for _, w := range d.pastDeadlineWrong {
+		inv.fail(invDeadline, "an enqueue past its deadline was not refused with ErrPastDeadline: "+w)
+	}
+
 	stats := map[*class]*kindStats{}
 	for _, c := range allClasses {
 		stats[c] = &kindStats{}
 	}
 	var submits, tries, unaccepted, deployResumed, crashed, hungTimedOut int
+	var ex exercised
 	d.mu.Lock()
 	keys := make([]string, 0, len(d.keys))
 	for k := range d.keys {
@@ -278,6 +340,11 @@ func (d *driver) check(ctx context.Context) report {
 			case c.want != idempotency.StatusDead, c.deadClass != "" && row.errClass != c.deadClass:
 				inv.fail(invWrongState, fmt.Sprintf("%s (%s): dead (%s: %s), want %s %s", key, c.name, row.errClass, firstLine(row.lastErr), c.want, c.deadClass))
 			}
+		case "discarded":
+			st.discarded++
+			if c.want != idempotency.StatusDiscarded || (c.deadClass != "" && row.errClass != c.deadClass) {
+				inv.fail(invWrongState, fmt.Sprintf("%s (%s): discarded (%s: %s), want %s %s", key, c.name, row.errClass, firstLine(row.lastErr), c.want, c.deadClass))
+			}
 		default:
 			st.open++
 			st.lost++
@@ -307,6 +374,40 @@ func (d *driver) check(ctx context.Context) report {
 			}
 			if n := callsByKey[key]; n > 0 {
 				inv.fail(invLate, fmt.Sprintf("%s: a given-up run made its external call (%d)", key, n))
+			}
+		case deadlineClass, expiringClass:
+			for _, r := range deadlineRuns[key] {
+				if !r.started.Before(r.due) {
+					inv.fail(invDeadline, fmt.Sprintf("%s: a run started %s after its deadline %s", key, r.started.Sub(r.due), r.due.Format(time.StampMilli)))
+				}
+			}
+			if len(deadlineRuns[key]) == 0 {
+				ex.deadlineUnrun++
+			} else {
+				ex.deadlineRan++
+			}
+			if c == deadlineClass && row.status == "dead" && alerts[row.id] == 0 {
+				inv.fail(invAlert, fmt.Sprintf("%s: dead (%s) without an alert", key, row.errClass))
+			}
+		case lateCallClass:
+			if callWaits[key] > 0 && row.status == "succeeded" {
+				ex.callWaited++
+			}
+		case uniqueCancel, uniqueTimeout:
+			d.checkUnique(inv, &ex, key, rec, byID, keyRuns[key])
+		case committedClass:
+			if row.status == "dead" && row.errClass != string(retry.ClassCrashed) {
+				inv.fail(invDeployDead, fmt.Sprintf("%s: dead (%s) after %d runs: %s", key, row.errClass, runs[key], firstLine(row.lastErr)))
+			}
+			if cuts[key] > 0 && row.status == "succeeded" && alerts[row.id] == 0 {
+				ex.cutAfterCommit++
+			}
+		case crashOnceClass:
+			if row.status == "succeeded" && runs[key] > 1 {
+				ex.crashedThenAlone++
+				if row.waitedMS > 0 {
+					ex.handedBack++
+				}
 			}
 		case deployClass:
 			if row.status == "dead" && row.errClass != string(retry.ClassCrashed) {
@@ -347,6 +448,7 @@ func (d *driver) check(ctx context.Context) report {
 	}
 	d.mu.Unlock()
 	d.checkExercised(inv, stats, svc, len(lates), deployResumed, hungTimedOut)
+	d.checkJointsExercised(inv, stats, ex)
 	for k := range orders {
 		if _, ok := jobs[k]; !ok {
 			inv.fail(invOrphan, k+": business row committed without its job")
@@ -357,11 +459,11 @@ func (d *driver) check(ctx context.Context) report {
 
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 2, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "kind\tclass\taccepted\tsubmitted twice\tsucceeded\tdead\tin doubt\tnot terminal\teffects\text. calls\tmax attempts\t")
+	fmt.Fprintln(tw, "kind\tclass\taccepted\tsubmitted twice\tsucceeded\tdead\texpired\tin doubt\tnot terminal\teffects\text. calls\tmax attempts\t")
 	total := kindStats{}
 	row := func(kind, name string, s kindStats) {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", kind, name, s.accepted, s.dupSubmits, s.succeeded,
-			s.dead, s.inDoubt, s.open, s.effects, s.calls, s.maxAttempts)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", kind, name, s.accepted, s.dupSubmits, s.succeeded,
+			s.dead, s.discarded, s.inDoubt, s.open, s.effects, s.calls, s.maxAttempts)
 	}
 	for _, c := range allClasses {
 		s := *stats[c]
@@ -370,6 +472,7 @@ func (d *driver) check(ctx context.Context) report {
 		total.dupSubmits += s.dupSubmits
 		total.succeeded += s.succeeded
 		total.dead += s.dead
+		total.discarded += s.discarded
 		total.inDoubt += s.inDoubt
 		total.open += s.open
 		total.effects += s.effects
@@ -384,8 +487,15 @@ func (d *driver) check(ctx context.Context) report {
 		"deploy jobs cut short by SIGTERM and finished without using an attempt %d; "+
 		"deploy and hung jobs whose last run a kill cut short (dead, crashed) %d\n",
 		d.poisonExits.Load(), len(lates), deployResumed, crashed)
-	fmt.Fprintf(&b, "fake service: charges answered never %d, too late %d, refused unapplied %d; Verify look-ups %d, of which found nothing %d\n\n",
+	fmt.Fprintf(&b, "fake service: charges answered never %d, too late %d, refused unapplied %d; Verify look-ups %d, of which found nothing %d\n",
 		svc.dropped, svc.late, svc.refused, svc.checks, svc.absent)
+	fmt.Fprintf(&b, "deadline jobs ended without a run %d, after a run that asked for a retry past the deadline %d; enqueues past the deadline refused %d of %d\n",
+		ex.deadlineUnrun, ex.deadlineRan, d.pastDeadlineRefused, d.pastDeadlineTries)
+	fmt.Fprintf(&b, "late step calls received %d; late-call jobs whose next run waited for the call in flight %d\n", svc.lateCalls, ex.callWaited)
+	fmt.Fprintf(&b, "Unique keys whose second job was accepted while the first job's handler still acted %d (runs of a key never overlapping: see invariant)\n", ex.uniqueHeld)
+	fmt.Fprintf(&b, "deploy-committed jobs cut short after their commit, succeeded without an alert %d\n", ex.cutAfterCommit)
+	fmt.Fprintf(&b, "crash-once jobs that crashed their worker and then succeeded alone %d, of which handed back while they waited for room %d\n\n",
+		ex.crashedThenAlone, ex.handedBack)
 
 	tw = tabwriter.NewWriter(&b, 2, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "invariant\tcount\tverdict")
@@ -423,6 +533,89 @@ func (d *driver) checkExercised(inv *invariants, stats map[*class]*kindStats, sv
 			inv.fail(invExercised, "no Verify found a charge missing")
 		}
 	}
+}
+
+// exercised counts what the joints' faults did, for the report and for
+// checkJointsExercised.
+type exercised struct {
+	deadlineUnrun, deadlineRan int // deadline jobs that ended without a run / after one
+	callWaited                 int // late-call jobs that waited for a call in flight, then succeeded
+	uniqueHeld                 int // Unique keys whose second job came while the first's handler acted
+	cutAfterCommit             int // deploy-committed jobs cut short after their commit, succeeded
+	crashedThenAlone           int // crash-once jobs that crashed their worker, then succeeded
+	handedBack                 int // of which waited (handed back) for room to run alone
+}
+
+// checkJointsExercised fails the run when a joint's fault never happened.
+func (d *driver) checkJointsExercised(inv *invariants, stats map[*class]*kindStats, ex exercised) {
+	if stats[deadlineClass].accepted+stats[expiringClass].accepted > 0 && (ex.deadlineUnrun == 0 || ex.deadlineRan == 0) {
+		inv.fail(invExercised, fmt.Sprintf("deadline jobs ended without a run %d, after a run %d: want both", ex.deadlineUnrun, ex.deadlineRan))
+	}
+	if d.pastDeadlineTries == 0 && stats[deadlineClass].accepted > 0 {
+		inv.fail(invExercised, "no enqueue past a deadline was tried")
+	}
+	if stats[lateCallClass].accepted > 0 && ex.callWaited == 0 {
+		inv.fail(invExercised, "no late-call job's run waited for an earlier run's call in flight")
+	}
+	if stats[uniqueCancel].accepted+stats[uniqueTimeout].accepted > 0 && ex.uniqueHeld == 0 {
+		inv.fail(invExercised, "no Unique key's second job came while its first job's handler still acted")
+	}
+	if stats[committedClass].accepted > 0 && len(d.cfg.Deploys) > 0 && ex.cutAfterCommit == 0 {
+		inv.fail(invExercised, "no deploy cut a job short after its completing InTx")
+	}
+	if stats[crashOnceClass].accepted > 0 && ex.crashedThenAlone == 0 {
+		inv.fail(invExercised, "no crash-once job crashed its worker and then succeeded")
+	}
+}
+
+// checkUnique checks one key of a Unique scenario: its first job ended as
+// its class says (cancelled, or dead at its timeout; crashed if a kill cut
+// it), the enqueue after it made a new job, and no two runs of the key
+// overlapped — none started before the one before it was last seen acting.
+func (d *driver) checkUnique(inv *invariants, ex *exercised, key string, rec *keyRecord, byID map[string]jobRow, runs []keyRun) {
+	if rec.scenarioErr != "" || rec.firstID == "" {
+		inv.fail(invUnique, fmt.Sprintf("%s: the scenario did not play out: %s", key, rec.scenarioErr))
+		return
+	}
+	first, ok := byID[rec.firstID]
+	want, wantClass := "cancelled", ""
+	if rec.class == uniqueTimeout {
+		want, wantClass = "dead", string(retry.ClassTimeout)
+	}
+	switch {
+	case !ok:
+		inv.fail(invUnique, fmt.Sprintf("%s: its first job %s has no row", key, rec.firstID))
+	case first.status == "dead" && first.errClass == string(retry.ClassCrashed):
+		// A kill cut its only run (MaxRetry 0) and its extra run short.
+	case first.status != want || (wantClass != "" && first.errClass != wantClass):
+		inv.fail(invUnique, fmt.Sprintf("%s: its first job %s is %s (%s: %s), want %s %s", key, rec.firstID,
+			first.status, first.errClass, firstLine(first.lastErr), want, wantClass))
+	}
+	if rec.nextExisted {
+		inv.fail(invUnique, fmt.Sprintf("%s: the enqueue after the window returned the first job", key))
+	}
+	var firstEnd time.Time
+	for i, r := range runs {
+		if r.job == rec.firstID && r.ended.After(firstEnd) {
+			firstEnd = r.ended
+		}
+		for _, o := range runs[:i] {
+			if r.start.Before(o.ended) {
+				inv.fail(invUnique, fmt.Sprintf("%s: a run of job %s (gen %d) started at %s, %s before a run of job %s (gen %d) was last seen acting",
+					key, r.job, r.gen, r.start.Format(time.StampMilli), o.ended.Sub(r.start), o.job, o.gen))
+			}
+		}
+	}
+	if !firstEnd.IsZero() && rec.nextAt.Before(firstEnd) {
+		ex.uniqueHeld++
+	}
+}
+
+// keyRun is one run of a Unique kind's handler (chaos_key_runs).
+type keyRun struct {
+	job          string
+	gen          int
+	start, ended time.Time
 }
 
 func classByKind(k *tasks.Kind[order]) *class {

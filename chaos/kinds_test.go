@@ -26,6 +26,11 @@ type order struct {
 	N   int    `json:"n"`
 	// Hang is how a hung job's handler behaves: hangAlways or hangFirst.
 	Hang string `json:"hang,omitempty"`
+	// Due is a deadline job's deadline, as the driver set it.
+	Due time.Time `json:"due,omitzero"`
+	// Gen is which job of a Unique kind's key this is: 1, whose handler
+	// outlives its run, or 2, enqueued once the window has passed.
+	Gen int `json:"gen,omitempty"`
 }
 
 func orderKey(o order) string { return o.Key }
@@ -47,6 +52,34 @@ var (
 	// deployKind runs for longer than the workers' ShutdownTimeout and has no
 	// retry at all: a deploy that cost an attempt would kill it.
 	deployKind = tasks.Define[order]("chaos:deploy", tasks.Key(orderKey), tasks.MaxRetry(0))
+	// deadlineKind's and expiringKind's jobs carry a deadline they cannot
+	// meet: a run asks for a retry a minute later, past it. expiringKind
+	// drops stale work instead of making a dead letter.
+	deadlineKind = tasks.Define[order]("chaos:deadline", tasks.Key(orderKey), tasks.MaxRetry(3))
+	expiringKind = tasks.Define[order]("chaos:expiring", tasks.Key(orderKey), tasks.MaxRetry(3), tasks.ExpireAtDeadline())
+	// lateCallKind's step call ignores its context and, on the first
+	// attempt, reaches fakeService long after the run was given up at its
+	// timeout.
+	lateCallKind = tasks.Define[order]("chaos:late_call", tasks.Key(orderKey), tasks.MaxRetry(3), tasks.Timeout(time.Second),
+		tasks.Queue("critical"))
+	// The Unique kinds' first job of a key outlives its run (cancelled, or
+	// given up at its timeout); a second job of the key is enqueued once it
+	// has ended, past the window.
+	uniqueCancelKind = tasks.Define[order]("chaos:unique_cancelled", tasks.Key(orderKey), tasks.MaxRetry(0),
+		tasks.Unique(time.Millisecond))
+	uniqueTimeoutKind = tasks.Define[order]("chaos:unique_timed_out", tasks.Key(orderKey), tasks.MaxRetry(0),
+		tasks.Unique(time.Millisecond), tasks.Timeout(time.Second))
+	// committedKind commits its effect first and then runs on, past the
+	// workers' ShutdownTimeout: a deploy cuts it short after its commit.
+	committedKind = tasks.Define[order]("chaos:deploy_committed", tasks.Key(orderKey), tasks.MaxRetry(0))
+	// longKind keeps the workers busy: a few seconds a job, arriving all
+	// through the submissions, so no worker is ever idle.
+	longKind = tasks.Define[order]("chaos:long", tasks.Key(orderKey), tasks.MaxRetry(3))
+	// crashOnceKind's first attempt kills its worker; its last run must run
+	// alone and succeeds. Its timeout bounds the wait to run alone (a fifth
+	// of it) below longKind's run, so the run is handed back and its worker
+	// drains for it.
+	crashOnceKind = tasks.Define[order]("chaos:crash_once", tasks.Key(orderKey), tasks.MaxRetry(1), tasks.Timeout(10*time.Second))
 	// tickKind is the scheduler's; its business keys come from the scheduler.
 	tickKind = tasks.Define[struct{}]("chaos:tick", tasks.Key(func(struct{}) string { return "" }), tasks.Queue("critical"))
 )
@@ -73,6 +106,22 @@ const (
 	// deployRun is how long a deploy job runs: always longer than the
 	// workers' ShutdownTimeout, so a SIGTERM cuts it short.
 	deployRun = 4 * time.Second
+	// lateCallAfter is how long a late call's client takes to send it,
+	// ignoring its context: past lateCallKind's timeout and grace, and past
+	// the next attempt's start.
+	lateCallAfter = 5 * time.Second
+	// uniqueHang is how long a Unique kind's first handler acts after keel
+	// let it go, renewing its interval's end as it goes.
+	uniqueHang = 4 * time.Second
+	// longRun is how long a long job runs (up to half as long again).
+	longRun = 3 * time.Second
+	// deadlineIn is a retried deadline job's deadline, from its submission;
+	// a delayed one is due deadlineDelay after it (rounded up to a whole
+	// second, as keel does), deadlineSlack before its deadline, so it
+	// usually waits past it.
+	deadlineIn    = 10 * time.Second
+	deadlineDelay = time.Second
+	deadlineSlack = 200 * time.Millisecond
 )
 
 // class is one kind of job in the soak and the end it must come to.
@@ -95,6 +144,10 @@ type class struct {
 	crashOK bool
 	// hang is a hung job's behaviour (order.Hang).
 	hang string
+	// deadline jobs are submitted with a deadline they cannot meet.
+	deadline bool
+	// scenario, when set, submits the class's jobs itself (uniqueScenario).
+	scenario func(d *driver, ctx context.Context, s submission)
 }
 
 var classes = []*class{
@@ -115,10 +168,28 @@ var (
 	hungClass     = &class{name: "hung", kind: hungKind, want: idempotency.StatusDead, deadClass: string(retry.ClassTimeout), hang: hangAlways, crashOK: true}
 	hungOnceClass = &class{name: "hung-once", kind: hungKind, want: idempotency.StatusSucceeded, hang: hangFirst}
 	deployClass   = &class{name: "deploy", kind: deployKind, want: idempotency.StatusSucceeded, crashOK: true}
+	// Where keel's guarantees meet: a deadline and a backlog or a retry,
+	// a timeout and a step's call, a dedupe window and a run keel let go,
+	// a deploy and the completing InTx, running alone and a busy worker.
+	deadlineClass  = &class{name: "deadline", kind: deadlineKind, want: idempotency.StatusDead, deadClass: string(retry.ClassDeadline), deadline: true}
+	expiringClass  = &class{name: "expiring", kind: expiringKind, want: idempotency.StatusDiscarded, deadClass: string(retry.ClassExpired), deadline: true}
+	lateCallClass  = &class{name: "late-call", kind: lateCallKind, want: idempotency.StatusSucceeded, external: true, service: true}
+	uniqueCancel   = &class{name: "unique-cancelled", kind: uniqueCancelKind, want: idempotency.StatusSucceeded, crashOK: true}
+	uniqueTimeout  = &class{name: "unique-timed-out", kind: uniqueTimeoutKind, want: idempotency.StatusSucceeded, crashOK: true}
+	committedClass = &class{name: "deploy-committed", kind: committedKind, want: idempotency.StatusSucceeded, crashOK: true}
+	longClass      = &class{name: "long", kind: longKind, want: idempotency.StatusSucceeded, crashOK: true}
+	crashOnceClass = &class{name: "crash-once", kind: crashOnceKind, want: idempotency.StatusSucceeded}
 )
 
+func init() {
+	// Set here: the scenarios refer to the classes.
+	uniqueCancel.scenario = (*driver).uniqueScenario
+	uniqueTimeout.scenario = (*driver).uniqueScenario
+}
+
 // allClasses lists every class, in the report's order.
-var allClasses = append(append([]*class{}, classes...), poisonClass, hungClass, hungOnceClass, deployClass)
+var allClasses = append(append([]*class{}, classes...), poisonClass, hungClass, hungOnceClass, deployClass,
+	deadlineClass, expiringClass, lateCallClass, uniqueCancel, uniqueTimeout, committedClass, longClass, crashOnceClass)
 
 // chaosSchema holds what the handlers write besides the ledger.
 const chaosSchema = `
@@ -162,6 +233,41 @@ CREATE TABLE chaos_batch_callbacks (
 	generation   integer NOT NULL,
 	counts       jsonb NOT NULL,
 	job_id       text NOT NULL);
+-- Every run of a deadline job, with its deadline; started is the
+-- handler's clock when it began.
+CREATE TABLE chaos_deadline_runs (
+	business_key text NOT NULL,
+	due          timestamptz NOT NULL,
+	started      timestamptz NOT NULL);
+-- Runs of late-call jobs whose step waited for an earlier run's call.
+CREATE TABLE chaos_call_waits (
+	business_key text NOT NULL,
+	at           timestamptz NOT NULL DEFAULT clock_timestamp());
+-- Every run of a Unique kind's handler: when it started and the last time
+-- it was seen acting (renewed as it goes, so a killed run's end is known
+-- to within a moment).
+CREATE TABLE chaos_key_runs (
+	id           bigserial PRIMARY KEY,
+	business_key text NOT NULL,
+	job_id       text NOT NULL,
+	gen          integer NOT NULL,
+	started_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+	ended_at     timestamptz NOT NULL DEFAULT clock_timestamp());
+-- Runs of deploy-committed jobs past their completing InTx (holder: the
+-- worker's name, so a deploy can aim at them; done once the run returns),
+-- and those a deploy cut short.
+CREATE TABLE chaos_after_commit (
+	business_key text NOT NULL,
+	holder       text NOT NULL,
+	done         boolean NOT NULL DEFAULT false);
+CREATE TABLE chaos_cut (
+	business_key text NOT NULL,
+	err          text NOT NULL);
+-- Every death the workers alerted (GuardConfig.OnDead).
+CREATE TABLE chaos_alerts (
+	job_id       text NOT NULL,
+	kind         text NOT NULL,
+	class        text NOT NULL);
 CREATE TABLE chaos_violations (
 	business_key text NOT NULL,
 	kind         text NOT NULL,
@@ -261,6 +367,78 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		}
 		return writeEffect(ctx, pool, deployKind.Name(), o.Key)
 	})
+	for _, k := range []*tasks.Kind[order]{deadlineKind, expiringKind} {
+		tasks.Handle(mux, k, func(ctx context.Context, o order) error {
+			// Recorded whatever ctx says: a run that starts past its
+			// deadline is what the check looks for.
+			if _, err := pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_deadline_runs (business_key, due, started)
+				VALUES ($1, $2, $3)`, o.Key, o.Due, time.Now()); err != nil {
+				return err
+			}
+			return retry.After(time.Minute, fmt.Errorf("chaos: %s: the partner is down for a minute", o.Key))
+		})
+	}
+	tasks.Handle(mux, lateCallKind, func(ctx context.Context, o order) error {
+		// The first attempt's call outlives its run; a later one, made
+		// when a kill or a deploy cut that call off before it was sent
+		// (Verify finds nothing), is prompt, so the job keeps its budget.
+		after := time.Duration(0)
+		if idempotency.Attempt(ctx) == 1 {
+			after = lateCallAfter
+		}
+		err := idempotency.Step(ctx, stepName, func(ctx context.Context, key string) error {
+			return svc.chargeLate(key, o.Key, after)
+		}, idempotency.Verify(svc.charged))
+		if errors.Is(err, idempotency.ErrCallInFlight) {
+			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_call_waits (business_key) VALUES ($1)`, o.Key)
+		}
+		if err != nil {
+			return err
+		}
+		return writeEffect(ctx, pool, lateCallKind.Name(), o.Key)
+	})
+	for _, k := range []*tasks.Kind[order]{uniqueCancelKind, uniqueTimeoutKind} {
+		tasks.Handle(mux, k, func(ctx context.Context, o order) error {
+			return uniqueRun(ctx, pool, k, o)
+		})
+	}
+	tasks.Handle(mux, committedKind, func(ctx context.Context, o order) error {
+		if err := recordRun(ctx, pool, o.Key); err != nil {
+			return err
+		}
+		if err := writeEffect(ctx, pool, committedKind.Name(), o.Key); err != nil {
+			return err
+		}
+		// After the completing InTx: a cache refresh, a log flush.
+		late := context.WithoutCancel(ctx)
+		_, _ = pool.Exec(late, `INSERT INTO chaos_after_commit (business_key, holder) VALUES ($1, $2)`, o.Key, os.Getenv(envWorker))
+		defer func() {
+			_, _ = pool.Exec(late, `UPDATE chaos_after_commit SET done = true WHERE business_key = $1`, o.Key)
+		}()
+		// Twice a deploy job's run: a deploy that finds it past its commit
+		// cuts it short (ShutdownTimeout is 3 s).
+		if err := pause(ctx, 2*deployRun+rand.N(deployRun)); err != nil {
+			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_cut (business_key, err) VALUES ($1, $2)`, o.Key, err.Error())
+			return fmt.Errorf("chaos: %s: cut short after its commit: %w", o.Key, err)
+		}
+		return nil
+	})
+	tasks.Handle(mux, longKind, func(ctx context.Context, o order) error {
+		if err := pause(ctx, longRun+rand.N(longRun/2)); err != nil {
+			return err
+		}
+		return writeEffect(ctx, pool, longKind.Name(), o.Key)
+	})
+	tasks.Handle(mux, crashOnceKind, func(ctx context.Context, o order) error {
+		if err := recordRun(ctx, pool, o.Key); err != nil {
+			return err
+		}
+		if idempotency.Attempt(ctx) == 1 {
+			log.Warn("chaos worker: crash-once job, exiting", "key", o.Key)
+			os.Exit(poisonExit)
+		}
+		return writeEffect(ctx, pool, crashOnceKind.Name(), o.Key)
+	})
 	mux.HandleTask(tickKind.Name(), asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		key := t.Headers()[idempotency.HeaderBusinessKey]
 		if key == "" {
@@ -278,6 +456,35 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 func recordRun(ctx context.Context, pool *pgxpool.Pool, key string) error {
 	_, err := pool.Exec(ctx, `INSERT INTO chaos_runs (business_key, attempt) VALUES ($1, $2)`, key, idempotency.Attempt(ctx))
 	return err
+}
+
+// uniqueRun is a Unique kind's handler. It records its interval in
+// chaos_key_runs: its start, and its end renewed while it acts. The first
+// job of a key acts for uniqueHang whatever its context says (keel cancels
+// it, or gives it up at its timeout); the second writes its effect.
+func uniqueRun(ctx context.Context, pool *pgxpool.Pool, kind *tasks.Kind[order], o order) error {
+	late := context.WithoutCancel(ctx)
+	id, _ := idempotency.JobID(ctx)
+	var run int64
+	if err := pool.QueryRow(ctx, `INSERT INTO chaos_key_runs (business_key, job_id, gen) VALUES ($1, $2, $3) RETURNING id`,
+		o.Key, id, o.Gen).Scan(&run); err != nil {
+		return err
+	}
+	seen := func() {
+		_, _ = pool.Exec(late, `UPDATE chaos_key_runs SET ended_at = clock_timestamp() WHERE id = $1`, run)
+	}
+	defer seen()
+	if o.Gen == 1 {
+		for end := time.Now().Add(uniqueHang); time.Now().Before(end); {
+			time.Sleep(200 * time.Millisecond)
+			seen()
+		}
+		return nil
+	}
+	if err := pause(ctx, 100*time.Millisecond); err != nil {
+		return err
+	}
+	return writeEffect(ctx, pool, kind.Name(), o.Key)
 }
 
 // hang is a handler that ignores its context: it carries on until the

@@ -33,6 +33,8 @@ type fakeService struct {
 	refused int
 	checks  int // look-ups by Verify
 	absent  int // of which found no charge
+	// lateCalls are chargeLate's calls received.
+	lateCalls int
 }
 
 // Fault rates of fakeService, per charge request.
@@ -62,6 +64,16 @@ func (s *fakeService) charge(w http.ResponseWriter, r *http.Request) {
 	key, owner := r.URL.Query().Get("key"), r.URL.Query().Get("order")
 	if key == "" {
 		http.Error(w, "no key", http.StatusBadRequest)
+		return
+	}
+	if r.URL.Query().Get("late") != "" {
+		// A late call (chargeLate): applied and answered, no faults.
+		s.mu.Lock()
+		s.calls[key]++
+		s.owner[key] = owner
+		s.lateCalls++
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusOK)
 		return
 	}
 	p := rand.Float64()
@@ -125,14 +137,14 @@ type serviceStats struct {
 	byStep                         map[string]int
 	byOrder                        map[string]int
 	dropped, late, refused, checks int
-	absent                         int
+	absent, lateCalls              int
 }
 
 func (s *fakeService) stats() serviceStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := serviceStats{byStep: map[string]int{}, byOrder: map[string]int{}, dropped: s.dropped, late: s.late,
-		refused: s.refused, checks: s.checks, absent: s.absent}
+		refused: s.refused, checks: s.checks, absent: s.absent, lateCalls: s.lateCalls}
 	for k, n := range s.calls {
 		st.byStep[k] = n
 		st.byOrder[s.owner[k]] += n
@@ -156,6 +168,26 @@ func newServiceClient(base string) *serviceClient {
 
 func (c *serviceClient) charge(ctx context.Context, key, order string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/charge?"+url.Values{"key": {key}, "order": {order}}.Encode(), http.NoBody)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("charge %s: status %d", key, resp.StatusCode)
+	}
+	return nil
+}
+
+// chargeLate is a charge whose client ignores its context: it sends the
+// request after, whether the run that asked for it still runs or not, and
+// the service applies it.
+func (c *serviceClient) chargeLate(key, order string, after time.Duration) error {
+	time.Sleep(after)
+	req, err := http.NewRequest(http.MethodPost, c.base+"/charge?"+url.Values{"key": {key}, "order": {order}, "late": {"1"}}.Encode(), http.NoBody)
 	if err != nil {
 		return err
 	}

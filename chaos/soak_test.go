@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/scheduler"
@@ -55,6 +57,13 @@ type soakConfig struct {
 	// poison (each kills two workers), hung (half always hang, half on
 	// their first attempt) and deploy (long MaxRetry(0) jobs).
 	Poison, Hung, DeployJobs int
+	// Where keel's guarantees meet, also spread over the run: deadline jobs
+	// (half dead at their deadline, half of an expiring kind; some in a
+	// batch of their own), late step calls, Unique keys whose first job
+	// outlives its run (half cancelled, half timed out), deploy jobs cut
+	// short after their commit, long jobs keeping every worker busy, and
+	// jobs that crash their worker once and then must run alone.
+	Deadlines, LateCalls, Uniques, CommittedCuts, LongJobs, CrashOnce int
 	// PGRestartAt is when KEEL_CHAOS_PG_RESTART_CMD runs, if it is set.
 	PGRestartAt time.Duration
 	// Deadline bounds the whole run, until every job is terminal.
@@ -76,6 +85,13 @@ type keyRecord struct {
 	jobIDs   map[string]bool
 	lastErr  string
 	accepted bool
+	// A Unique scenario's key: its first job (jobIDs then holds the
+	// second), whether the second enqueue returned an existing job, when
+	// the second was created, and what went wrong on the way, if anything.
+	firstID     string
+	nextExisted bool
+	nextAt      time.Time
+	scenarioErr string
 }
 
 type submission struct {
@@ -83,6 +99,7 @@ type submission struct {
 	key   string
 	class *class
 	viaTx bool
+	gen   int // a Unique scenario's job of the key (order.Gen)
 }
 
 type event struct {
@@ -120,7 +137,17 @@ type driver struct {
 
 	schedStart, schedStop time.Time
 
-	batches []string // ids, when cfg.Batches > 0
+	batches []string // ids: cfg.Batches of them, then deadlineBatch if any
+	// deadlineBatch holds a third of the deadline jobs, whose members all
+	// end dead or expired: its callback must still run once.
+	deadlineBatch string
+
+	// scenarios are the Unique scenarios' goroutines (submitOne).
+	scenarios sync.WaitGroup
+	// Enqueues with a Delay past their deadline (one per deadline job):
+	// refused with ErrPastDeadline, as they must be, or not (wrong).
+	pastDeadlineTries, pastDeadlineRefused int
+	pastDeadlineWrong                      []string
 }
 
 func soak(t *testing.T, cfg soakConfig) {
@@ -310,6 +337,17 @@ func (d *driver) planRare() {
 	add(hungClass, d.cfg.Hung-d.cfg.Hung/2, 0, 1)
 	add(hungOnceClass, d.cfg.Hung/2, 0, 1)
 	add(deployClass, d.cfg.DeployJobs, 0.5, 1)
+	add(deadlineClass, d.cfg.Deadlines-d.cfg.Deadlines/2, 0, 1)
+	add(expiringClass, d.cfg.Deadlines/2, 0, 1)
+	add(lateCallClass, d.cfg.LateCalls, 0, 1)
+	// Their second jobs come seconds after the first: not at the very end.
+	add(uniqueCancel, d.cfg.Uniques-d.cfg.Uniques/2, 0, 0.9)
+	add(uniqueTimeout, d.cfg.Uniques/2, 0, 0.9)
+	add(committedClass, d.cfg.CommittedCuts, 0.5, 1)
+	// Long jobs arrive all through the run, and the crash-once jobs while
+	// they do, after the poison jobs.
+	add(longClass, d.cfg.LongJobs, 0, 1)
+	add(crashOnceClass, d.cfg.CrashOnce, 0.3, 0.7)
 	sort.SliceStable(rares, func(i, j int) bool { return rares[i].at < rares[j].at })
 	plan := make([]submission, 0, len(d.plan)+len(rares))
 	for i, s := range d.plan {
@@ -338,7 +376,7 @@ func (d *driver) submitAll(ctx context.Context) <-chan struct{} {
 		})
 	}
 	go func() {
-		defer func() { close(ch); wg.Wait(); close(done) }()
+		defer func() { close(ch); wg.Wait(); d.scenarios.Wait(); close(done) }()
 		interval := d.cfg.SubmitOver / time.Duration(len(d.plan))
 		next := time.Now()
 		for _, s := range d.plan {
@@ -361,6 +399,13 @@ func (d *driver) submitAll(ctx context.Context) <-chan struct{} {
 // submitOne submits s until it is accepted, as a producer that must not
 // drop an order would.
 func (d *driver) submitOne(ctx context.Context, s submission) {
+	if s.class.scenario != nil && s.gen == 0 {
+		d.scenarios.Go(func() { s.class.scenario(d, ctx, s) })
+		return
+	}
+	if s.class.deadline {
+		d.probePastDeadline(ctx, s)
+	}
 	for try := 0; ; try++ {
 		res, err := d.submit(ctx, s)
 		d.mu.Lock()
@@ -380,6 +425,9 @@ func (d *driver) submitOne(ctx context.Context, s submission) {
 		if err == nil || ctx.Err() != nil {
 			return
 		}
+		if try%10 == 9 {
+			d.note(fmt.Sprintf("submission of %s still refused after %d tries: %v", s.key, try+1, err))
+		}
 		if pause(ctx, min(100*time.Millisecond<<min(try, 5), 2*time.Second)) != nil {
 			return
 		}
@@ -388,12 +436,35 @@ func (d *driver) submitOne(ctx context.Context, s submission) {
 
 func (d *driver) submit(ctx context.Context, s submission) (*tasks.Result, error) {
 	var opts []tasks.Option
-	if len(d.batches) > 0 {
-		opts = append(opts, tasks.InBatch(d.batches[s.n%len(d.batches)]))
+	o := order{Key: s.key, N: s.n, Hang: s.class.hang, Gen: s.gen}
+	switch {
+	case s.class.deadline && s.n%3 == 0 && d.deadlineBatch != "":
+		opts = append(opts, tasks.InBatch(d.deadlineBatch))
+	case d.cfg.Batches > 0:
+		opts = append(opts, tasks.InBatch(d.batches[s.n%d.cfg.Batches]))
 	}
-	t := s.class.kind.New(order{Key: s.key, N: s.n, Hang: s.class.hang}, opts...)
+	// task is made just before it is enqueued: a deadline job's deadline
+	// counts from then.
+	task := func() *tasks.Task {
+		if !s.class.deadline {
+			return s.class.kind.New(o, opts...)
+		}
+		// Half wait past their deadline (delayed until just before it: the
+		// scheduled-task check and the queue make them late), half run
+		// and ask for a retry past it.
+		o.Due = time.Now().Add(deadlineIn)
+		delay := tasks.Delay(0)
+		if (s.n/2)%2 == 0 {
+			// keel rounds a delayed run time up to a whole second (asynq
+			// schedules by seconds) and refuses a deadline not after it.
+			runAt := time.Now().Add(deadlineDelay).Truncate(time.Second).Add(time.Second)
+			o.Due = runAt.Add(deadlineSlack)
+			delay = tasks.Delay(deadlineDelay)
+		}
+		return s.class.kind.New(o, append(opts, delay, tasks.Deadline(o.Due))...)
+	}
 	if !s.viaTx {
-		return d.client.Enqueue(ctx, t)
+		return d.client.Enqueue(ctx, task())
 	}
 	var res *tasks.Result
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
@@ -401,7 +472,7 @@ func (d *driver) submit(ctx context.Context, s submission) (*tasks.Result, error
 			return err
 		}
 		var err error
-		res, err = d.client.EnqueueTx(ctx, tx, t)
+		res, err = d.client.EnqueueTx(ctx, tx, task())
 		return err
 	})
 	return res, err
@@ -517,13 +588,20 @@ func (d *driver) deployVictim() (*worker, string) {
 	for time.Now().Before(deadline) {
 		var holder string
 		var n int
-		err := d.pool.QueryRow(context.Background(), `SELECT lease_holder, count(*) FROM keel_jobs
-			WHERE kind = $1 AND status = 'running' AND lease_until > now()
-			GROUP BY 1 ORDER BY 2 DESC LIMIT 1`, deployKind.Name()).Scan(&holder, &n)
+		// Deploy jobs running, and deploy-committed jobs past their commit
+		// (their rows are succeeded by then; counted twice, as fewer), on
+		// the workers now running.
+		holders := d.holders()
+		err := d.pool.QueryRow(context.Background(), `SELECT holder, sum(n)::int FROM (
+				SELECT lease_holder AS holder, count(*) AS n FROM keel_jobs
+				WHERE kind = $1 AND status = 'running' AND lease_until > now() GROUP BY 1
+				UNION ALL
+				SELECT holder, 2 * count(*) FROM chaos_after_commit WHERE NOT done GROUP BY 1) r
+			WHERE holder = ANY($2) GROUP BY 1 ORDER BY 2 DESC LIMIT 1`, deployKind.Name(), holders).Scan(&holder, &n)
 		if err == nil {
-			for s, h := range d.holders() {
+			for s, h := range holders {
 				if h == holder {
-					return d.claimWorker(s), fmt.Sprintf("running %d deploy jobs", n)
+					return d.claimWorker(s), fmt.Sprintf("running %d deploy jobs, or deploy-committed ones past their commit", n)
 				}
 			}
 		}
@@ -660,7 +738,7 @@ func (d *driver) converge(deadline time.Time) bool {
 func (d *driver) describeOpen() string {
 	rows, err := d.pool.Query(context.Background(), `SELECT id, business_key, status, attempts, crashes,
 		coalesce(last_holder, ''), coalesce(lease_until::text, ''), published_at IS NOT NULL, updated_at::text
-		FROM keel_jobs WHERE kind LIKE 'chaos:%' AND status NOT IN ('succeeded', 'dead') ORDER BY id LIMIT 4`)
+		FROM keel_jobs WHERE kind LIKE 'chaos:%' AND status NOT IN `+terminal+` ORDER BY id LIMIT 4`)
 	if err != nil {
 		return ""
 	}
@@ -679,6 +757,42 @@ func (d *driver) describeOpen() string {
 	return b.String()
 }
 
+// terminal are the statuses a job ends in: dead and cancelled jobs of a
+// Unique kind's key are moved aside for a newer job, expired ones
+// discarded.
+const terminal = `('succeeded', 'dead', 'discarded', 'cancelled')`
+
+func isTerminal(status string) bool {
+	switch idempotency.Status(status) {
+	case idempotency.StatusSucceeded, idempotency.StatusDead, idempotency.StatusDiscarded, idempotency.StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// probePastDeadline enqueues a job like s with a Delay past its deadline,
+// under a key of its own: it must be refused with ErrPastDeadline (the
+// check also finds no row for it).
+func (d *driver) probePastDeadline(ctx context.Context, s submission) {
+	t := s.class.kind.New(order{Key: s.key + refusedSuffix, N: s.n},
+		tasks.Deadline(time.Now().Add(time.Second)), tasks.Delay(2*time.Second))
+	_, err := d.client.Enqueue(ctx, t)
+	if ctx.Err() != nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pastDeadlineTries++
+	if errors.Is(err, idempotency.ErrPastDeadline) {
+		d.pastDeadlineRefused++
+	} else {
+		d.pastDeadlineWrong = append(d.pastDeadlineWrong, fmt.Sprintf("%s: %v", s.key+refusedSuffix, err))
+	}
+}
+
+// refusedSuffix marks the keys of probePastDeadline's enqueues.
+const refusedSuffix = "-refused"
+
 // openJobs counts the jobs not yet terminal (which: by kind and status)
 // and the accepted keys without a ledger row.
 func (d *driver) openJobs() (open, missing int, which map[string]int, err error) {
@@ -696,7 +810,7 @@ func (d *driver) openJobs() (open, missing int, which map[string]int, err error)
 			return -1, -1, nil, err
 		}
 		seen[key] = true
-		if status != "succeeded" && status != "dead" {
+		if !isTerminal(status) {
 			open++
 			which[kind+" "+status]++
 		}

@@ -88,7 +88,18 @@ func runWorkerChild() int {
 		return 2
 	}
 	defer limits.Close()
-	srv, err := server.New(workerConfig(opt, pool, limits, log), chaosMux(pool, newServiceClient(os.Getenv(envWorkerService)), log))
+	cfg := workerConfig(opt, pool, limits, log)
+	// Every death is alerted once: recorded, so the check can tell which
+	// jobs made a dead letter (a deploy must not, nor an expired job).
+	cfg.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(actx, `INSERT INTO chaos_alerts (job_id, kind, class) VALUES ($1, $2, $3)`, e.JobID, e.Kind, e.Class); err != nil {
+			log.Warn("chaos worker: could not record an alert", "job_id", e.JobID, "err", err)
+		}
+		e.LogDied(ctx, log)
+	}
+	srv, err := server.New(cfg, chaosMux(pool, newServiceClient(os.Getenv(envWorkerService)), log))
 	if err != nil {
 		log.Error("chaos worker: server", "err", err)
 		return 2
