@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -24,8 +26,9 @@ const (
 	// aloneDrain bounds how long a worker takes no new work for a run that
 	// was handed back because the others did not finish in time: on a
 	// worker that always has a long job running, the run would otherwise
-	// wait for an idle moment that never comes.
-	aloneDrain = 10 * time.Minute
+	// wait for an idle moment that never comes. The drain ends sooner once
+	// the job is taken by another worker or ends (watchReservation).
+	aloneDrain = 2 * time.Minute
 	// drainIdle ends such a drain once the worker has been idle this long
 	// without the run coming back (another worker took it).
 	drainIdle = 10 * time.Second
@@ -176,6 +179,23 @@ func (g *aloneGate) reserve(id string) {
 	g.noteIdle()
 }
 
+// reservedFor reports whether the worker drains for job id.
+func (g *aloneGate) reservedFor(id string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reserved == id
+}
+
+// unreserve ends a drain for job id, if it is still the one reserved.
+func (g *aloneGate) unreserve(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.reserved == id {
+		g.reserved = ""
+		g.broadcast()
+	}
+}
+
 // noteIdle starts the idle clock of a drain; g.mu held.
 func (g *aloneGate) noteIdle() {
 	if g.reserved != "" && g.running == 0 && g.zombies == 0 && g.idleSince.IsZero() {
@@ -305,6 +325,7 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) e
 			// this job, so that its run finds room when it comes back in
 			// a moment, even on a worker that is never idle.
 			g.gate.reserve(jc.id)
+			go g.watchReservation(jc.id)
 			return retry.Wait(retry.MinDelay, fmt.Errorf("keel: job %s must run alone on its worker (an earlier run crashed) and could not yet (waited %s); the worker takes no new work until it can: %w",
 				jc.id, time.Since(began).Round(time.Millisecond), err))
 		}
@@ -328,4 +349,41 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) e
 		return jc.refused(ctx, ErrLeaseLost)
 	}
 	return nil
+}
+
+// watchReservation ends this worker's drain for job id as soon as the job
+// no longer needs it here: another worker took it (asynq hands a run back
+// to whichever worker fetches it), or it ended. Draining for a job that
+// went elsewhere would only hold every other job back.
+func (g *Guard) watchReservation(id string) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for g.gate.reservedFor(id) {
+		select {
+		case <-g.ledger.Closed():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var status Status
+		var holder string
+		err := g.store.pool.QueryRow(ctx, `SELECT status, coalesce(lease_holder, '') FROM keel_jobs WHERE id = $1`, id).Scan(&status, &holder)
+		cancel()
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && reservationMoot(status, holder, g.cfg.Holder)) {
+			g.gate.unreserve(id)
+			return
+		}
+	}
+}
+
+// reservationMoot tells a job a worker drains for that no longer needs
+// it: running under another worker's lease, or ended.
+func reservationMoot(status Status, holder, mine string) bool {
+	switch status {
+	case StatusPending, StatusFailed:
+		return false
+	case StatusRunning:
+		return holder != mine
+	}
+	return true
 }

@@ -239,3 +239,31 @@ func TestAGateDrainsForAReservedRunAndNotForEver(t *testing.T) {
 	p.leave()
 	busy.leave()
 }
+
+// A drain for a job ends once another worker runs it or it has ended.
+func TestADrainForAJobThatWentElsewhereIsMoot(t *testing.T) {
+	for _, tc := range []struct {
+		status Status
+		holder string
+		moot   bool
+	}{
+		{StatusPending, "", false},
+		{StatusFailed, "", false},
+		{StatusRunning, "me", false},
+		{StatusRunning, "another", true},
+		{StatusSucceeded, "", true},
+		{StatusDead, "", true},
+		{StatusCancelled, "", true},
+	} {
+		require.Equal(t, tc.moot, reservationMoot(tc.status, tc.holder, "me"), "%s held by %q", tc.status, tc.holder)
+	}
+	g := newAloneGate()
+	g.reserve("crashed")
+	require.True(t, g.reservedFor("crashed"))
+	g.unreserve("other")
+	require.True(t, g.reservedFor("crashed"), "another job's end ended the drain")
+	g.unreserve("crashed")
+	p, err := g.enterAs(context.Background(), "other", time.Second)
+	require.NoError(t, err, "the drain outlived its job")
+	p.leave()
+}
