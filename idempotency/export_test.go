@@ -50,17 +50,17 @@ func (g *Guard) RenewForTest(ctx context.Context, runs ...ClaimedRun) ([]string,
 	return g.renew(ctx, ids, nums)
 }
 
-// SetTestHooks sets what InTx calls after its commit lands and before the
-// run notes it, and what the renew loop calls after each renewal; nil
-// removes a hook.
-func SetTestHooks(inTxCommitted func(jobID string), renewed func()) {
-	inTxCommittedHook.Store(nil)
-	renewedHook.Store(nil)
+// SetTestHooks sets what this guard's InTx calls after its commit lands
+// and before the run notes it, and what its renew loop calls after each
+// renewal; nil removes a hook.
+func (g *Guard) SetTestHooks(inTxCommitted func(jobID string), renewed func()) {
+	g.inTxCommittedHook.Store(nil)
+	g.renewedHook.Store(nil)
 	if inTxCommitted != nil {
-		inTxCommittedHook.Store(&inTxCommitted)
+		g.inTxCommittedHook.Store(&inTxCommitted)
 	}
 	if renewed != nil {
-		renewedHook.Store(&renewed)
+		g.renewedHook.Store(&renewed)
 	}
 }
 

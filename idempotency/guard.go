@@ -271,6 +271,11 @@ type Guard struct {
 
 	// inFlight are the steps' calls in flight on this worker (flight.go).
 	inFlight flights
+
+	// Test hooks of this guard, nil outside tests: the moment between an
+	// InTx's commit and its run noting it, and the end of each renewal.
+	inTxCommittedHook atomic.Pointer[func(jobID string)]
+	renewedHook       atomic.Pointer[func()]
 	// strays are the given-up handlers still running here (stray.go).
 	strays strays
 
@@ -814,7 +819,7 @@ func (g *Guard) renewLoop(ctx context.Context) {
 		g.renewRunning(ctx)
 		g.renewFlights(ctx)
 		g.renewStrays(ctx)
-		if h := renewedHook.Load(); h != nil {
+		if h := g.renewedHook.Load(); h != nil {
 			(*h)()
 		}
 	}
@@ -888,13 +893,6 @@ func (g *Guard) renewRunning(ctx context.Context) {
 		}
 	}
 }
-
-// Test hooks, nil outside tests: the moment between an InTx's commit and
-// its run noting it, and the end of each renewal.
-var (
-	inTxCommittedHook atomic.Pointer[func(jobID string)]
-	renewedHook       atomic.Pointer[func()]
-)
 
 // renewSQL extends the leases of a worker's running jobs and returns the
 // ids still this run's: renewed, or locked right now (by the worker's own
@@ -1730,7 +1728,7 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		g.cfg.Logger.Warn("keel: InTx commit in doubt: the connection failed during COMMIT", "job_id", jc.id, "err", err)
 		return fmt.Errorf("keel: job %s: commit in doubt: %w", jc.id, interpretError(err))
 	}
-	if h := inTxCommittedHook.Load(); h != nil {
+	if h := g.inTxCommittedHook.Load(); h != nil {
 		(*h)(jc.id)
 	}
 	jc.completed.Store(true)

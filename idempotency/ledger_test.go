@@ -506,7 +506,27 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 	ctx := context.Background()
 	renewals := make(chan struct{}, 16)
 	var missed atomic.Bool
-	idempotency.SetTestHooks(func(string) {
+	var runs atomic.Int32
+	var cause atomic.Value
+	mux := tasks.NewMux()
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		runs.Add(1)
+		id, _ := idempotency.JobID(ctx)
+		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'receipt')`, id)
+			return err
+		})
+		cause.Store(fmt.Sprint(context.Cause(ctx)))
+		return err
+	})
+	var log testenv.SyncBuffer
+	srv := b.startWorker(t, mux, func(c *server.Config) {
+		c.Guard.Lease = 500 * time.Millisecond
+		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	})
+	var held atomic.Bool
+	srv.Guard().SetTestHooks(func(string) {
+		held.Store(true)
 		// Two renewals end while the commit has landed and the run does
 		// not know yet: the second began after the commit.
 		for len(renewals) > 0 {
@@ -526,28 +546,10 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 		default:
 		}
 	})
-	t.Cleanup(func() { idempotency.SetTestHooks(nil, nil) })
-	var log testenv.SyncBuffer
-	var runs atomic.Int32
-	var cause atomic.Value
-	mux := tasks.NewMux()
-	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
-		runs.Add(1)
-		id, _ := idempotency.JobID(ctx)
-		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'receipt')`, id)
-			return err
-		})
-		cause.Store(fmt.Sprint(context.Cause(ctx)))
-		return err
-	})
 	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "renewed-after-commit"}))
 	require.NoError(t, err)
-	b.startWorker(t, mux, func(c *server.Config) {
-		c.Guard.Lease = 500 * time.Millisecond
-		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
-	})
 	testenv.Eventually(t, 30*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
+	require.True(t, held.Load(), "the run was not held between its commit and noting it")
 	require.False(t, missed.Load(), "no lease renewal ran while the commit was unnoted")
 	require.Equal(t, "<nil>", cause.Load(), "the run was cancelled after its InTx committed")
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 5*time.Second)
