@@ -279,7 +279,7 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 	j := b.waitStatus(t, id, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 1, j.Attempts)
 	require.EqualValues(t, 0, lastRetried.Load(), "the replayed task kept its spent retry count")
-	time.Sleep(300 * time.Millisecond)
+	testenv.WaitAsynqIdle(t, b.redis, 10*time.Second, "critical", "default", "low")
 	require.EqualValues(t, 3, runs.Load(), "a replay must run the handler exactly once more")
 
 	entries, err := b.store.Audit(ctx, id)

@@ -91,8 +91,9 @@ func TestConcurrentDuplicateEnqueueYieldsOneRowAndOneRun(t *testing.T) {
 	again, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "123"}))
 	require.NoError(t, err)
 	require.True(t, again.Existed)
+	require.False(t, again.Published, "a finished job was published again")
 	require.Equal(t, idempotency.StatusSucceeded, again.Job.Status)
-	time.Sleep(300 * time.Millisecond)
+	testenv.WaitAsynqIdle(t, b.redis, 10*time.Second, "critical", "default", "low")
 	require.EqualValues(t, 1, runs.Load())
 }
 
@@ -303,7 +304,9 @@ func TestEnqueueTxRunsOnCommitOnly(t *testing.T) {
 	require.ErrorIs(t, err, rollback)
 
 	b.waitStatus(t, committed, idempotency.StatusSucceeded, 10*time.Second)
-	time.Sleep(time.Second) // a relay pass or more after the rollback
+	// The rolled-back job left no row (checked below): nothing can publish
+	// it, and once asynq holds nothing more nothing can run it.
+	testenv.WaitAsynqIdle(t, b.redis, 10*time.Second, "critical", "default", "low")
 	_, ok := ran.Load("rollback")
 	require.False(t, ok, "a rolled-back job ran")
 	_, err = b.store.Lookup(ctx, receipt.Name(), "order:rollback")

@@ -129,7 +129,7 @@ func TestEnqueueTxCommitRunsOnceRollbackNever(t *testing.T) {
 		return fmt.Errorf("roll back")
 	})
 	b.waitAllSucceeded(t, 1, 10*time.Second)
-	time.Sleep(time.Second)
+	testenv.WaitAsynqIdle(t, b.opt, 10*time.Second, "default")
 	require.EqualValues(t, 1, runs.Load())
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE business_key = 'rolled-back'`))
 }
@@ -230,7 +230,7 @@ func TestRelayCrashBetweenPublishAndMark(t *testing.T) {
 	var runs atomic.Int64
 	b.worker(t, b.effectMux(&runs), nil)
 	b.waitAllSucceeded(t, 20, 15*time.Second)
-	time.Sleep(500 * time.Millisecond)
+	testenv.WaitAsynqIdle(t, b.opt, 10*time.Second, "default")
 	require.EqualValues(t, 20, runs.Load())
 }
 
@@ -262,7 +262,9 @@ func TestTwoRelaysAndTwoReconcilersPublishEachJobOnce(t *testing.T) {
 	b.waitAllSucceeded(t, n, 30*time.Second)
 	cancel()
 	wg.Wait()
-	time.Sleep(time.Second) // reconcilers get a pass over the finished set
+	// Every job succeeded and the stand-alone relays stopped: once asynq
+	// holds nothing more, no second run can come.
+	testenv.WaitAsynqIdle(t, b.opt, 10*time.Second, "default")
 	require.EqualValues(t, n, runs.Load())
 }
 
