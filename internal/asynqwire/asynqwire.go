@@ -188,16 +188,18 @@ func Publish(ctx context.Context, rdb redis.Scripter, queue string, tasks []Entr
 	return added, nil
 }
 
-// handBackScript moves a task a dead worker held back to the head of its
-// queue, as asynq's own requeue at shutdown does (requeueCmd), but only if
-// it is still active and its asynq lease does not reach ARGV[2]. Returns 1
-// moved, 0 not active any more, -1 fresh lease.
+// takeActiveScript takes a task asynq holds as active off its active list
+// and lease set, but only if it is still active and its asynq lease does
+// not reach ARGV[2]; then, with ARGV[3] (now, unix ns), it hands the task
+// back to the head of its queue, as asynq's own requeue at shutdown does
+// (requeueCmd), and without it removes the task, as asynq's Done would
+// (doneCmd). Returns 1 done, 0 not active any more, -1 fresh lease.
 //
-// KEYS[1] asynq:{q}:active  KEYS[2] asynq:{q}:lease  KEYS[3] asynq:{q}:pending
-// KEYS[4] asynq:{q}:t:<id>  ARGV[1] id  ARGV[2] fresh-lease cutoff (unix s)
-// ARGV[3] now (unix ns)
-var handBackScript = redis.NewScript(`
-if redis.call("HGET", KEYS[4], "state") ~= "active" then
+// KEYS[1] asynq:{q}:active  KEYS[2] asynq:{q}:lease  KEYS[3] asynq:{q}:t:<id>
+// KEYS[4] asynq:{q}:pending  ARGV[1] id  ARGV[2] fresh-lease cutoff (unix s)
+// ARGV[3] now (unix ns), or "" to remove
+var takeActiveScript = redis.NewScript(`
+if redis.call("HGET", KEYS[3], "state") ~= "active" then
 	return 0
 end
 local s = redis.call("ZSCORE", KEYS[2], ARGV[1])
@@ -208,18 +210,27 @@ if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
 	return 0
 end
 redis.call("ZREM", KEYS[2], ARGV[1])
-if redis.call("RPUSH", KEYS[3], ARGV[1]) == 1 then
-	redis.call("PUBLISH", "` + WakeChannel + `", KEYS[3])
+if ARGV[3] == "" then
+	redis.call("DEL", KEYS[3])
+	return 1
 end
-redis.call("HSET", KEYS[4], "state", "pending", "pending_since", ARGV[3])
+if redis.call("RPUSH", KEYS[4], ARGV[1]) == 1 then
+	redis.call("PUBLISH", "` + WakeChannel + `", KEYS[4])
+end
+redis.call("HSET", KEYS[3], "state", "pending", "pending_since", ARGV[3])
 return 1`)
 
-// HandBack runs handBackScript for one active task whose asynq lease must
-// not reach freshUntil.
-func HandBack(ctx context.Context, rdb redis.Scripter, queue, id string, freshUntil, now time.Time) (int64, error) {
+func takeActive(ctx context.Context, rdb redis.Scripter, queue, id string, freshUntil time.Time, now string) (int64, error) {
 	p := QueuePrefix(queue)
-	return handBackScript.Run(ctx, rdb, []string{p + "active", p + "lease", p + "pending", TaskKey(queue, id)},
-		id, freshUntil.Unix(), now.UnixNano()).Int64()
+	return takeActiveScript.Run(ctx, rdb, []string{p + "active", p + "lease", TaskKey(queue, id), p + "pending"},
+		id, freshUntil.Unix(), now).Int64()
+}
+
+// HandBack moves an active task a dead worker held back to the head of its
+// queue, if its asynq lease does not reach freshUntil: 1 moved, 0 not
+// active any more, -1 fresh lease.
+func HandBack(ctx context.Context, rdb redis.Scripter, queue, id string, freshUntil, now time.Time) (int64, error) {
+	return takeActive(ctx, rdb, queue, id, freshUntil, strconv.FormatInt(now.UnixNano(), 10))
 }
 
 // forwardNowScript moves one task from the scheduled or retry set to the
@@ -267,32 +278,11 @@ func DeleteInSet(ctx context.Context, rdb redis.Scripter, queue, set, id string)
 	return deleteInSetScript.Run(ctx, rdb, []string{p + set, TaskKey(queue, id)}, id).Int64()
 }
 
-// removeActiveScript removes a task asynq still holds as active, as asynq's
-// own Done would (doneCmd), but only if its lease does not reach ARGV[2].
-// Returns 1 removed, 0 not active any more, -1 fresh lease.
-//
-// KEYS[1] asynq:{q}:active  KEYS[2] asynq:{q}:lease  KEYS[3] asynq:{q}:t:<id>
-// ARGV[1] id  ARGV[2] fresh-lease cutoff (unix s)
-var removeActiveScript = redis.NewScript(`
-if redis.call("HGET", KEYS[3], "state") ~= "active" then
-	return 0
-end
-local s = redis.call("ZSCORE", KEYS[2], ARGV[1])
-if s and tonumber(s) >= tonumber(ARGV[2]) then
-	return -1
-end
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
-	return 0
-end
-redis.call("ZREM", KEYS[2], ARGV[1])
-redis.call("DEL", KEYS[3])
-return 1`)
-
-// RemoveActive removes one active task whose lease must not reach
-// freshUntil.
+// RemoveActive removes an active task whose job has finished, as asynq's
+// Done would, if its asynq lease does not reach freshUntil: 1 removed, 0
+// not active any more, -1 fresh lease.
 func RemoveActive(ctx context.Context, rdb redis.Scripter, queue, id string, freshUntil time.Time) (int64, error) {
-	p := QueuePrefix(queue)
-	return removeActiveScript.Run(ctx, rdb, []string{p + "active", p + "lease", TaskKey(queue, id)}, id, freshUntil.Unix()).Int64()
+	return takeActive(ctx, rdb, queue, id, freshUntil, "")
 }
 
 // ActiveIDs lists up to limit of queue's active tasks.
@@ -324,35 +314,38 @@ func Fetch(ctx context.Context, rdb redis.Scripter, queue string, leaseEnd time.
 		leaseEnd.Unix(), p+"t:").Err()
 }
 
-// scriptKeys returns the keys of an EVAL or EVALSHA.
-func scriptKeys(cmd redis.Cmder) []string {
+// scriptKeys returns the keys of an EVAL or EVALSHA with n keys, without
+// copying them (the hook that asks sees every command of a worker).
+func scriptKeys(cmd redis.Cmder, n int) []any {
+	if name := cmd.Name(); name != "evalsha" && name != "eval" {
+		return nil
+	}
 	args := cmd.Args()
-	if name := cmd.Name(); (name != "evalsha" && name != "eval") || len(args) < 3 {
+	if len(args) < 3+n {
 		return nil
 	}
-	n, ok := args[2].(int)
-	if !ok || n < 0 || len(args) < 3+n {
+	if k, ok := args[2].(int); !ok || k != n {
 		return nil
 	}
-	keys := make([]string, n)
-	for i := range n {
-		keys[i], _ = args[3+i].(string)
-	}
-	return keys
+	return args[3 : 3+n]
+}
+
+func hasSuffix(k any, suffix string) bool {
+	s, ok := k.(string)
+	return ok && strings.HasSuffix(s, suffix)
 }
 
 // IsDequeue tells asynq's dequeue script (its keys are a queue's pending,
 // paused, active and lease) from other commands a server's client sends.
 func IsDequeue(cmd redis.Cmder) bool {
-	k := scriptKeys(cmd)
-	return len(k) == 4 && strings.HasSuffix(k[0], ":pending") && strings.HasSuffix(k[1], ":paused") &&
-		strings.HasSuffix(k[2], ":active") && strings.HasSuffix(k[3], ":lease")
+	k := scriptKeys(cmd, 4)
+	return k != nil && hasSuffix(k[0], ":pending") && hasSuffix(k[1], ":paused") &&
+		hasSuffix(k[2], ":active") && hasSuffix(k[3], ":lease")
 }
 
 // IsForward tells asynq's forward script (a queue's scheduled or retry set,
 // then its pending list), whose answer is how many tasks it moved.
 func IsForward(cmd redis.Cmder) bool {
-	k := scriptKeys(cmd)
-	return len(k) == 2 && (strings.HasSuffix(k[0], ":scheduled") || strings.HasSuffix(k[0], ":retry")) &&
-		strings.HasSuffix(k[1], ":pending")
+	k := scriptKeys(cmd, 2)
+	return k != nil && (hasSuffix(k[0], ":scheduled") || hasSuffix(k[0], ":retry")) && hasSuffix(k[1], ":pending")
 }
