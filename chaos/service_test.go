@@ -167,19 +167,7 @@ func newServiceClient(base string) *serviceClient {
 }
 
 func (c *serviceClient) charge(ctx context.Context, key, order string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/charge?"+url.Values{"key": {key}, "order": {order}}.Encode(), http.NoBody)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("charge %s: status %d", key, resp.StatusCode)
-	}
-	return nil
+	return c.post(ctx, key, url.Values{"key": {key}, "order": {order}})
 }
 
 // chargeLate is a charge whose client ignores its context: it sends the
@@ -187,7 +175,11 @@ func (c *serviceClient) charge(ctx context.Context, key, order string) error {
 // the service applies it.
 func (c *serviceClient) chargeLate(key, order string, after time.Duration) error {
 	time.Sleep(after)
-	req, err := http.NewRequest(http.MethodPost, c.base+"/charge?"+url.Values{"key": {key}, "order": {order}, "late": {"1"}}.Encode(), http.NoBody)
+	return c.post(context.Background(), key, url.Values{"key": {key}, "order": {order}, "late": {"1"}})
+}
+
+func (c *serviceClient) post(ctx context.Context, key string, q url.Values) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/charge?"+q.Encode(), http.NoBody)
 	if err != nil {
 		return err
 	}
