@@ -103,8 +103,7 @@ func (g *Guard) cancelledLate(ctx context.Context, jc *jobContext) bool {
 	// returned, so a newer job of the key need not wait for the mark to
 	// run out.
 	if !g.strays.has(jc.id) {
-		g.strays.add(jc.id)
-		g.strayReturned(jc)
+		g.clearStray(jc.id)
 	}
 	return true
 }

@@ -78,13 +78,17 @@ func (g *Guard) markStray(jc *jobContext) {
 // strayReturned notes that a given-up handler returned: once none of its
 // job's is left here, a newer job of its key may start.
 func (g *Guard) strayReturned(jc *jobContext) {
-	if !g.strays.done(jc.id) {
-		return
+	if g.strays.done(jc.id) {
+		g.clearStray(jc.id)
 	}
+}
+
+// clearStray removes job id's mark: no handler of it may act any more.
+func (g *Guard) clearStray(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET stray_until = NULL WHERE id = $1`, jc.id); err != nil {
-		g.cfg.Logger.Warn("keel: could not clear a returned handler's mark; it runs out on its own", "job_id", jc.id, "err", err)
+	if _, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET stray_until = NULL WHERE id = $1`, id); err != nil {
+		g.cfg.Logger.Warn("keel: could not clear a returned handler's mark; it runs out on its own", "job_id", id, "err", err)
 	}
 }
 
