@@ -305,7 +305,19 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 	s.guard = idempotency.NewGuard(idempotency.NewStore(cfg.Pool), cfg.Guard)
 	// asynq fails a delivery past its deadline before any middleware runs;
 	// the guard hears of it here and ends the job in the ledger.
-	s.srv = asynq.NewServerFromRedisClient(rc, asynqConfig(cfg, s.guard))
+	s.srv = asynq.NewServerFromRedisClient(rc, asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   cfg.Queues,
+		StrictPriority:           cfg.StrictPriority,
+		ShutdownTimeout:          cfg.ShutdownTimeout,
+		TaskCheckInterval:        cfg.TaskCheckInterval,
+		DelayedTaskCheckInterval: cfg.DelayedTaskCheckInterval,
+		RetryDelayFunc:           cfg.Retry.RetryDelayFunc(),
+		IsFailure:                retry.IsFailure,
+		ErrorHandler:             asynq.ErrorHandlerFunc(s.guard.HandleError),
+		Logger:                   asynqLogger{cfg.Logger},
+		LogLevel:                 asynq.WarnLevel,
+	})
 
 	chain := []func(asynq.Handler) asynq.Handler{
 		Recover(cfg.Logger),
@@ -329,23 +341,6 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 		s.recon = outbox.NewReconciler(cfg.Pool, cfg.Redis, cfg.Reconciler)
 	}
 	return s, nil
-}
-
-// asynqConfig is the asynq server's configuration.
-func asynqConfig(cfg Config, g *idempotency.Guard) asynq.Config {
-	return asynq.Config{
-		Concurrency:              cfg.Concurrency,
-		Queues:                   cfg.Queues,
-		StrictPriority:           cfg.StrictPriority,
-		ShutdownTimeout:          cfg.ShutdownTimeout,
-		TaskCheckInterval:        cfg.TaskCheckInterval,
-		DelayedTaskCheckInterval: cfg.DelayedTaskCheckInterval,
-		RetryDelayFunc:           cfg.Retry.RetryDelayFunc(),
-		IsFailure:                retry.IsFailure,
-		ErrorHandler:             asynq.ErrorHandlerFunc(g.HandleError),
-		Logger:                   asynqLogger{cfg.Logger},
-		LogLevel:                 asynq.WarnLevel,
-	}
 }
 
 // Guard is the ledger middleware the server runs (for its stats).
