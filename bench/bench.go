@@ -42,6 +42,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 )
 
@@ -462,7 +463,7 @@ func ledgerPool(ctx context.Context, o Options) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := idempotency.Migrate(ctx, pool); err != nil {
+	if _, err := migrate.Up(ctx, pool); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("keel bench: migrate: %w", err)
 	}

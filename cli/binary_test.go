@@ -22,6 +22,7 @@ import (
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 )
 
 var (
@@ -113,7 +114,7 @@ func TestYourOwnBinary(t *testing.T) {
 	var v cli.VersionInfo
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
 	require.Equal(t, "welcome", v.Program)
-	require.Equal(t, idempotency.SchemaVersion(), v.LedgerSchema)
+	require.Equal(t, migrate.Version(), v.LedgerSchema)
 	require.NotEmpty(t, v.Version)
 	if buildHead != "" {
 		require.Equal(t, buildHead, v.Revision, "go build embeds the checkout's revision")

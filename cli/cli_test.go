@@ -23,6 +23,7 @@ import (
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -449,11 +450,11 @@ func TestStatusAndDeadLetters(t *testing.T) {
 
 	out, _, err = greeter(t, "", "migrate", "--json")
 	require.NoError(t, err)
-	require.JSONEq(t, `{"from": `+itoa(idempotency.SchemaVersion())+`, "to": `+itoa(idempotency.SchemaVersion())+`, "applied": []}`, out)
+	require.JSONEq(t, `{"from": `+itoa(migrate.Version())+`, "to": `+itoa(migrate.Version())+`, "applied": []}`, out)
 
 	out, _, err = greeter(t, "", "healthcheck", "--json")
 	require.NoError(t, err)
-	require.JSONEq(t, `{"ok": true, "ledger_schema": `+itoa(idempotency.SchemaVersion())+`}`, out)
+	require.JSONEq(t, `{"ok": true, "ledger_schema": `+itoa(migrate.Version())+`}`, out)
 }
 
 // Every mistake in the command line is a usage error (exit status 2), the
@@ -1294,7 +1295,7 @@ func TestMigratePrintsAndChecksWithoutChangingAnything(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "current")
 
-	ms, err := idempotency.Migrations()
+	ms, err := migrate.All()
 	require.NoError(t, err)
 	newest := ms[len(ms)-1]
 	_, err = pool.Exec(ctx, `DELETE FROM keel_schema_migrations WHERE version = $1`, newest.Version)

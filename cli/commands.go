@@ -22,6 +22,7 @@ import (
 	"github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/visible"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -51,7 +52,7 @@ type VersionInfo struct {
 const keelModule = "github.com/keeljobs/keel"
 
 func buildVersion(program string) VersionInfo {
-	v := VersionInfo{Program: program, Version: "(devel)", Keel: "(devel)", LedgerSchema: idempotency.SchemaVersion(), Go: runtime.Version()}
+	v := VersionInfo{Program: program, Version: "(devel)", Keel: "(devel)", LedgerSchema: migrate.Version(), Go: runtime.Version()}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return v
@@ -153,7 +154,7 @@ current and 1, naming the migrations missing, when it is not.`,
 				return err
 			}
 			defer pool.Close()
-			res, err := idempotency.Migrate(ctx, pool)
+			res, err := migrate.Up(ctx, pool)
 			if err != nil {
 				return err
 			}
@@ -189,7 +190,7 @@ var errSchemaBehind = errors.New("the ledger schema lacks migrations")
 // lacks. A database that does not exist yet lacks all of them.
 func migratePending(cmd *cobra.Command, e *Env, check bool) error {
 	ctx := cmd.Context()
-	var pending []idempotency.Migration
+	var pending []migrate.Migration
 	exists, err := e.DatabaseExists(ctx)
 	if err != nil {
 		return err
@@ -200,10 +201,10 @@ func migratePending(cmd *cobra.Command, e *Env, check bool) error {
 			return err
 		}
 		defer pool.Close()
-		if pending, err = idempotency.Pending(ctx, pool); err != nil {
+		if pending, err = migrate.Pending(ctx, pool); err != nil {
 			return err
 		}
-	} else if pending, err = idempotency.Migrations(); err != nil {
+	} else if pending, err = migrate.All(); err != nil {
 		return err
 	}
 	names := make([]string, len(pending))
@@ -221,7 +222,7 @@ func migratePending(cmd *cobra.Command, e *Env, check bool) error {
 			return fmt.Errorf("%w: %s: run `%s migrate`", errSchemaBehind, strings.Join(names, ", "), e.app.name())
 		}
 		if !e.JSON() {
-			fmt.Fprintf(out, "ledger schema is current (version %d)\n", idempotency.SchemaVersion())
+			fmt.Fprintf(out, "ledger schema is current (version %d)\n", migrate.Version())
 		}
 		return nil
 	}
@@ -234,7 +235,7 @@ func migratePending(cmd *cobra.Command, e *Env, check bool) error {
 		return printJSON(out, map[string]any{"migrations": list})
 	}
 	if len(pending) == 0 {
-		fmt.Fprintf(out, "-- the ledger schema is current (version %d): nothing to run\n", idempotency.SchemaVersion())
+		fmt.Fprintf(out, "-- the ledger schema is current (version %d): nothing to run\n", migrate.Version())
 		return nil
 	}
 	for _, m := range pending {
@@ -281,9 +282,9 @@ use. For container health checks: the image needs no shell.`,
 			}
 			pool.Close()
 			if e.JSON() {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"ok": true, "ledger_schema": idempotency.SchemaVersion()})
+				return printJSON(cmd.OutOrStdout(), map[string]any{"ok": true, "ledger_schema": migrate.Version()})
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ok: Redis and Postgres answer, ledger schema %d\n", idempotency.SchemaVersion())
+			fmt.Fprintf(cmd.OutOrStdout(), "ok: Redis and Postgres answer, ledger schema %d\n", migrate.Version())
 			return nil
 		},
 	}

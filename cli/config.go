@@ -19,9 +19,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/visible"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -365,7 +365,7 @@ func (e *Env) Ledger(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := idempotency.CheckSchema(ctx, pool); err != nil {
+	if err := migrate.Check(ctx, pool); err != nil {
 		pool.Close()
 		return nil, e.migrateHint(err)
 	}
@@ -389,7 +389,7 @@ func (e *Env) own(msg string) string {
 // migrateHint names this program in the ledger's "run `keel migrate`": a
 // program's own migrate also creates its own tables.
 func (e *Env) migrateHint(err error) error {
-	if errors.Is(err, idempotency.ErrSchemaTooNew) {
+	if errors.Is(err, migrate.ErrSchemaTooNew) {
 		return err
 	}
 	if msg := e.own(err.Error()); msg != err.Error() {

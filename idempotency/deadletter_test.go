@@ -565,7 +565,7 @@ func TestCountUnreplayableAgreesWithReplay(t *testing.T) {
 		dead("verifiable", `INSERT INTO keel_steps (job_id, name, status, verifiable) VALUES ($1, 'mail', 'started', true)`),
 		dead("done-step", `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'done')`),
 	}
-	reapplyMigration(t, b.pool, "effects_as_data") // the effects-old row is an older keel's
+	testenv.ReapplyMigration(t, b.pool, "effects_as_data") // the effects-old row is an older keel's
 	refused := 0
 	for _, id := range ids {
 		if _, err := b.store.CheckReplay(ctx, id); err != nil {

@@ -3,15 +3,11 @@ package idempotency
 import (
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
-	"syscall"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/keeljobs/keel/internal/pgerr"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -61,7 +57,7 @@ var (
 	// the connection (a restart, a failover, a cut connection). Such errors
 	// are marked retry.Wait: a job that meets one in InTx or Step waits and
 	// runs again, without using up an attempt.
-	ErrLedgerUnavailable = errors.New("keel: ledger unavailable")
+	ErrLedgerUnavailable = pgerr.ErrUnavailable
 )
 
 // interpretError is the one place pgx errors become keel's.
@@ -81,45 +77,10 @@ func interpretError(err error) error {
 	return fmt.Errorf("keel ledger: %w", err)
 }
 
-// ledgerUnreachable tells an error of the way to Postgres (refused, cut,
-// shut down, a standby that cannot take writes) from a statement Postgres
-// refused. A cancelled or timed-out context is neither: its caller gave up.
-func ledgerUnreachable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "57P01", // admin_shutdown: fast shutdown, pg_terminate_backend
-			"57P02", // crash_shutdown
-			"57P03", // cannot_connect_now: starting up, shutting down
-			"25006": // read_only_sql_transaction: a standby, mid-failover
-			return true
-		}
-		return strings.HasPrefix(pgErr.Code, "08") // connection exception
-	}
-	if pgconn.Timeout(err) {
-		return false
-	}
-	var connErr *pgconn.ConnectError
-	// Not pgconn.SafeToRetry: it also holds for a connection used by two
-	// goroutines at once, a bug that waiting does not mend.
-	if errors.As(err, &connErr) || errors.Is(err, pgconn.ErrConnClosed) {
-		return true
-	}
-	var opErr *net.OpError
-	return errors.As(err, &opErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE)
-}
+func ledgerUnreachable(err error) bool { return pgerr.Unreachable(err) }
 
-// lockConflict tells a statement Postgres aborted to break a deadlock or a
-// serialization conflict: nothing of it happened, and run again it may pass.
-func lockConflict(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
-}
+func lockConflict(err error) bool { return pgerr.LockConflict(err) }
 
-func isUndefinedTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
-}
+func isUndefinedTable(err error) bool { return pgerr.UndefinedTable(err) }
 
 func utf8Valid(s string) bool { return utf8.ValidString(s) }

@@ -560,7 +560,7 @@ func TestReplayAfterCompletingInTxIsRefusedWithoutTheColumn(t *testing.T) {
 		|| '(its local effects are in; what came after did not happen; steps must come before the completing InTx): boom'
 		WHERE id = $1`, j.ID)
 	require.NoError(t, err)
-	reapplyMigration(t, b.pool, "effects_as_data")
+	testenv.ReapplyMigration(t, b.pool, "effects_as_data")
 
 	got, err := b.store.Get(ctx, j.ID)
 	require.NoError(t, err)

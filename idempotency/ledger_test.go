@@ -18,6 +18,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -35,18 +36,18 @@ var (
 func TestMigrateTwiceIsNoOpAndNewerSchemaIsRefused(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	res, err := idempotency.Migrate(ctx, b.pool)
+	res, err := migrate.Up(ctx, b.pool)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied, "second migrate must apply nothing")
-	require.Equal(t, idempotency.SchemaVersion(), res.To)
-	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+	require.Equal(t, migrate.Version(), res.To)
+	require.NoError(t, migrate.Check(ctx, b.pool))
 
 	_, err = b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name) VALUES (9999, '9999_future')`)
 	require.NoError(t, err)
-	_, err = idempotency.Migrate(ctx, b.pool)
-	require.ErrorIs(t, err, idempotency.ErrSchemaTooNew)
+	_, err = migrate.Up(ctx, b.pool)
+	require.ErrorIs(t, err, migrate.ErrSchemaTooNew)
 	require.ErrorContains(t, err, "9999")
-	require.ErrorIs(t, idempotency.CheckSchema(ctx, b.pool), idempotency.ErrSchemaTooNew)
+	require.ErrorIs(t, migrate.Check(ctx, b.pool), migrate.ErrSchemaTooNew)
 }
 
 func TestConcurrentDuplicateEnqueueYieldsOneRowAndOneRun(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -109,7 +110,7 @@ func TestABriefLedgerOutageDelaysJobsAboutAsLongAsItLasts(t *testing.T) {
 	pool, err := pgxpool.New(ctx, pg.URL(""))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	_, err = idempotency.Migrate(ctx, pool)
+	_, err = migrate.Up(ctx, pool)
 	require.NoError(t, err)
 	client, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: pool})
 	require.NoError(t, err)

@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -122,7 +123,7 @@ func New(t testing.TB, opts Options) *Harness {
 		t.Fatalf("keeltest: %v", err)
 	}
 	t.Cleanup(h.Pool.Close)
-	if _, err := idempotency.Migrate(ctx, h.Pool); err != nil {
+	if _, err := migrate.Up(ctx, h.Pool); err != nil {
 		t.Fatalf("keeltest: migrate: %v", err)
 	}
 	queues := make([]string, 0, len(opts.Queues))

@@ -20,6 +20,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/wake"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/tasks"
@@ -366,7 +367,7 @@ func (s *Server) Reconciler() *outbox.Reconciler { return s.recon }
 // to their queues, so nothing is lost. Cancel ctx on SIGTERM/SIGINT
 // (signal.NotifyContext).
 func (s *Server) Run(ctx context.Context) error {
-	if err := idempotency.CheckSchema(ctx, s.cfg.Pool); err != nil {
+	if err := migrate.Check(ctx, s.cfg.Pool); err != nil {
 		s.close()
 		if ctx.Err() != nil {
 			return nil // stopped before it started: nothing ran, nothing failed

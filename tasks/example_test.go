@@ -10,6 +10,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -95,7 +96,7 @@ func examplePoolAndRedis(ctx context.Context) (*pgxpool.Pool, asynq.RedisClientO
 	if err != nil {
 		panic(err)
 	}
-	if _, err := idempotency.Migrate(ctx, pool); err != nil {
+	if _, err := migrate.Up(ctx, pool); err != nil {
 		panic(err)
 	}
 	return pool, asynq.RedisClientOpt{Addr: testenv.RedisAddr(), DB: testenv.DBTasks}

@@ -19,7 +19,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/keeljobs/keel/bench"
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -192,7 +192,7 @@ func enqueueKeel(ctx context.Context, s settings, r asynq.RedisClientOpt) (Enque
 		return ph, err
 	}
 	defer pool.Close()
-	if _, err := idempotency.Migrate(ctx, pool); err != nil {
+	if _, err := migrate.Up(ctx, pool); err != nil {
 		return ph, err
 	}
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -54,6 +54,7 @@ import (
 
 	"github.com/keeljobs/keel/bench"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -398,7 +399,7 @@ func runKeel(ctx context.Context, s settings, r asynq.RedisClientOpt) (Phase, er
 		return ph, err
 	}
 	defer pool.Close()
-	if _, err := idempotency.Migrate(ctx, pool); err != nil {
+	if _, err := migrate.Up(ctx, pool); err != nil {
 		return ph, err
 	}
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -13,7 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -34,7 +34,7 @@ func main() {
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	check(err)
 	defer pool.Close()
-	_, err = idempotency.Migrate(ctx, pool)
+	_, err = migrate.Up(ctx, pool)
 	check(err)
 	redis := asynq.RedisClientOpt{Addr: os.Getenv("REDIS_ADDR")}
 	client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool})

@@ -20,7 +20,7 @@ import (
 
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/handlers"
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -86,7 +86,7 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 		return err
 	}
 	defer pool.Close()
-	if _, err := idempotency.Migrate(ctx, pool); err != nil {
+	if _, err := migrate.Up(ctx, pool); err != nil {
 		return err
 	}
 	if err := handlers.Migrate(ctx, pool); err != nil {

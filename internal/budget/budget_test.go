@@ -18,6 +18,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -160,7 +161,7 @@ func setup(t *testing.T) *bench {
 		return p
 	}
 	b.observe = pool(nil)
-	_, err := idempotency.Migrate(ctx, b.observe)
+	_, err := migrate.Up(ctx, b.observe)
 	require.NoError(t, err)
 	_, err = b.observe.Exec(ctx, `CREATE TABLE effects (job_id text PRIMARY KEY)`)
 	require.NoError(t, err)

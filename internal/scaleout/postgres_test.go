@@ -19,6 +19,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/server"
@@ -86,7 +87,7 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	_, err = idempotency.Migrate(ctx, pool)
+	_, err = migrate.Up(ctx, pool)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE effects (key text PRIMARY KEY, done_at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
@@ -267,7 +268,7 @@ func privateLedger(t *testing.T) (*testenv.PostgresServer, asynq.RedisClientOpt,
 	pool, err := pgxpool.New(ctx, pg.URL(""))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	_, err = idempotency.Migrate(ctx, pool)
+	_, err = migrate.Up(ctx, pool)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE effects (key text PRIMARY KEY)`)
 	require.NoError(t, err)

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/migrate"
 )
 
 // Redis database numbers, one per test package.
@@ -83,7 +83,7 @@ func Pool(t testing.TB, schema string) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := idempotency.Migrate(ctx, pool); err != nil {
+	if _, err := migrate.Up(ctx, pool); err != nil {
 		t.Fatalf("testenv: migrate: %v", err)
 	}
 	return pool

@@ -1,10 +1,9 @@
-package idempotency_test
+package migrate_test
 
 import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
 )
 
 // migratePool is a second pool on the test schema whose sessions carry their
@@ -68,7 +67,7 @@ func recorded(t *testing.T, pool *pgxpool.Pool) map[int]bool {
 }
 
 func TestMigrateRacingOnAnEmptySchemaIsSerialisedAndIdempotent(t *testing.T) {
-	setup(t) // the package's locks: its schema and Redis DB are not touched here
+	setup(t) // the package's lock: its schema is not touched here
 	ctx := context.Background()
 	cfg, err := testenv.PoolConfig(ctx, schema+"_migrate")
 	require.NoError(t, err)
@@ -87,16 +86,16 @@ func TestMigrateRacingOnAnEmptySchemaIsSerialisedAndIdempotent(t *testing.T) {
 	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(7365434901)`)
 	require.NoError(t, err)
 
-	ms, err := idempotency.Migrations()
+	ms, err := migrate.All()
 	require.NoError(t, err)
-	results := make([]idempotency.MigrateResult, 2)
+	results := make([]migrate.Result, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i, p := range []*pgxpool.Pool{a, b} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = idempotency.Migrate(ctx, p)
+			results[i], errs[i] = migrate.Up(ctx, p)
 		}()
 	}
 	waitForQuery(t, base, app, "advisory", false, 2)
@@ -109,11 +108,11 @@ func TestMigrateRacingOnAnEmptySchemaIsSerialisedAndIdempotent(t *testing.T) {
 	require.Equal(t, len(ms), applied, "one call applies everything, the other nothing: %v", results)
 	require.True(t, len(results[0].Applied) == 0 || len(results[1].Applied) == 0, "%v", results)
 
-	res, err := idempotency.Migrate(ctx, a)
+	res, err := migrate.Up(ctx, a)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied)
-	require.Equal(t, idempotency.SchemaVersion(), res.To)
-	require.NoError(t, idempotency.CheckSchema(ctx, a))
+	require.Equal(t, migrate.Version(), res.To)
+	require.NoError(t, migrate.Check(ctx, a))
 
 	var invalid int
 	require.NoError(t, base.QueryRow(ctx, `SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
@@ -160,7 +159,7 @@ func TestMigrateDoesNotBlockWritersWhileItBuildsAnIndex(t *testing.T) {
 	held := holdWriter(t, b.pool) // after the pool: cleanups end the writer before closing it
 	done := make(chan error, 1)
 	go func() {
-		_, err := idempotency.Migrate(ctx, mp)
+		_, err := migrate.Up(ctx, mp)
 		done <- err
 	}()
 	waitForQuery(t, b.pool, app, "keel_jobs_running_lease", true, 1)
@@ -182,7 +181,7 @@ func TestMigrateDoesNotBlockWritersWhileItBuildsAnIndex(t *testing.T) {
 	exists, valid := indexState(t, b.pool, "keel_jobs_running_lease")
 	require.True(t, exists && valid)
 	require.Contains(t, recorded(t, b.pool), 6)
-	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+	require.NoError(t, migrate.Check(ctx, b.pool))
 }
 
 func TestMigrateRebuildsAnIndexAnInterruptedBuildLeftInvalid(t *testing.T) {
@@ -195,7 +194,7 @@ func TestMigrateRebuildsAnIndexAnInterruptedBuildLeftInvalid(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := idempotency.Migrate(mctx, mp)
+		_, err := migrate.Up(mctx, mp)
 		done <- err
 	}()
 	waitForQuery(t, b.pool, app, "keel_jobs_running_lease", true, 1)
@@ -207,22 +206,22 @@ func TestMigrateRebuildsAnIndexAnInterruptedBuildLeftInvalid(t *testing.T) {
 	exists, valid = indexState(t, b.pool, "keel_jobs_running_lease")
 	require.True(t, exists && !valid, "the interrupted build left an invalid index")
 	require.NotContains(t, recorded(t, b.pool), 6, "recorded only once it succeeded")
-	require.ErrorContains(t, idempotency.CheckSchema(ctx, b.pool), "run `keel migrate`")
+	require.ErrorContains(t, migrate.Check(ctx, b.pool), "run `keel migrate`")
 
 	require.NoError(t, held.Commit(ctx))
-	res, err := idempotency.Migrate(ctx, b.pool)
+	res, err := migrate.Up(ctx, b.pool)
 	require.NoError(t, err)
 	require.NotEmpty(t, res.Applied)
 	require.Equal(t, "0006_running_lease", res.Applied[0])
 	exists, valid = indexState(t, b.pool, "keel_jobs_running_lease")
 	require.True(t, exists && valid, "the next migrate rebuilt the index")
-	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+	require.NoError(t, migrate.Check(ctx, b.pool))
 }
 
 // An old binary is simulated by the migration list minus the newest ones.
-func oldBinary(t *testing.T, newest int) []idempotency.Migration {
+func oldBinary(t *testing.T, newest int) []migrate.Migration {
 	t.Helper()
-	ms, err := idempotency.Migrations()
+	ms, err := migrate.All()
 	require.NoError(t, err)
 	return ms[:len(ms)-newest]
 }
@@ -231,7 +230,7 @@ func oldBinary(t *testing.T, newest int) []idempotency.Migration {
 // it and the one before it are additive.
 func newestVersion(t *testing.T) int {
 	t.Helper()
-	ms, err := idempotency.Migrations()
+	ms, err := migrate.All()
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(ms), 2)
 	require.True(t, ms[len(ms)-1].Additive && ms[len(ms)-2].Additive, "the two newest migrations are additive")
@@ -246,20 +245,20 @@ func TestSchemaOlderBinaryStartsWhenNewerMigrationsAreAdditive(t *testing.T) {
 	before := recorded(t, b.pool)
 	for _, older := range []int{1, 2} { // one and two versions behind: both additive
 		old := oldBinary(t, older)
-		require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, old), "%d behind", older)
-		res, err := idempotency.MigrateWith(ctx, b.pool, old)
+		require.NoError(t, migrate.CheckWith(ctx, b.pool, old), "%d behind", older)
+		res, err := migrate.UpWith(ctx, b.pool, old)
 		require.NoError(t, err, "migrate from an old binary is a no-op")
 		require.Empty(t, res.Applied)
 		require.Equal(t, newest, res.To)
 	}
 	require.Equal(t, before, recorded(t, b.pool))
-	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, all))
+	require.NoError(t, migrate.CheckWith(ctx, b.pool, all))
 
 	// A newer keel's additive migration does not stop this binary either.
 	_, err := b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name, additive) VALUES ($1, 'future', true)`, newest+1)
 	require.NoError(t, err)
-	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
-	_, err = idempotency.Migrate(ctx, b.pool)
+	require.NoError(t, migrate.Check(ctx, b.pool))
+	_, err = migrate.Up(ctx, b.pool)
 	require.NoError(t, err)
 }
 
@@ -270,16 +269,16 @@ func TestSchemaOlderBinaryRefusesANewerMigrationThatIsNotAdditive(t *testing.T) 
 	newest := newestVersion(t)
 	_, err := b.pool.Exec(ctx, `UPDATE keel_schema_migrations SET additive = false WHERE version = $1`, newest)
 	require.NoError(t, err)
-	require.ErrorIs(t, idempotency.CheckSchemaWith(ctx, b.pool, old), idempotency.ErrSchemaTooNew)
-	_, err = idempotency.MigrateWith(ctx, b.pool, old)
-	require.ErrorIs(t, err, idempotency.ErrSchemaTooNew)
+	require.ErrorIs(t, migrate.CheckWith(ctx, b.pool, old), migrate.ErrSchemaTooNew)
+	_, err = migrate.UpWith(ctx, b.pool, old)
+	require.ErrorIs(t, err, migrate.ErrSchemaTooNew)
 	// The binary that knows the newest migration may use it.
-	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+	require.NoError(t, migrate.Check(ctx, b.pool))
 
 	_, err = b.pool.Exec(ctx, `INSERT INTO keel_schema_migrations (version, name) VALUES ($1, 'future')`, newest+1)
 	require.NoError(t, err)
-	err = idempotency.CheckSchema(ctx, b.pool)
-	require.ErrorIs(t, err, idempotency.ErrSchemaTooNew)
+	err = migrate.Check(ctx, b.pool)
+	require.ErrorIs(t, err, migrate.ErrSchemaTooNew)
 	require.ErrorContains(t, err, fmt.Sprintf("[%d]", newest+1))
 }
 
@@ -288,11 +287,11 @@ func TestSchemaBehindTheBinaryMustBeMigrated(t *testing.T) {
 	ctx := context.Background()
 	_, err := b.pool.Exec(ctx, `DELETE FROM keel_schema_migrations WHERE version = $1`, newestVersion(t))
 	require.NoError(t, err)
-	err = idempotency.CheckSchema(ctx, b.pool)
+	err = migrate.Check(ctx, b.pool)
 	require.ErrorContains(t, err, "run `keel migrate`")
-	require.NotErrorIs(t, err, idempotency.ErrSchemaTooNew)
+	require.NotErrorIs(t, err, migrate.ErrSchemaTooNew)
 	// The old binary that stops one migration earlier is content.
-	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, oldBinary(t, 1)))
+	require.NoError(t, migrate.CheckWith(ctx, b.pool, oldBinary(t, 1)))
 }
 
 func TestMigrateRecordsAdditiveFlagsInADatabaseAnOlderKeelMigrated(t *testing.T) {
@@ -302,34 +301,16 @@ func TestMigrateRecordsAdditiveFlagsInADatabaseAnOlderKeelMigrated(t *testing.T)
 	_, err := b.pool.Exec(ctx, `ALTER TABLE keel_schema_migrations DROP COLUMN additive`)
 	require.NoError(t, err)
 	old := oldBinary(t, 1)
-	require.ErrorIs(t, idempotency.CheckSchemaWith(ctx, b.pool, old), idempotency.ErrSchemaTooNew,
+	require.ErrorIs(t, migrate.CheckWith(ctx, b.pool, old), migrate.ErrSchemaTooNew,
 		"without flags nothing counts as additive")
-	require.NoError(t, idempotency.CheckSchema(ctx, b.pool))
+	require.NoError(t, migrate.Check(ctx, b.pool))
 
-	res, err := idempotency.Migrate(ctx, b.pool)
+	res, err := migrate.Up(ctx, b.pool)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied)
 	got := recorded(t, b.pool)
 	newest := newestVersion(t)
 	require.True(t, got[newest-1] && got[newest])
 	require.False(t, got[1])
-	require.NoError(t, idempotency.CheckSchemaWith(ctx, b.pool, old))
-}
-
-// reapplyMigration runs the migration named name again, as an upgrade from
-// a version before it would, over the rows the test wrote meanwhile.
-func reapplyMigration(t *testing.T, pool *pgxpool.Pool, name string) {
-	t.Helper()
-	ms, err := idempotency.Migrations()
-	require.NoError(t, err)
-	for _, m := range ms {
-		if strings.HasSuffix(m.Name, "_"+name) {
-			_, err := pool.Exec(context.Background(), `DELETE FROM keel_schema_migrations WHERE version = $1`, m.Version)
-			require.NoError(t, err)
-			_, err = idempotency.Migrate(context.Background(), pool)
-			require.NoError(t, err)
-			return
-		}
-	}
-	t.Fatalf("no migration named %q", name)
+	require.NoError(t, migrate.CheckWith(ctx, b.pool, old))
 }

@@ -1,4 +1,8 @@
-package idempotency
+// Package migrate owns the ledger's schema: the numbered migrations shipped
+// inside the binary, applying them (Up), checking that a binary may use a
+// database (Check), and what a version would run, for a DBA to read
+// (Pending, `keel migrate --print`) before anything changes.
+package migrate
 
 import (
 	"context"
@@ -16,6 +20,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keeljobs/keel/internal/pgerr"
+	"github.com/keeljobs/keel/retry"
 )
 
 //go:embed migrations/*.sql
@@ -34,7 +41,7 @@ const (
 	MarkerNoTransaction = "-- keel:no-transaction"
 	// MarkerAdditive declares that the migration only adds: tables, indexes,
 	// and columns that are nullable or have a default. A binary that predates
-	// it keeps working against a database that has it (see CheckSchema).
+	// it keeps working against a database that has it (see Check).
 	MarkerAdditive = "-- keel:additive"
 )
 
@@ -50,8 +57,8 @@ type Migration struct {
 	Additive bool
 }
 
-// Migrations returns the embedded migrations in order.
-func Migrations() ([]Migration, error) {
+// All returns the embedded migrations in order.
+func All() ([]Migration, error) {
 	entries, err := fs.ReadDir(migrationFS, "migrations")
 	if err != nil {
 		return nil, err
@@ -194,9 +201,9 @@ func splitStatements(sql string) ([]string, error) {
 
 var dollarTagRE = regexp.MustCompile(`^\$([A-Za-z_][A-Za-z0-9_]*)?\$`)
 
-// SchemaVersion is the newest ledger schema this build knows.
-func SchemaVersion() int {
-	ms, err := Migrations()
+// Version is the newest ledger schema this build knows.
+func Version() int {
+	ms, err := All()
 	if err != nil || len(ms) == 0 {
 		return 0
 	}
@@ -207,8 +214,8 @@ func SchemaVersion() int {
 // change that is not additive, so this binary must not use it.
 var ErrSchemaTooNew = fmt.Errorf("keel: ledger schema is newer than this binary")
 
-// MigrateResult says what Migrate did.
-type MigrateResult struct {
+// Result says what Up did.
+type Result struct {
 	From, To int
 	Applied  []string
 }
@@ -218,7 +225,7 @@ type MigrateResult struct {
 // transaction lock, which conflicts with the session lock taken here.
 const migrationLock int64 = 7365434901
 
-// Migrate brings the ledger schema up to date. It is safe to run from many
+// Up brings the ledger schema up to date. It is safe to run from many
 // processes at once (an advisory lock serialises them) and a no-op when the
 // schema is current.
 //
@@ -227,27 +234,27 @@ const migrationLock int64 = 7365434901
 // indexes are built with CREATE INDEX CONCURRENTLY without blocking writers,
 // and are recorded only after every statement succeeded.
 //
-// The compatibility rule, shared with CheckSchema: a binary may use a
+// The compatibility rule, shared with Check: a binary may use a
 // database that has migrations it does not know only if every one of them is
 // additive (MarkerAdditive, recorded in keel_schema_migrations). Otherwise
-// Migrate refuses with ErrSchemaTooNew, because an old binary could corrupt
+// Up refuses with ErrSchemaTooNew, because an old binary could corrupt
 // rows it does not understand; when they are all additive it applies only
 // what it knows and is missing, usually nothing.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
-	ms, err := Migrations()
+func Up(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
+	ms, err := All()
 	if err != nil {
-		return MigrateResult{}, err
+		return Result{}, err
 	}
 	return migrate(ctx, pool, ms)
 }
 
-// Pending returns the migrations Migrate would apply to the ledger pool
+// Pending returns the migrations Up would apply to the ledger pool
 // reaches, in order, and changes nothing: every one on a database keel has
 // never migrated. It refuses a database a newer keel migrated past what
-// this binary may use, as Migrate does (ErrSchemaTooNew). It is what
+// this binary may use, as Up does (ErrSchemaTooNew). It is what
 // `keel migrate --print` shows a DBA and `keel migrate --check` counts.
 func Pending(ctx context.Context, pool *pgxpool.Pool) ([]Migration, error) {
-	ms, err := Migrations()
+	ms, err := All()
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +281,7 @@ func Pending(ctx context.Context, pool *pgxpool.Pool) ([]Migration, error) {
 	return pending, nil
 }
 
-func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res MigrateResult, err error) {
+func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res Result, err error) {
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		return res, interpretError(err)
@@ -503,7 +510,7 @@ func tooNew(applied map[int]bool, ms []Migration) error {
 		ErrSchemaTooNew, current, newest, blocking)
 }
 
-// CheckSchema returns an error unless this binary may use the ledger: workers
+// Check returns an error unless this binary may use the ledger: workers
 // refuse to start on a schema they cannot use. The rule:
 //
 //   - every migration this binary knows must be applied, else it says to run
@@ -512,14 +519,14 @@ func tooNew(applied map[int]bool, ms []Migration) error {
 //     accepted if each is additive, so that during a rolling deploy the old
 //     workers keep starting after the new binary migrated; one that is not
 //     additive fails with ErrSchemaTooNew.
-func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
+func Check(ctx context.Context, pool *pgxpool.Pool) error {
 	return checkSchema(ctx, pool, mustMigrations())
 }
 
 func checkSchema(ctx context.Context, pool *pgxpool.Pool, ms []Migration) error {
 	applied, err := appliedMigrations(ctx, pool)
 	if err != nil {
-		if isUndefinedTable(err) {
+		if pgerr.UndefinedTable(err) {
 			return fmt.Errorf("keel: the ledger has no schema yet: run `keel migrate`")
 		}
 		return interpretError(err)
@@ -541,6 +548,18 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, ms []Migration) error 
 }
 
 func mustMigrations() []Migration {
-	ms, _ := Migrations()
+	ms, _ := All()
 	return ms
+}
+
+// interpretError marks an error of the way to Postgres as the ledger being
+// unavailable (wait and try again), as every ledger caller sees it.
+func interpretError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if pgerr.Unreachable(err) {
+		return retry.Wait(0, fmt.Errorf("%w: %w", pgerr.ErrUnavailable, err))
+	}
+	return fmt.Errorf("keel ledger: %w", err)
 }

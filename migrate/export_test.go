@@ -1,4 +1,4 @@
-package idempotency
+package migrate
 
 import (
 	"testing"
@@ -8,12 +8,12 @@ import (
 
 // Old binaries in tests: the migrations a binary knows are a parameter.
 var (
-	CheckSchemaWith = checkSchema
-	MigrateWith     = migrate
+	CheckWith = checkSchema
+	UpWith    = migrate
 )
 
 func TestMigrationFilesDeclareTheirMarkers(t *testing.T) {
-	ms, err := Migrations()
+	ms, err := All()
 	require.NoError(t, err)
 	flags := map[int][2]bool{}
 	for _, m := range ms {
