@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // endedSessionTimeout bounds the ledger look-up behind each signed-in
@@ -28,15 +30,6 @@ func newEndedSessions(pool *pgxpool.Pool) *endedSessions {
 	return &endedSessions{pool: pool, local: map[string]time.Time{}}
 }
 
-const (
-	sessionEndedSQL = `SELECT EXISTS (SELECT 1 FROM keel_web_sessions_ended WHERE session_id = $1)`
-	// endSessionSQL records a sign-out and drops the rows whose cookies
-	// have expired anyway.
-	endSessionSQL = `WITH expired AS (DELETE FROM keel_web_sessions_ended WHERE expires_at < now())
-		INSERT INTO keel_web_sessions_ended (session_id, expires_at) VALUES ($1, $2)
-		ON CONFLICT (session_id) DO NOTHING`
-)
-
 // has reports whether session sid was ended. When the ledger cannot say,
 // it returns the error and the session is refused.
 func (e *endedSessions) has(ctx context.Context, sid string) (bool, error) {
@@ -48,9 +41,7 @@ func (e *endedSessions) has(ctx context.Context, sid string) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, endedSessionTimeout)
 	defer cancel()
-	var ended bool
-	err := e.pool.QueryRow(ctx, sessionEndedSQL, sid).Scan(&ended)
-	return ended, err
+	return ledger.SessionEnded(ctx, e.pool, sid)
 }
 
 // end ends session sid, whose cookie expires at exp, here at once and in
@@ -66,6 +57,5 @@ func (e *endedSessions) end(ctx context.Context, sid string, exp, now time.Time)
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endedSessionTimeout)
 	defer cancel()
-	_, err := e.pool.Exec(ctx, endSessionSQL, sid, exp)
-	return err
+	return ledger.EndSession(ctx, e.pool, sid, exp, nil)
 }

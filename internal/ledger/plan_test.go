@@ -1,0 +1,178 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/migrate"
+)
+
+// big is the ledger every plan test reads: large enough that Postgres
+// prefers an index wherever one serves (see fill).
+var big *pgxpool.Pool
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	// Private to this process: the tests only read it, and two runs of
+	// the package at once must not drop each other's.
+	schema := fmt.Sprintf("keel_test_ledger_%d", os.Getpid())
+	cfg, err := testenv.PoolConfig(ctx, schema)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	big, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() {
+		big.Close()
+		if conn, err := pgx.Connect(ctx, testenv.DatabaseURL()); err == nil {
+			conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+			conn.Close(ctx)
+		}
+	}()
+	if _, err := migrate.Up(ctx, big); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := big.Exec(ctx, fill); err != nil {
+		fmt.Fprintln(os.Stderr, "fill:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// fill is a ledger of 60,000 jobs in every status and shape (steps,
+// batches, outbox rows, deadlines, strays, audit, prune log, sessions).
+const fill = `
+INSERT INTO keel_batches (id, description)
+SELECT 'b' || g, '' FROM generate_series(1, 20000) g;
+
+INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, attempts,
+	run_at, published_at, finished_at, lease_holder, lease_until, last_error, error_class,
+	batch_id, deadline, in_doubt, stray_until, effects_committed_at, created_at, updated_at)
+SELECT 'j' || lpad(g::text, 8, '0'), 'kind' || (g % 7), 'key' || g, (ARRAY['default', 'critical', 'low'])[1 + g % 3],
+	'\x7b7d', 3, s.status, CASE WHEN s.status IN ('pending', 'running') THEN 0 ELSE 1 END,
+	now() - (g % 90) * interval '1 hour', CASE WHEN g % 50 <> 0 THEN now() END,
+	CASE WHEN s.status IN ('succeeded', 'dead', 'discarded', 'cancelled') THEN now() - (g % 90) * interval '1 day' END,
+	CASE WHEN s.status = 'running' THEN 'worker-' || (g % 4) END,
+	CASE WHEN s.status = 'running' THEN now() + interval '10 seconds' END,
+	CASE WHEN s.status IN ('failed', 'dead') THEN 'boom ' || g END,
+	CASE WHEN s.status IN ('failed', 'dead') THEN (ARRAY['transient', 'permanent', 'timeout', 'crashed'])[1 + g % 4] END,
+	CASE WHEN g % 20 = 0 THEN 'b' || (g / 20) END,
+	CASE WHEN g % 97 = 0 THEN now() + interval '1 hour' END,
+	s.status = 'dead' AND g % 11 = 0,
+	CASE WHEN g % 1009 = 0 THEN now() + interval '5 seconds' END,
+	CASE WHEN s.status = 'dead' AND g % 13 = 0 THEN now() END,
+	now() - (g % 90) * interval '1 day', now()
+FROM generate_series(1, 60000) g,
+	LATERAL (SELECT (ARRAY['succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded',
+		'dead', 'pending', 'running', 'failed', 'discarded', 'cancelled'])[1 + g % 12] AS status) s;
+
+UPDATE keel_batches SET sealed_at = now(),
+	completed_at = CASE WHEN id LIKE '%0' THEN now() - (length(id) % 90) * interval '1 day' END;
+
+INSERT INTO keel_steps (job_id, name, status, calls, started_at, finished_at, verifiable, run)
+SELECT id, 'charge', CASE WHEN status = 'succeeded' THEN 'done' ELSE 'started' END, 1, created_at,
+	CASE WHEN status = 'succeeded' THEN finished_at END, id LIKE '%3', 1
+FROM keel_jobs WHERE id LIKE '%0' OR id LIKE '%3';
+
+INSERT INTO keel_outbox (job_id, queued_at)
+SELECT id, now() - interval '1 second' FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' LIMIT 500;
+
+INSERT INTO keel_audit (job_id, action, actor, note)
+SELECT id, 'replay', 'ops', 'checked' FROM keel_jobs WHERE status = 'dead' LIMIT 2000;
+
+INSERT INTO keel_prune_log (at, rows) SELECT now() - g * interval '1 hour', 1000 FROM generate_series(1, 500) g;
+
+INSERT INTO keel_web_sessions_ended (session_id, expires_at)
+SELECT 's' || g, now() + (g % 48 - 24) * interval '1 hour' FROM generate_series(1, 5000) g;
+
+ANALYZE;
+`
+
+// errCaptured stops a ledger function at its first statement: plan runs
+// the function for the statement and arguments it would send.
+var errCaptured = errors.New("statement captured")
+
+type capture struct {
+	sql  string
+	args []any
+}
+
+func (c *capture) keep(sql string, args []any) {
+	if c.sql == "" {
+		c.sql, c.args = sql, args
+	}
+}
+
+func (c *capture) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.keep(sql, args)
+	return pgconn.CommandTag{}, errCaptured
+}
+
+func (c *capture) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.keep(sql, args)
+	return nil, errCaptured
+}
+
+func (c *capture) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	c.keep(sql, args)
+	return errRow{}
+}
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errCaptured }
+
+// plan returns Postgres's plan, on the big ledger, for the first statement
+// call sends through the DB it is given.
+func plan(t *testing.T, call func(db ledger.DB)) string {
+	t.Helper()
+	var c capture
+	call(&c)
+	if c.sql == "" {
+		t.Fatal("plan: the function sent no statement")
+	}
+	rows, err := big.Query(context.Background(), "EXPLAIN "+c.sql, c.args...)
+	if err != nil {
+		t.Fatalf("plan: EXPLAIN %s: %v", c.sql, err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("plan: EXPLAIN %s: %v", c.sql, err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// usesIndex fails unless the plan reads each of indexes and scans none of
+// tables whole.
+func usesIndex(t *testing.T, p string, indexes []string, noSeqScan ...string) {
+	t.Helper()
+	for _, ix := range indexes {
+		if !strings.Contains(p, ix) {
+			t.Errorf("plan does not use %s:\n%s", ix, p)
+		}
+	}
+	for _, tbl := range noSeqScan {
+		if strings.Contains(p, "Seq Scan on "+tbl) {
+			t.Errorf("plan scans %s whole:\n%s", tbl, p)
+		}
+	}
+}
