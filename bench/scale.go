@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/pgserver"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
@@ -496,7 +497,7 @@ func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
 		name, sql string
 		args      []any
 	}{
-		{"guard round: 50 claims + 50 completions", idempotency.RoundSQL(),
+		{"guard round: 50 claims + 50 completions", ledger.RoundSQL,
 			[]any{scaleHolder, int64(10000), claim, done, runs}},
 		{"relay claim (200)", idempotency.ClaimOutboxSQL(), []any{200, 0}},
 		{"relay claim, rows written unpublished (200)", idempotency.ClaimUnpublishedSQL(), []any{200}},
@@ -556,7 +557,7 @@ func (s *scaleRun) rounds(ctx context.Context, name string) (claim, complete Lat
 	defer finish()
 	round := func(claimIDs, doneIDs []string, attempts []int32) (time.Duration, error) {
 		t0 := time.Now()
-		rows, err := s.pool.Query(ctx, idempotency.RoundSQL(), scaleHolder, int64(10000), claimIDs, doneIDs, attempts)
+		rows, err := s.pool.Query(ctx, ledger.RoundSQL, scaleHolder, int64(10000), claimIDs, doneIDs, attempts)
 		if err != nil {
 			return 0, err
 		}

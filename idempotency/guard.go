@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/internal/batch"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/tracing"
 	"github.com/keeljobs/keel/retry"
 )
@@ -479,110 +480,20 @@ type ledgerReq struct {
 	doneOut  chan error       // completions
 }
 
-// roundSQL completes the jobs in $4 (only where this worker still holds the
-// lease for the run numbered in $5) and claims the jobs in $3 (only where they
-// are claimable and have budget left), in one statement and one commit. A
-// claim over a running row whose lease expired counts a crash: that run
-// ended without an outcome. Claims skip rows another transaction has locked
-// (a handler's InTx, a relay): those are reported busy and looked at again
-// later, so one long transaction cannot stall every other claim behind it.
-// A job never appears in both lists (runRound sees to it): a statement may
-// not update one row twice. A claim's last column is the job's batch, if
-// it is a batch member.
-const roundSQL = roundCTEs + `
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done
-UNION ALL
-SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone, deadline FROM c`
-
-// roundBatchSQL is roundSQL for a round that completes batch members. Each
-// member's trigger updates its batch's row, at the end of the statement, in
-// the order the members were updated: two rounds meeting batches A and B in
-// opposite orders would deadlock. So once every member is updated (the
-// ARRAY reads all of done first), the batch rows are locked in id order,
-// before the triggers run. Rounds of jobs outside batches do not pay for it.
-const roundBatchSQL = roundCTEs + `,
-locked AS (
-	SELECT id FROM keel_batches
-	WHERE id = ANY (ARRAY (SELECT batch_id FROM done WHERE batch_id IS NOT NULL))
-	ORDER BY id FOR UPDATE)
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done WHERE (SELECT count(*) FROM locked) >= 0
-UNION ALL
-SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone, deadline FROM c`
-
-const roundCTEs = `WITH done AS (
-	UPDATE keel_jobs j SET status = 'succeeded', lease_holder = NULL,
-		lease_until = NULL, finished_at = now(), updated_at = now(),
-		last_error = NULL, error_class = NULL
-	FROM unnest($4::text[], $5::int[]) AS d(id, run)
-	WHERE j.id = d.id AND j.run = d.run AND j.status = 'running' AND j.lease_holder = $1
-	RETURNING j.id, j.batch_id),
-free AS (
-	SELECT id, status, attempts > max_retry + extra_runs AS over, crashes > 0 AS crashed_before FROM keel_jobs
-	WHERE id = ANY($3)
-	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
-	  AND (attempts <= max_retry + extra_runs OR (` + crashedBesideOthers + `))
-	  AND ` + keyFreeSQL + `
-	FOR UPDATE SKIP LOCKED),
-c AS (
-	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
-		lease_until = now() + $2 * interval '1 millisecond',
-		attempts = j.attempts + CASE WHEN free.over AND free.crashed_before THEN 0 ELSE 1 END,
-		run = j.run + 1, updated_at = now(),
-		crashes = j.crashes + CASE WHEN free.status = 'running' AND NOT (free.over AND free.crashed_before) THEN 1 ELSE 0 END,
-		waited_ms = j.waited_ms + CASE WHEN free.over AND free.crashed_before THEN $2 ELSE 0 END,
-		extra_runs = j.extra_runs + CASE WHEN free.over AND NOT free.crashed_before THEN 1 ELSE 0 END,
-		published_at = coalesce(j.published_at, now())
-	FROM free WHERE j.id = free.id
-	RETURNING j.id, j.attempts, j.max_retry + j.extra_runs AS budget, j.waited_ms, j.max_wait_ms, j.batch_id, j.run,
-		j.attempts > j.max_retry + j.extra_runs AND j.crashes > 0 AS alone, j.deadline)`
-
-// crashedBesideOthers holds for a running job whose lease expired (its
-// run ended without an outcome) and whose run was not recorded as running
-// alone on its worker: the crash may have been a neighbour's. Such a job
-// is not retired as a poison job when its budget is used up ("over" in the
-// claim above):
-//   - if it had never crashed before (so that run did not have to run
-//     alone), keel adds a run to its budget, once: extra_runs;
-//   - if it had (so that run had to run alone), the run died while it
-//     waited for the others to finish: its handler never started, so the
-//     crash was another run's (whose budget pays for it) or a kill from
-//     outside. It costs the job no attempt and no crash: the lease it lost
-//     counts as time waited, and the job's wait ceiling ends it if that
-//     goes on (runAlone): every job ends.
-//
-// Either way its next run runs alone. Otherwise a job is retired only for
-// a crash of a run recorded as alone (solo_run = run).
-const crashedBesideOthers = `status = 'running' AND lease_until < now() AND solo_run <> run`
-
-// RoundSQL is the statement a guard round runs ($1 holder, $2 lease in
-// milliseconds, $3 ids to claim, $4 ids to complete, $5 their runs),
-// exported for plan inspection and for timing it on a large ledger.
-func RoundSQL() string { return roundSQL }
-
-// unclaimedSQL reads why jobs could not be claimed (the rare path).
-const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()), ` + exhaustedSQL + `
-	FROM keel_jobs WHERE id = ANY($1)`
-
-// exhaustedSQL holds for a job that is claimable but whose budget runs
-// that ended without an outcome have used up: it retires, it does not run.
-const exhaustedSQL = `(attempts > max_retry + extra_runs
-	AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
-	AND NOT (` + crashedBesideOthers + `))`
-
 // runRound runs one round of waiting claims and completions: one statement
 // in the common case, a second one only for claims that did not succeed.
 func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	var claimIDs, doneIDs []string
 	var doneRuns []int32
 	completing := map[string]bool{}
-	sql := roundSQL
+	batch := false
 	for _, r := range reqs {
 		if r.complete {
 			doneIDs = append(doneIDs, r.id)
 			doneRuns = append(doneRuns, int32(r.run))
 			completing[r.id] = true
 			if r.inBatch {
-				sql = roundBatchSQL
+				batch = true
 			}
 		}
 	}
@@ -607,7 +518,8 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	var err error
 	// An aborted round changed nothing: it runs again as it was.
 	for try := 1; ; try++ {
-		results, done, err = g.round(ctx, sql, completing, claimIDs, doneIDs, doneRuns)
+		results, done, err = g.round(ctx, ledger.RoundArgs{Holder: g.cfg.Holder, LeaseMS: g.cfg.Lease.Milliseconds(),
+			Claim: claimIDs, Done: doneIDs, DoneRuns: doneRuns, Batch: batch}, completing)
 		if err == nil || try == roundTries || !lockConflict(err) {
 			break
 		}
@@ -658,35 +570,19 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 
 // round runs the round's statement once: the claims it made, the
 // completions it marked.
-func (g *Guard) round(ctx context.Context, sql string, completing map[string]bool, claimIDs, doneIDs []string,
-	doneRuns []int32) (map[string]claimResult, map[string]bool, error) {
-	results := make(map[string]claimResult, len(claimIDs))
-	done := make(map[string]bool, len(doneIDs))
-	rows, err := g.store.pool.Query(ctx, sql, g.cfg.Holder, g.cfg.Lease.Milliseconds(), claimIDs, doneIDs, doneRuns)
+func (g *Guard) round(ctx context.Context, a ledger.RoundArgs, completing map[string]bool) (map[string]claimResult, map[string]bool, error) {
+	results := make(map[string]claimResult, len(a.Claim))
+	done := make(map[string]bool, len(a.Done))
+	err := ledger.Round(ctx, g.store.pool, a, func(c ledger.Claimed) {
+		if completing[c.ID] {
+			done[c.ID] = true
+			return
+		}
+		results[c.ID] = claimResult{outcome: claimed, attempts: c.Attempts, run: c.Run, alone: c.Alone, maxRetry: c.Budget, status: StatusRunning,
+			waited: time.Duration(c.WaitedMS) * time.Millisecond, maxWait: time.Duration(c.MaxWaitMS) * time.Millisecond,
+			batchID: c.BatchID, deadline: c.Deadline}
+	})
 	if err != nil {
-		return nil, nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		var attempts, maxRetry int
-		var waited, maxWait int64
-		var batchID string
-		var run int
-		var alone bool
-		var deadline *time.Time
-		if err := rows.Scan(&id, &attempts, &maxRetry, &waited, &maxWait, &batchID, &run, &alone, &deadline); err != nil {
-			return nil, nil, err
-		}
-		if completing[id] {
-			done[id] = true
-		} else {
-			results[id] = claimResult{outcome: claimed, attempts: attempts, run: run, alone: alone, maxRetry: maxRetry, status: StatusRunning,
-				waited: time.Duration(waited) * time.Millisecond, maxWait: time.Duration(maxWait) * time.Millisecond,
-				batchID: batchID, deadline: deadline}
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return nil, nil, err
 	}
 	return results, done, nil
@@ -701,20 +597,10 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 			rest = append(rest, id)
 		}
 	}
-	rows, err := g.store.pool.Query(ctx, unclaimedSQL, rest)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		var res claimResult
-		var exhausted bool
-		if err := rows.Scan(&id, &res.status, &res.attempts, &res.leaseUntil, &exhausted); err != nil {
-			return err
-		}
+	return ledger.ReadUnclaimed(ctx, g.store.pool, rest, func(u ledger.Unclaimed) {
+		res := claimResult{status: u.Status, attempts: u.Attempts, leaseUntil: u.LeaseUntil}
 		switch {
-		case exhausted:
+		case u.Exhausted:
 			res.outcome = claimExhausted
 		case res.status.Terminal():
 			res.outcome = claimFinished
@@ -723,9 +609,8 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 		default:
 			res.outcome = claimBusy
 		}
-		results[id] = res
-	}
-	return rows.Err()
+		results[u.ID] = res
+	})
 }
 
 func (g *Guard) claim(ctx context.Context, id string) claimResult {
@@ -894,35 +779,10 @@ func (g *Guard) renewRunning(ctx context.Context) {
 	}
 }
 
-// renewSQL extends the leases of a worker's running jobs and returns the
-// ids still this run's: renewed, or locked right now (by the worker's own
-// completion round or InTx, say) and, as last committed, still held by it.
-// It never waits for a row lock, so it cannot deadlock with the statements
-// that finish the same rows in another order; a locked row is renewed at
-// the next tick, well inside the lease.
-const renewSQL = `WITH r AS (SELECT * FROM unnest($2::text[], $3::int[]) AS r(id, run)),
-mine AS (
-	SELECT j.id FROM keel_jobs j JOIN r ON j.id = r.id
-	WHERE j.run = r.run AND j.lease_holder = $4 AND j.status = 'running'
-	FOR UPDATE OF j SKIP LOCKED),
-upd AS (
-	UPDATE keel_jobs j SET lease_until = now() + $1 * interval '1 millisecond'
-	FROM mine WHERE j.id = mine.id
-	RETURNING j.id)
-SELECT id FROM upd
-UNION ALL
-SELECT j.id FROM keel_jobs j JOIN r ON j.id = r.id
-WHERE j.run = r.run AND j.lease_holder = $4 AND j.status = 'running'
-  AND NOT EXISTS (SELECT 1 FROM mine WHERE mine.id = j.id)`
-
 // renew extends the leases of the runs ids (with their run numbers) and
 // returns the ids still theirs (renewSQL).
 func (g *Guard) renew(ctx context.Context, ids []string, runs []int32) ([]string, error) {
-	rows, err := g.store.pool.Query(ctx, renewSQL, g.cfg.Lease.Milliseconds(), ids, runs, g.cfg.Holder)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	return ledger.Renew(ctx, g.store.pool, g.cfg.Holder, g.cfg.Lease.Milliseconds(), ids, runs)
 }
 
 // Middleware returns the asynq middleware. Install it before the handler and
@@ -1104,9 +964,7 @@ func asynqLastTry(ctx context.Context) bool {
 func (g *Guard) release(ctx context.Context, jc *jobContext) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
-		attempts = attempts - 1, solo_run = -1, updated_at = now()
-		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)
+	err := ledger.Release(ctx, g.store.pool, jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not release an interrupted job; its lease expires on its own", "job_id", jc.id, "err", err)
@@ -1151,28 +1009,13 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 	_ = g.recordFailure(ctx, t, jc, res, herr, retry.ClassTimeout)
 }
 
-// retireCrashedSQL marks dead a job whose runs used its budget without an
-// outcome. It re-checks the claim conditions: another worker may have moved it.
-const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed',
-	crashes = crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
-	last_error = format('keel: %s of %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL)%s; last held by %s; retired as a poison job',
-		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
-		greatest(attempts, crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END),
-		CASE WHEN status = 'running' AND solo_run = run THEN ', the last while it ran alone on its worker' ELSE '' END,
-		coalesce(last_holder, lease_holder, 'an unknown worker')),
-	lease_holder = NULL, lease_until = NULL, finished_at = now(), updated_at = now(),
-	payload_summary = $2
-	WHERE id = $1 AND ` + exhaustedSQL + `
-	RETURNING business_key, coalesce(trace_id, ''), last_error, attempts`
-
 // retireCrashed retires a poison job: the delivery is acknowledged (the job
 // is dead in the ledger, with the same alert and counters as any death).
 func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) error {
 	ctx = context.WithoutCancel(ctx)
 	summary := storableText(g.summarize(t), maxErrorBytes)
-	var businessKey, traceID, msg string
-	var attempts int
-	err := g.store.pool.QueryRow(ctx, retireCrashedSQL, id, summary).Scan(&businessKey, &traceID, &msg, &attempts)
+	r, err := ledger.RetireCrashed(ctx, g.store.pool, id, summary)
+	businessKey, traceID, msg, attempts := r.BusinessKey, r.TraceID, r.Error, r.Attempts
 	if errors.Is(err, pgx.ErrNoRows) {
 		return retry.Wait(time.Second, ErrLeaseHeld) // it changed hands meanwhile: look again
 	}
@@ -1210,9 +1053,9 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 	// While the ledger is down this waits for it: given up, the row would
 	// stay succeeded, the failure and its alert lost.
 	err := g.untilLedgerAnswers(jc.id, func() error {
-		return interpretError(g.store.pool.QueryRow(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2,
-			payload_summary = $3, effects_committed_at = finished_at, updated_at = now() WHERE id = $1 AND status = 'succeeded'
-			RETURNING business_key, coalesce(trace_id, '')`, jc.id, msg, summary).Scan(&businessKey, &traceID))
+		var err error
+		businessKey, traceID, err = ledger.DeadAfterComplete(ctx, g.store.pool, jc.id, msg, summary)
+		return interpretError(err)
 	})
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
@@ -1300,18 +1143,6 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		return retry.Wait(g.ledgerWait(err), fmt.Errorf("keel: job %s finished but the ledger could not record it: %w", id, err))
 	}
 }
-
-const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class = $5,
-	attempts = attempts - $6, lease_holder = NULL, lease_until = NULL, solo_run = -1, updated_at = now(),
-	published_at = CASE WHEN $7 THEN NULL ELSE published_at END,
-	run_at = CASE WHEN $8 >= 0 THEN now() + $8 * interval '1 millisecond' ELSE run_at END,
-	finished_at = CASE WHEN $3 = 'dead' THEN now() ELSE NULL END,
-	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
-	trace_id = coalesce(nullif($10, ''), trace_id, nullif($13, '')),
-	waited_ms = waited_ms + $12,
-	in_doubt = $3 = 'dead' AND $14
-	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $11
-	RETURNING business_key, coalesce(trace_id, '')`
 
 // maxErrorBytes bounds the error text and summary kept with a job.
 const maxErrorBytes = 8 << 10
@@ -1415,9 +1246,12 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	summary = storableText(summary, maxErrorBytes)
 	var businessKey, storedTrace string
 	err := g.untilLedgerAnswers(id, func() error {
-		return g.store.pool.QueryRow(ctx, failSQL, id, g.cfg.Holder, status, msg, string(class), uncount, unpublish,
-			runIn.Milliseconds(), summary, traceID, jc.run, waited.Milliseconds(), spanTraceID(ctx),
-			errors.Is(herr, ErrInDoubt)).Scan(&businessKey, &storedTrace)
+		var err error
+		businessKey, storedTrace, err = ledger.Fail(ctx, g.store.pool, ledger.Failure{ID: id, Holder: g.cfg.Holder, Run: jc.run,
+			Status: status, Error: msg, Class: string(class), Uncount: uncount, Unpublish: unpublish,
+			RunInMS: runIn.Milliseconds(), Summary: summary, TraceID: traceID, SpanTraceID: spanTraceID(ctx),
+			WaitedMS: waited.Milliseconds(), InDoubt: errors.Is(herr, ErrInDoubt)})
+		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		if jc.commitInDoubt.Load() {
@@ -1707,13 +1541,11 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		}
 		return err
 	}
-	tag, err := tx.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', lease_holder = NULL, lease_until = NULL,
-		last_error = NULL, error_class = NULL, finished_at = now(), updated_at = now()
-		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)
+	held, err := ledger.MarkSucceeded(ctx, tx, jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		return jc.refused(ctx, interpretError(err))
 	}
-	if tag.RowsAffected() == 0 {
+	if !held {
 		return jc.refused(ctx, ErrLeaseLost)
 	}
 	jc.committing.Store(true)

@@ -54,13 +54,6 @@ func (s *strays) list() []string {
 	return ids
 }
 
-// keyFreeSQL is the claim's condition that no older job of the same key
-// (moved aside by a newer one, see supersedeSQL) has a stray that may still
-// act; the claimed row is keel_jobs. Only rows with a stray are in the
-// index it reads.
-const keyFreeSQL = `NOT EXISTS (SELECT 1 FROM keel_jobs o WHERE o.stray_until IS NOT NULL AND o.stray_until > now()
-	AND o.kind = keel_jobs.kind AND o.business_key = keel_jobs.business_key || '#' || o.id)`
-
 // markStray records that jc's handler is given up but may still act. It is
 // written before the run's outcome, which may finish the job and free its
 // key for a newer job.

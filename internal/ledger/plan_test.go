@@ -102,7 +102,7 @@ SELECT id, 'replay', 'ops', 'checked' FROM keel_jobs WHERE status = 'dead' LIMIT
 INSERT INTO keel_prune_log (at, rows) SELECT now() - g * interval '1 hour', 1000 FROM generate_series(1, 500) g;
 
 INSERT INTO keel_web_sessions_ended (session_id, expires_at)
-SELECT 's' || g, now() + (g % 48 - 24) * interval '1 hour' FROM generate_series(1, 5000) g;
+SELECT 's' || g, now() + (g % 50 - 1) * interval '1 hour' FROM generate_series(1, 5000) g;
 
 ANALYZE;
 `
