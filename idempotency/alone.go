@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -336,8 +337,7 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) e
 		}
 		return err
 	}
-	tag, err := g.store.pool.Exec(ctx, `UPDATE keel_jobs SET solo_run = run
-		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`, jc.id, g.cfg.Holder, jc.run)
+	held, err := ledger.MarkSolo(ctx, g.store.pool, jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		if err = jc.refused(ctx, interpretError(err)); !errors.Is(err, ErrRunGivenUp) && !errors.Is(err, ErrCancelled) {
 			// Not the job's failure: its last run must not be spent on it.
@@ -345,7 +345,7 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) e
 		}
 		return err
 	}
-	if tag.RowsAffected() == 0 {
+	if !held {
 		return jc.refused(ctx, ErrLeaseLost)
 	}
 	return nil
@@ -365,9 +365,7 @@ func (g *Guard) watchReservation(id string) {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		var status Status
-		var holder string
-		err := g.store.pool.QueryRow(ctx, `SELECT status, coalesce(lease_holder, '') FROM keel_jobs WHERE id = $1`, id).Scan(&status, &holder)
+		status, holder, err := ledger.Holder(ctx, g.store.pool, id)
 		cancel()
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && reservationMoot(status, holder, g.cfg.Holder)) {
 			g.gate.unreserve(id)

@@ -8,52 +8,28 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/retry"
 )
 
-// endPastDeadlineSQL ends the jobs in $1 whose deadline comes before
-// now + $2 ms while no run holds them: pending, failed, or running under a
-// lease that ran out. asynq fails a delivery past its deadline before any
-// middleware runs, so no run of such a job can start any more. A kind that
-// drops stale work gets a discarded row (no alert, not replayable);
-// otherwise the job is dead for a person. $3 is the payload summary when
-// the caller has one (the kind's redaction), else the stored one stays.
-const endPastDeadlineSQL = `UPDATE keel_jobs SET
-	status = CASE WHEN expire_stale THEN 'discarded' ELSE 'dead' END,
-	error_class = CASE WHEN expire_stale THEN 'expired' ELSE 'deadline' END,
-	last_error = format('keel: its deadline (%s) passed before a run could start%s',
-		to_char(deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-		coalesce('; the last attempt''s error: ' || last_error, '')),
-	resolution_note = CASE WHEN expire_stale THEN 'expired: its kind drops work still waiting at its deadline' ELSE resolution_note END,
-	resolved_by = CASE WHEN expire_stale THEN 'keel' ELSE resolved_by END,
-	payload_summary = coalesce(nullif($3, ''), payload_summary),
-	lease_holder = NULL, lease_until = NULL, solo_run = -1, finished_at = now(), updated_at = now()
-	WHERE id = ANY($1) AND deadline < now() + $2 * interval '1 millisecond'
-	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
-	RETURNING id, kind, queue, business_key, status, error_class, last_error, coalesce(trace_id, ''), attempts`
-
 // endPastDeadline ends the jobs ids whose deadline comes within margin
-// (see endPastDeadlineSQL) and returns the deaths and the expired among
+// (see ledger.EndPastDeadline) and returns the deaths and the expired among
 // them.
 func (s *Store) endPastDeadline(ctx context.Context, ids []string, margin time.Duration, summary string) (deaths, expired []DeadEvent, err error) {
-	rows, err := s.pool.Query(ctx, endPastDeadlineSQL, ids, margin.Milliseconds(), storableText(summary, maxErrorBytes))
+	ended, err := ledger.EndPastDeadline(ctx, s.pool, ids, margin, storableText(summary, maxErrorBytes), nil)
 	if err != nil {
 		return nil, nil, interpretError(err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var e DeadEvent
-		var status Status
-		if err := rows.Scan(&e.JobID, &e.Kind, &e.Queue, &e.BusinessKey, &status, &e.Class, &e.Error, &e.TraceID, &e.Attempts); err != nil {
-			return nil, nil, interpretError(err)
-		}
-		if status == StatusDead {
+	for _, j := range ended {
+		e := DeadEvent{JobID: j.ID, Kind: j.Kind, Queue: j.Queue, BusinessKey: j.BusinessKey, Class: j.Class,
+			Error: j.Error, TraceID: j.TraceID, Attempts: j.Attempts}
+		if j.Status == StatusDead {
 			deaths = append(deaths, e)
 		} else {
 			expired = append(expired, e)
 		}
 	}
-	return deaths, expired, interpretError(rows.Err())
+	return deaths, expired, nil
 }
 
 // EndPastDeadline ends those of jobs ids whose deadline has passed while

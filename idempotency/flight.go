@@ -3,6 +3,8 @@ package idempotency
 import (
 	"context"
 	"sync"
+
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // flights are the steps' calls this worker has in flight, live runs' and
@@ -44,12 +46,6 @@ func (f *flights) list() (jobIDs, names []string, runs []int32) {
 	return jobIDs, names, runs
 }
 
-// renewFlightsSQL extends the call_until of this worker's calls in flight
-// ($2 holder, $3 lease in milliseconds) on the steps their runs still hold.
-const renewFlightsSQL = `UPDATE keel_steps s SET call_until = now() + $3 * interval '1 millisecond'
-	FROM unnest($1::text[], $4::text[], $5::int[]) AS f(job_id, name, run)
-	WHERE s.job_id = f.job_id AND s.name = f.name AND s.run = f.run AND s.call_holder = $2 AND s.status = 'started'`
-
 // renewFlights keeps this worker's calls in flight marked as such.
 func (g *Guard) renewFlights(ctx context.Context) {
 	ids, names, runs := g.inFlight.list()
@@ -58,7 +54,7 @@ func (g *Guard) renewFlights(ctx context.Context) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
 	defer cancel()
-	if _, err := g.store.pool.Exec(rctx, renewFlightsSQL, ids, g.cfg.Holder, g.cfg.Lease.Milliseconds(), names, runs); err != nil && ctx.Err() == nil {
+	if err := ledger.RenewFlights(rctx, g.store.pool, g.cfg.Holder, g.cfg.Lease.Milliseconds(), ids, names, runs); err != nil && ctx.Err() == nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not renew steps' calls in flight", "calls", len(ids), "err", err)
 	}

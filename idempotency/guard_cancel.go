@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // cancelCheckTimeout bounds the look-up of whether a job was cancelled; it
@@ -32,21 +32,11 @@ func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobCont
 	}
 	ctx, cancel := context.WithTimeout(ctx, cancelCheckTimeout)
 	defer cancel()
-	rows, err := g.store.pool.Query(ctx, `SELECT id, status, run, coalesce(last_holder, '') FROM keel_jobs WHERE id = ANY($1)`, ids)
+	found, err := ledger.RunFates(ctx, g.store.pool, ids)
 	if err != nil {
 		return nil, err
 	}
-	type row struct {
-		ID         string
-		Status     Status
-		Run        int
-		LastHolder string
-	}
-	found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
-	if err != nil {
-		return nil, err
-	}
-	byID := make(map[string]row, len(found))
+	byID := make(map[string]ledger.RunFate, len(found))
 	for _, r := range found {
 		byID[r.ID] = r
 	}
@@ -70,8 +60,7 @@ func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobCont
 func (g *Guard) isCancelled(ctx context.Context, id string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelCheckTimeout)
 	defer cancel()
-	var cancelled bool
-	err := g.store.pool.QueryRow(ctx, `SELECT status = 'cancelled' FROM keel_jobs WHERE id = $1`, id).Scan(&cancelled)
+	cancelled, err := ledger.Cancelled(ctx, g.store.pool, id)
 	return err == nil && cancelled
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -96,14 +97,8 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	// The row names this run as the step's holder and the call as in
 	// flight (call_until, renewed while it goes on).
 	lease := g.cfg.Lease.Milliseconds()
-	var leased, fresh bool
-	err = pool.QueryRow(ctx, `WITH lease AS (
-			SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4 AND lease_until > now()),
-		ins AS (
-			INSERT INTO keel_steps (job_id, name, status, verifiable, run, call_holder, call_until)
-			SELECT $1, $2, 'started', $5, $4, $3, now() + $6 * interval '1 millisecond' FROM lease
-			ON CONFLICT (job_id, name) DO NOTHING RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM ins)`, jc.id, name, g.cfg.Holder, jc.run, cfg.verify != nil, lease).Scan(&leased, &fresh)
+	run := ledger.StepRun{JobID: jc.id, Name: name, Holder: g.cfg.Holder, Run: jc.run}
+	leased, fresh, err := ledger.StartStep(ctx, pool, run, cfg.verify != nil, lease)
 	if err != nil {
 		return zero, jc.refused(ctx, interpretError(err))
 	}
@@ -135,8 +130,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 			// The call never took effect: forget the start so the next
 			// attempt calls again, with the same key. Only while this run
 			// still holds the step: a newer run's record is not its to erase.
-			if _, err := pool.Exec(bg, `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'
-				AND `+stepHeld, jc.id, name, g.cfg.Holder, jc.run); err != nil {
+			if err := ledger.ForgetStep(bg, pool, run); err != nil {
 				return zero, errors.Join(ferr, interpretError(err))
 			}
 			return zero, ferr
@@ -144,8 +138,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		// The call may have happened: keep "started" so that it is never
 		// repeated blindly; it is no longer in flight, so Verify may settle
 		// it now.
-		if _, err := pool.Exec(bg, `UPDATE keel_steps SET call_until = NULL
-			WHERE job_id = $1 AND name = $2 AND status = 'started' AND `+stepHeld, jc.id, name, g.cfg.Holder, jc.run); err != nil {
+		if err := ledger.StepLanded(bg, pool, run); err != nil {
 			return zero, errors.Join(inDoubtError(jc.id, name, ferr, cfg.verify != nil), interpretError(err))
 		}
 		if cfg.verify != nil && errors.Is(ferr, ErrResent) {
@@ -163,14 +156,13 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	}
 	// Recorded by the run that holds the step, even one given up while its
 	// call went on: no other run verified or called it meanwhile.
-	tag, err := pool.Exec(bg, `UPDATE keel_steps SET status = 'done', result = $5, finished_at = now(), call_until = NULL
-		WHERE job_id = $1 AND name = $2 AND status = 'started' AND `+stepHeld, jc.id, name, g.cfg.Holder, jc.run, result)
+	held, err := ledger.StepDone(bg, pool, run, result)
 	if err != nil {
 		// The call happened but we could not say so: the next attempt finds
 		// the step in doubt and verifies it.
 		return zero, fmt.Errorf("keel: step %q done but not recorded: %w", name, interpretError(err))
 	}
-	if tag.RowsAffected() == 0 {
+	if !held {
 		// Someone removed the step's record, or another run took it over,
 		// while the call ran: whether it counts is for a person, not for a
 		// silent second call.
@@ -188,13 +180,8 @@ func resumeStep[T any](ctx context.Context, jc *jobContext, name, key string, cf
 	var zero T
 	g := jc.guard
 	pool := g.store.pool
-	var status string
-	var result []byte
-	var leftMS int64
-	var inFlight bool
-	err := pool.QueryRow(ctx, `SELECT status, result, coalesce(call_until > now(), false),
-			coalesce((extract(epoch FROM call_until - now()) * 1000)::bigint, 0)
-		FROM keel_steps WHERE job_id = $1 AND name = $2`, jc.id, name).Scan(&status, &result, &inFlight, &leftMS)
+	st, err := ledger.ReadStep(ctx, pool, jc.id, name)
+	status, result, inFlight, leftMS := st.Status, st.Result, st.InFlight, st.LeftMS
 	if err != nil {
 		return zero, false, interpretError(err)
 	}
@@ -222,12 +209,8 @@ func resumeStep[T any](ctx context.Context, jc *jobContext, name, key string, cf
 	}
 	// This run takes the step over before it asks Verify: a late outcome
 	// of the run that held it can no longer be written.
-	var leased, taken bool
-	err = pool.QueryRow(ctx, `WITH lease AS (SELECT 1 WHERE `+stepLeaseHeld+`),
-		took AS (UPDATE keel_steps SET run = $4, call_holder = $3
-			WHERE job_id = $1 AND name = $2 AND status = 'started' AND (call_until IS NULL OR call_until <= now())
-			AND EXISTS (SELECT 1 FROM lease) RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM took)`, jc.id, name, g.cfg.Holder, jc.run).Scan(&leased, &taken)
+	run := ledger.StepRun{JobID: jc.id, Name: name, Holder: g.cfg.Holder, Run: jc.run}
+	leased, taken, err := ledger.TakeOverStep(ctx, pool, run)
 	if err != nil {
 		return zero, false, interpretError(err)
 	}
@@ -245,23 +228,20 @@ func resumeStep[T any](ctx context.Context, jc *jobContext, name, key string, cf
 	// Only while this run still holds the job: Verify takes time, and
 	// a run that lost the job meanwhile must neither record nor call.
 	if done {
-		tag, err := pool.Exec(ctx, `UPDATE keel_steps SET status = 'done', finished_at = now()
-			WHERE job_id = $1 AND name = $2 AND `+stepHeld+` AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run)
+		held, err := ledger.StepVerified(ctx, pool, run)
 		if err != nil {
 			return zero, false, interpretError(err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !held {
 			return zero, false, jc.refused(ctx, ErrLeaseLost)
 		}
 		return zero, true, nil
 	}
-	tag, err := pool.Exec(ctx, `UPDATE keel_steps SET calls = calls + 1, started_at = now(), verifiable = true,
-			call_until = now() + $5 * interval '1 millisecond'
-		WHERE job_id = $1 AND name = $2 AND `+stepHeld+` AND `+stepLeaseHeld, jc.id, name, g.cfg.Holder, jc.run, g.cfg.Lease.Milliseconds())
+	held, err := ledger.CallStepAgain(ctx, pool, run, g.cfg.Lease.Milliseconds())
 	if err != nil {
 		return zero, false, interpretError(err)
 	}
-	if tag.RowsAffected() == 0 {
+	if !held {
 		return zero, false, jc.refused(ctx, ErrLeaseLost)
 	}
 	return zero, false, nil
@@ -341,18 +321,6 @@ func InDoubt(err error) error {
 	}
 	return fmt.Errorf("%w: %w", ErrInDoubt, err)
 }
-
-// stepLeaseHeld is the condition, on $1 job id, $3 holder and $4 run,
-// that this run still holds the job: its lease has not run out either, so
-// a worker paused past it (a long GC pause, SIGSTOP, a frozen VM) that
-// wakes up does not send, even before another worker took the job over.
-const stepLeaseHeld = `EXISTS (SELECT 1 FROM keel_jobs WHERE id = $1 AND status = 'running' AND lease_holder = $3 AND run = $4
-	AND lease_until > now())`
-
-// stepHeld is the condition, on $3 holder and $4 run, that this run holds
-// the step (of the row the statement updates): it started the step or
-// took it over. Only that run writes the step's outcome.
-const stepHeld = `run = $4 AND call_holder = $3`
 
 // callInDoubt reports whether a step whose fn returned err may have taken
 // effect. Only a call that never left, or one the other side answered as
@@ -451,7 +419,6 @@ func (e *doubtError) Is(target error) bool { return target == ErrInDoubt }
 // notVerifiable records that step name of job jobID, in doubt, is one no
 // Verify can settle: replayable then waits for a person's word on it.
 func notVerifiable(ctx context.Context, pool DB, jobID, name string) error {
-	_, err := pool.Exec(context.WithoutCancel(ctx), `UPDATE keel_steps SET verifiable = false
-		WHERE job_id = $1 AND name = $2 AND status = 'started'`, jobID, name)
+	err := ledger.StepNotVerifiable(context.WithoutCancel(ctx), pool, jobID, name)
 	return interpretError(err)
 }
