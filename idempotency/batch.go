@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 var (
@@ -147,16 +149,12 @@ func CallbackKey(batchID, event string, generation int) string {
 	return fmt.Sprintf("batch:%s:%s:%d", batchID, event, generation)
 }
 
-const batchColumns = `id, description, on_complete, on_success, total, succeeded, dead, discarded, cancelled,
-	generation, sealed_at, completed_at, coalesce(complete_job_id, ''), coalesce(success_job_id, ''), created_at, updated_at`
-
-func scanBatch(row pgx.Row) (Batch, error) {
-	var b Batch
-	var onComplete, onSuccess []byte
-	err := row.Scan(&b.ID, &b.Description, &onComplete, &onSuccess, &b.Total, &b.Succeeded, &b.Dead, &b.Discarded,
-		&b.Cancelled, &b.Generation, &b.SealedAt, &b.CompletedAt, &b.CompleteJobID, &b.SuccessJobID, &b.CreatedAt, &b.UpdatedAt)
-	b.OnComplete, b.OnSuccess = decodeCallback(onComplete), decodeCallback(onSuccess)
-	return b, err
+// batchOf is the Batch of a stored row.
+func batchOf(r ledger.BatchRow, err error) (Batch, error) {
+	return Batch{ID: r.ID, Description: r.Description, OnComplete: decodeCallback(r.OnComplete), OnSuccess: decodeCallback(r.OnSuccess),
+		Total: r.Total, Succeeded: r.Succeeded, Dead: r.Dead, Discarded: r.Discarded, Cancelled: r.Cancelled,
+		Generation: r.Generation, SealedAt: r.SealedAt, CompletedAt: r.CompletedAt, CompleteJobID: r.CompleteJobID,
+		SuccessJobID: r.SuccessJobID, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}, err
 }
 
 // CreateBatch records an open batch in db (a pool or the caller's
@@ -178,8 +176,7 @@ func (s *Store) CreateBatch(ctx context.Context, db DB, nb NewBatch) (Batch, err
 	if err != nil {
 		return Batch{}, err
 	}
-	b, err := scanBatch(db.QueryRow(ctx, `INSERT INTO keel_batches (id, description, on_complete, on_success)
-		VALUES ($1, $2, $3, $4) RETURNING `+batchColumns, id.String(), nb.Description, onComplete, onSuccess))
+	b, err := batchOf(ledger.CreateBatch(ctx, db, id.String(), nb.Description, onComplete, onSuccess))
 	return b, interpretError(err)
 }
 
@@ -191,7 +188,7 @@ func (s *Store) SealBatch(ctx context.Context, db DB, id string) (Batch, error) 
 	if !utf8Valid(id) || id == "" {
 		return Batch{}, fmt.Errorf("%w: %q", ErrBatchNotFound, id)
 	}
-	b, err := scanBatch(db.QueryRow(ctx, `SELECT `+batchColumns+` FROM keel_batch_seal($1)`, id))
+	b, err := batchOf(ledger.SealBatch(ctx, db, id))
 	return b, interpretError(err)
 }
 
@@ -200,7 +197,7 @@ func (s *Store) GetBatch(ctx context.Context, id string) (Batch, error) {
 	if !utf8Valid(id) || id == "" {
 		return Batch{}, fmt.Errorf("%w: %q", ErrBatchNotFound, id)
 	}
-	b, err := scanBatch(s.pool.QueryRow(ctx, `SELECT `+batchColumns+` FROM keel_batches WHERE id = $1`, id))
+	b, err := batchOf(ledger.GetBatch(ctx, s.pool, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Batch{}, fmt.Errorf("%w: %s", ErrBatchNotFound, id)
 	}
@@ -220,40 +217,28 @@ func (s *Store) ListBatches(ctx context.Context, f BatchFilter) ([]Batch, error)
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+batchColumns+` FROM keel_batches
-		WHERE NOT $1 OR completed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT $2`, f.Open, f.Limit)
+	rows, err := ledger.ListBatches(ctx, s.pool, f.Open, f.Limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	bs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Batch, error) { return scanBatch(r) })
-	return bs, interpretError(err)
+	bs := make([]Batch, len(rows))
+	for i, r := range rows {
+		bs[i], _ = batchOf(r, nil)
+	}
+	return bs, nil
 }
 
 // CountOpenBatches counts batches not complete (for metrics).
 func (s *Store) CountOpenBatches(ctx context.Context) (int, error) {
-	var n int
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM keel_batches WHERE completed_at IS NULL`).Scan(&n)
+	n, err := ledger.CountOpenBatches(ctx, s.pool)
 	return n, interpretError(err)
 }
 
 // BatchStatuses counts a batch's members by status, the open ones
 // (pending, running, failed) too.
 func (s *Store) BatchStatuses(ctx context.Context, id string) (map[Status]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM keel_jobs WHERE batch_id = $1 GROUP BY status`, id)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	defer rows.Close()
-	out := map[Status]int{}
-	for rows.Next() {
-		var st Status
-		var n int
-		if err := rows.Scan(&st, &n); err != nil {
-			return nil, interpretError(err)
-		}
-		out[st] = n
-	}
-	return out, interpretError(rows.Err())
+	out, err := ledger.BatchStatuses(ctx, s.pool, id)
+	return out, interpretError(err)
 }
 
 // OpenMembers returns up to limit members of a batch that have not ended
@@ -262,11 +247,6 @@ func (s *Store) OpenMembers(ctx context.Context, id string, limit int) ([]Job, e
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM keel_jobs
-		WHERE batch_id = $1 AND status IN ('pending', 'running', 'failed') ORDER BY created_at, id LIMIT $2`, id, limit)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	js, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+	js, err := ledger.OpenMembers(ctx, s.pool, id, limit)
 	return js, interpretError(err)
 }
