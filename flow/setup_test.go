@@ -22,6 +22,7 @@ import (
 	"github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -155,7 +156,7 @@ func workerConfig(redisOpt asynq.RedisConnOpt, pool *pgxpool.Pool, limits *flow.
 // the controller's cleanup first, so that it closes after the worker stops.
 func (b *bundle) startWorker(t *testing.T, mux *tasks.Mux, limits *flow.Controller) {
 	t.Helper()
-	testenv.RunServer(t, workerConfig(b.redis, b.pool, limits), mux)
+	testworker.RunServer(t, workerConfig(b.redis, b.pool, limits), mux)
 }
 
 func (b *bundle) enqueue(t *testing.T, k *tasks.Kind[Report], r Report) string {
@@ -168,7 +169,7 @@ func (b *bundle) enqueue(t *testing.T, k *tasks.Kind[Report], r Report) string {
 
 func (b *bundle) waitStatus(t *testing.T, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
 	t.Helper()
-	return testenv.WaitStatus(t, b.store, id, want, timeout)
+	return testworker.WaitStatus(t, b.store, id, want, timeout)
 }
 
 func (b *bundle) count(t *testing.T, sql string, args ...any) int {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -108,7 +109,7 @@ func mustJobID(ctx context.Context) string {
 // runBatchChild runs a worker of batchMux when the test binary is started
 // as a batch test's child process.
 func runBatchChild() bool {
-	return testenv.RunChildWorker(batchChildEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+	return testworker.RunChildWorker(batchChildEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		cfg := server.Config{Redis: redisOpt(), Concurrency: 10, ShutdownTimeout: 2 * time.Second,
 			Guard: idempotency.GuardConfig{Lease: 2 * time.Second, LedgerRetry: time.Second}}
 		cfg.Relay.PollInterval = 200 * time.Millisecond
@@ -122,7 +123,7 @@ func startBatchChild(t *testing.T) *exec.Cmd {
 	t.Helper()
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), batchChildEnv+"=1",
-		testenv.ChildDatabaseURLEnv+"="+testenv.URL(schema)+"&application_name="+batchChildApp)
+		testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema)+"&application_name="+batchChildApp)
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	t.Cleanup(func() {

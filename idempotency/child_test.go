@@ -15,6 +15,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -96,7 +97,7 @@ func crashMux(pool *pgxpool.Pool, slow bool) *tasks.Mux {
 // runWorkerChild runs a worker when the test binary is started as the crash
 // test's child process.
 func runWorkerChild() bool {
-	return testenv.RunChildWorker(childEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+	return testworker.RunChildWorker(childEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		return server.Config{
 			Redis:        redisOpt(),
 			Concurrency:  5,
@@ -131,7 +132,7 @@ func TestWorkerKilledMidTask(t *testing.T) {
 	require.NoError(t, err)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"=1", testenv.ChildDatabaseURLEnv+"="+testenv.URL(schema))
+	child.Env = append(os.Environ(), childEnv+"=1", testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema))
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() }) // if the test fails before the kill

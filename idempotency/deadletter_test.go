@@ -15,6 +15,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -590,7 +591,7 @@ func TestReplayOfAJobAsynqHoldsAsRunningSaysToWait(t *testing.T) {
 	require.NoError(t, err)
 	rdb := redis.NewClient(&redis.Options{Addr: b.redis.Addr, DB: b.redis.DB})
 	t.Cleanup(func() { rdb.Close() })
-	require.NoError(t, testenv.AsynqFetch(ctx, rdb, "default", time.Now().Add(30*time.Second)))
+	require.NoError(t, testworker.AsynqFetch(ctx, rdb, "default", time.Now().Add(30*time.Second)))
 	info, err := insp.GetTaskInfo("default", res.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateActive, info.State)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -75,7 +76,7 @@ func guaranteeMux(pool *pgxpool.Pool) *tasks.Mux {
 // runGuaranteeChild runs a worker when the test binary is started as one
 // of these tests' children.
 func runGuaranteeChild() bool {
-	return testenv.RunChildWorker(guaranteeChildEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+	return testworker.RunChildWorker(guaranteeChildEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		scfg := server.Config{
 			Redis:           redisOpt(),
 			Concurrency:     5,
@@ -95,7 +96,7 @@ func runGuaranteeChild() bool {
 func startGuaranteeChild(t *testing.T) *exec.Cmd {
 	t.Helper()
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), guaranteeChildEnv+"=1", testenv.ChildDatabaseURLEnv+"="+testenv.URL(schema))
+	child.Env = append(os.Environ(), guaranteeChildEnv+"=1", testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema))
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	exited := make(chan struct{})

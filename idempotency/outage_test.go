@@ -16,6 +16,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
@@ -119,11 +120,11 @@ func TestABriefLedgerOutageDelaysJobsAboutAsLongAsItLasts(t *testing.T) {
 	mux := tasks.NewMux()
 	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error { return nil })
 	// Default guard settings: LedgerRetry 10s.
-	testenv.RunServer(t, server.Config{Redis: b.redis, Pool: pool, Concurrency: 4, ShutdownTimeout: 2 * time.Second,
+	testworker.RunServer(t, server.Config{Redis: b.redis, Pool: pool, Concurrency: 4, ShutdownTimeout: 2 * time.Second,
 		Logger: slog.New(slog.DiscardHandler)}, mux)
 	warm, err := client.Enqueue(ctx, receipt.New(order{OrderID: "outage-warm"}))
 	require.NoError(t, err)
-	testenv.WaitStatus(t, client.Store(), warm.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	testworker.WaitStatus(t, client.Store(), warm.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	const n = 4
 	var ids []string
 	for i := range n {
@@ -154,7 +155,7 @@ func TestABriefLedgerOutageDelaysJobsAboutAsLongAsItLasts(t *testing.T) {
 	}, "the jobs were not delivered and put back during the outage")
 	pg.Start()
 	for _, id := range ids {
-		j := testenv.WaitStatus(t, idempotency.NewStore(pool), id, idempotency.StatusSucceeded, 30*time.Second)
+		j := testworker.WaitStatus(t, idempotency.NewStore(pool), id, idempotency.StatusSucceeded, 30*time.Second)
 		require.Equal(t, 1, j.Attempts, "the outage was charged to job %s", id)
 	}
 	t.Logf("waits during the outage: %v; every job done %s after Postgres went down", waits, time.Since(down).Round(100*time.Millisecond))

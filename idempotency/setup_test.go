@@ -12,6 +12,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -60,7 +61,7 @@ func (b *bundle) startWorker(t *testing.T, mux *tasks.Mux, mod func(*server.Conf
 	if mod != nil {
 		mod(&cfg)
 	}
-	return testenv.RunServer(t, cfg, mux)
+	return testworker.RunServer(t, cfg, mux)
 }
 
 func (b *bundle) count(t *testing.T, sql string, args ...any) int {
@@ -72,5 +73,5 @@ func (b *bundle) count(t *testing.T, sql string, args ...any) int {
 
 func (b *bundle) waitStatus(t *testing.T, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
 	t.Helper()
-	return testenv.WaitStatus(t, b.store, id, want, timeout)
+	return testworker.WaitStatus(t, b.store, id, want, timeout)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -91,7 +92,7 @@ func (b *bundle) worker(t *testing.T, mux *tasks.Mux, mod func(*server.Config)) 
 	if mod != nil {
 		mod(&cfg)
 	}
-	testenv.RunServer(t, cfg, mux)
+	testworker.RunServer(t, cfg, mux)
 }
 
 func (b *bundle) count(t *testing.T, sql string, args ...any) int {

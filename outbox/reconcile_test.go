@@ -15,6 +15,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 )
@@ -124,7 +125,7 @@ func TestDefaultsHealAFlushedRedisWithin30s(t *testing.T) {
 	lostAt := time.Now()
 
 	var runs atomic.Int64
-	testenv.RunServer(t, server.Config{Redis: b.opt, Pool: b.pool}, b.effectMux(&runs))
+	testworker.RunServer(t, server.Config{Redis: b.opt, Pool: b.pool}, b.effectMux(&runs))
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE status = 'succeeded'`) == n
 	}, "the jobs Redis lost never all ran")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -31,7 +32,7 @@ func (b *bundle) fetchAsDeadWorker(t *testing.T, ago time.Duration) {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: b.opt.Addr})
 	defer rdb.Close()
-	require.NoError(t, testenv.AsynqFetch(context.Background(), rdb, "default", time.Now().Add(30*time.Second-ago)))
+	require.NoError(t, testworker.AsynqFetch(context.Background(), rdb, "default", time.Now().Add(30*time.Second-ago)))
 }
 
 // orphan marks jobs as held by a worker whose ledger lease ran out.
@@ -92,7 +93,7 @@ func TestRescueRequeuesADeadWorkersActiveTask(t *testing.T) {
 
 	var runs atomic.Int64
 	b.worker(t, b.effectMux(&runs), func(c *server.Config) { c.DisableReconciler = true })
-	testenv.WaitStatus(t, idempotency.NewStore(b.pool), dead.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	testworker.WaitStatus(t, idempotency.NewStore(b.pool), dead.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, dead.Job.ID))
 }
 
@@ -275,7 +276,7 @@ func crashMux(pool *pgxpool.Pool, hold bool) *tasks.Mux {
 // runChildWorker runs a worker with keel's default settings when the test
 // binary is started as the kill test's child.
 func runChildWorker() bool {
-	return testenv.RunChildWorker(childEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
+	return testworker.RunChildWorker(childEnv, func(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		return server.Config{Redis: asynq.RedisClientOpt{Addr: os.Getenv("KEEL_CHILD_REDIS_ADDR")}}, crashMux(pool, true)
 	})
 }
@@ -291,7 +292,7 @@ func TestKilledWorkersJobStartsAgainWithinSeconds(t *testing.T) {
 	c := b.client(t, b.opt)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"=1", testenv.ChildDatabaseURLEnv+"="+testenv.URL("keel_test_outbox"),
+	child.Env = append(os.Environ(), childEnv+"=1", testworker.ChildDatabaseURLEnv+"="+testenv.URL("keel_test_outbox"),
 		"KEEL_CHILD_REDIS_ADDR="+b.opt.Addr)
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
@@ -303,7 +304,7 @@ func TestKilledWorkersJobStartsAgainWithinSeconds(t *testing.T) {
 	}, "the child never started the job")
 
 	// The other worker, with the defaults, already runs when the child dies.
-	srv := testenv.RunServer(t, server.Config{Redis: b.opt, Pool: b.pool}, crashMux(b.pool, false))
+	srv := testworker.RunServer(t, server.Config{Redis: b.opt, Pool: b.pool}, crashMux(b.pool, false))
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = child.Wait()
@@ -313,7 +314,7 @@ func TestKilledWorkersJobStartsAgainWithinSeconds(t *testing.T) {
 	took := time.Since(killed)
 	t.Logf("SIGKILL → next start: %.1fs", took.Seconds())
 	store := idempotency.NewStore(b.pool)
-	j := testenv.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	j := testworker.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 2, j.Attempts)
 	require.Equal(t, 1, b.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, res.Job.ID),
 		"the rescue must leave the crash for the next claim to count")
@@ -356,6 +357,6 @@ func TestReconcileHandsBackATaskADeadWorkerFetchedButNeverClaimed(t *testing.T) 
 	var runs atomic.Int64
 	b.worker(t, b.effectMux(&runs), func(c *server.Config) { c.DisableReconciler = true })
 	store := idempotency.NewStore(b.pool)
-	testenv.WaitStatus(t, store, unclaimed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
-	testenv.WaitStatus(t, store, failed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	testworker.WaitStatus(t, store, unclaimed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	testworker.WaitStatus(t, store, failed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
@@ -349,7 +350,7 @@ func TestAJobsDeathIsLoggedOnce(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, tasks.NewRaw("test:dies", []byte(`{}`), "dies-1"))
 	require.NoError(t, err)
 	b.startWorker(t, mux, func(c *server.Config) { c.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
-	testenv.WaitStatus(t, b.store, res.Job.ID, idempotency.StatusDead, 10*time.Second)
+	testworker.WaitStatus(t, b.store, res.Job.ID, idempotency.StatusDead, 10*time.Second)
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		info, err := b.insp.GetTaskInfo("default", res.Job.ID)
 		return err == nil && info.State == asynq.TaskStateArchived

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -77,7 +78,7 @@ func (b *bundle) startWorker(t *testing.T, h asynq.Handler, mod func(*server.Con
 	if mod != nil {
 		mod(&cfg)
 	}
-	return testenv.RunServer(t, cfg, h)
+	return testworker.RunServer(t, cfg, h)
 }
 
 func mark(ctx context.Context, pool *pgxpool.Pool, jobID, what, holder string) error {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -305,7 +306,7 @@ func TestConcurrentEnqueueAndEnqueueManyRunEachKeyOnce(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	testenv.RunServer(t, server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 20, ShutdownTimeout: 2 * time.Second,
+	testworker.RunServer(t, server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 20, ShutdownTimeout: 2 * time.Second,
 		Logger: quietLogger()}, mux)
 
 	var wg sync.WaitGroup

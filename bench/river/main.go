@@ -52,8 +52,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/keeljobs/keel/bench"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/bench"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"

@@ -13,8 +13,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 
-	"github.com/keeljobs/keel/bench"
 	"github.com/keeljobs/keel/cli"
+	"github.com/keeljobs/keel/internal/bench"
 )
 
 func benchCmd(env *cli.Env) *cobra.Command {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -61,7 +62,7 @@ func TestADeployWhileAMembersCompletionWaitsForItsBatchCostsNothing(t *testing.T
 	require.NoError(t, runErr)
 	require.NoError(t, tx.Commit(ctx))
 
-	testenv.RunServer(t, scfg, mux)
+	testworker.RunServer(t, scfg, mux)
 	var j idempotency.Job
 	testenv.Eventually(t, 40*time.Second, func() bool {
 		j, err = e.store.Get(ctx, m1.Job.ID)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -60,7 +61,7 @@ func TestHandlersHungInsideInTxDoNotWedgeTheWorker(t *testing.T) {
 		})
 	})
 	scfg := server.Config{Redis: e.redisOpt(), Pool: pool, Concurrency: 20, ShutdownTimeout: time.Second}
-	testenv.RunServer(t, scfg, mux)
+	testworker.RunServer(t, scfg, mux)
 
 	var hung []string
 	for _, id := range []string{"h1", "h2", "h3", "h4"} {
@@ -72,8 +73,8 @@ func TestHandlersHungInsideInTxDoNotWedgeTheWorker(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, id := range hung {
-		j := testenv.WaitStatus(t, e.store, id, idempotency.StatusDead, 30*time.Second)
+		j := testworker.WaitStatus(t, e.store, id, idempotency.StatusDead, 30*time.Second)
 		require.Equal(t, string(retry.ClassTimeout), j.ErrorClass, "job %s: %s", id, j.LastError)
 	}
-	testenv.WaitStatus(t, e.store, ok.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
+	testworker.WaitStatus(t, e.store, ok.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
 }

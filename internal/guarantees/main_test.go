@@ -16,6 +16,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -29,7 +30,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if testenv.RunChildWorker(childEnv, childWorker) {
+	if testworker.RunChildWorker(childEnv, childWorker) {
 		return
 	}
 	os.Exit(m.Run())
@@ -98,7 +99,7 @@ func (e *env) startChild(t *testing.T, which string) (*exec.Cmd, <-chan struct{}
 	t.Helper()
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), childEnv+"="+which, childRedisEnv+"="+e.redis.Addr(),
-		testenv.ChildDatabaseURLEnv+"="+testenv.URL(schema))
+		testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema))
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	exited := make(chan struct{})

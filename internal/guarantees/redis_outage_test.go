@@ -11,6 +11,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -55,7 +56,7 @@ func TestARedisOutageLongerThanAsynqsLeaseCostsTheRunningJobNothing(t *testing.T
 			return err
 		})
 	})
-	testenv.RunServer(t, server.Config{Redis: e.redisOpt(), Pool: e.pool, Concurrency: 2}, mux)
+	testworker.RunServer(t, server.Config{Redis: e.redisOpt(), Pool: e.pool, Concurrency: 2}, mux)
 
 	res, err := e.client.Enqueue(ctx, outlasts.New(item{ID: "o1"}))
 	require.NoError(t, err)
@@ -74,7 +75,7 @@ func TestARedisOutageLongerThanAsynqsLeaseCostsTheRunningJobNothing(t *testing.T
 	e.redis.Start()
 	close(finish)
 
-	j := testenv.WaitStatus(t, e.store, res.Job.ID, idempotency.StatusSucceeded, 40*time.Second)
+	j := testworker.WaitStatus(t, e.store, res.Job.ID, idempotency.StatusSucceeded, 40*time.Second)
 	require.Equal(t, 1, j.Attempts)
 	mu.Lock()
 	require.Equal(t, 1, calls, "the step's call was made again")

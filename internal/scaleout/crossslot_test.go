@@ -15,6 +15,7 @@ import (
 	flowlimit "github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -96,7 +97,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 		defer insp.Close()
 		// A live server, so that the rescuer reads asynq's worker lists. It
 		// serves another queue and leaves the test's tasks alone.
-		testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Queues: map[string]int{"crossslot-idle": 1},
+		testworker.RunServer(t, server.Config{Redis: opt, Pool: pool, Queues: map[string]int{"crossslot-idle": 1},
 			DisableReconciler: true}, tasks.NewMux())
 		testenv.Eventually(t, 10*time.Second, func() bool {
 			s, err := insp.Servers()
@@ -121,7 +122,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 			}
 			var m made
 			m.active = enqueue()
-			require.NoError(t, testenv.AsynqFetch(ctx, rdb, q, time.Now().Add(-time.Minute)))
+			require.NoError(t, testworker.AsynqFetch(ctx, rdb, q, time.Now().Add(-time.Minute)))
 			m.scheduled = enqueue(tasks.Delay(time.Hour))
 			m.archived = enqueue(tasks.Delay(time.Hour))
 			require.NoError(t, insp.ArchiveTask(q, m.archived))
@@ -151,7 +152,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 		for q, m := range byQueue {
 			require.NoError(t, insp.ArchiveTask(q, m.scheduled))
 			require.NoError(t, insp.DeleteTask(q, m.missing))
-			require.NoError(t, testenv.AsynqFetch(ctx, rdb, q, time.Now().Add(-time.Minute)))
+			require.NoError(t, testworker.AsynqFetch(ctx, rdb, q, time.Now().Add(-time.Minute)))
 		}
 		_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending', lease_holder = NULL, lease_until = NULL,
 			updated_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids)

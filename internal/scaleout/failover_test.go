@@ -25,6 +25,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/server"
@@ -125,7 +126,7 @@ func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
 		// Cleanups run last first: the limits close after the worker stopped.
 		t.Cleanup(func() { lim.Close() })
 		limits = append(limits, lim)
-		testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
+		testworker.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
 			Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 			Middleware: []func(asynq.Handler) asynq.Handler{lim.Middleware}}, mux(w))
 	}

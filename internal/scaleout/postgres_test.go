@@ -19,6 +19,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/scheduler"
@@ -280,7 +281,7 @@ func privateLedger(t *testing.T) (*testenv.PostgresServer, asynq.RedisClientOpt,
 func outageWorker(t *testing.T, opt asynq.RedisClientOpt, pool *pgxpool.Pool, mux *tasks.Mux, concurrency int,
 	guard idempotency.GuardConfig) (*server.Server, *tasks.Client) {
 	t.Helper()
-	srv := testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: concurrency, ShutdownTimeout: 2 * time.Second,
+	srv := testworker.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: concurrency, ShutdownTimeout: 2 * time.Second,
 		Guard:      guard,
 		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 		Reconciler: outbox.ReconcilerConfig{Interval: time.Second},

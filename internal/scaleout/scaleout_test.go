@@ -17,6 +17,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -132,7 +133,7 @@ func flow(t *testing.T, redisURL string) {
 
 func startWorker(t *testing.T, opt asynq.RedisConnOpt, pool *pgxpool.Pool, mux *tasks.Mux) *server.Server {
 	t.Helper()
-	return testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
+	return testworker.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: 10, ShutdownTimeout: 2 * time.Second,
 		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 		Reconciler: outbox.ReconcilerConfig{Interval: time.Second}}, mux)
 }

@@ -1,6 +1,8 @@
 // Package testenv connects keel's tests to the real Redis and Postgres, each
 // package isolated in its own Redis database number and Postgres schema so
-// that `go test ./...` can run packages in parallel.
+// that `go test ./...` can run packages in parallel. Of keel it imports
+// only migrate and internal/pgserver, so that any package's tests can use
+// it; the helpers that run workers are in internal/testworker.
 package testenv
 
 import (

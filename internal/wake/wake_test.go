@@ -12,6 +12,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -42,7 +43,7 @@ func TestAnIdleWorkerStartsAnnouncedWorkAtOnce(t *testing.T) {
 	})
 	cfg := server.Config{Redis: opt, Pool: pool, IdleWait: time.Minute, DisableReconciler: true}
 	cfg.Retry.Base, cfg.Retry.Cap = time.Second, time.Second
-	srv := testenv.RunServer(t, cfg, mux)
+	srv := testworker.RunServer(t, cfg, mux)
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
@@ -51,13 +52,13 @@ func TestAnIdleWorkerStartsAnnouncedWorkAtOnce(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return srv.IdleWaits() > 0 }, "the idle worker never waited")
 	res, err := c.Enqueue(ctx, pingKind.New(ping{ID: "announced"}))
 	require.NoError(t, err)
-	testenv.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	testworker.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 
 	// Its first run fails; the worker goes idle and waits; its retry comes
 	// back through the forwarder, which announces nothing on the channel.
 	res, err = c.Enqueue(ctx, pingKind.New(ping{ID: "retried"}))
 	require.NoError(t, err)
-	testenv.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	testworker.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	require.EqualValues(t, 2, retried.Load())
 }
 
@@ -67,7 +68,7 @@ func TestAnIdleWorkerFindsUnannouncedWorkAfterIdleWait(t *testing.T) {
 	rs := testenv.StartRedis(t)
 	opt := asynq.RedisClientOpt{Addr: rs.Addr()}
 	pool := testenv.Pool(t, "keel_test_wake")
-	srv := testenv.RunServer(t, server.Config{Redis: opt, Pool: pool, IdleWait: 300 * time.Millisecond, DisableReconciler: true}, tasks.NewMux())
+	srv := testworker.RunServer(t, server.Config{Redis: opt, Pool: pool, IdleWait: 300 * time.Millisecond, DisableReconciler: true}, tasks.NewMux())
 	testenv.Eventually(t, 10*time.Second, func() bool { return srv.IdleWaits() > 0 }, "the idle worker never waited")
 	ac := asynq.NewClient(opt)
 	defer ac.Close()

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keeljobs/keel/bench"
+	"github.com/keeljobs/keel/internal/bench"
 	"github.com/keeljobs/keel/internal/pgserver"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/outbox"
@@ -62,8 +62,8 @@ func database(tb testing.TB, schema string) string {
 // BenchmarkLedgerVsPlain measures no-op jobs per second on plain Asynq and
 // on a keel worker, and the ratio between them:
 //
-//	go test -run XXX -bench LedgerVsPlain -benchtime 1x ./bench/
-//	go test -run XXX -bench LedgerVsPlain -benchtime 1x ./bench/ -args -keel.rounds=3
+//	go test -run XXX -bench LedgerVsPlain -benchtime 1x ./internal/bench/
+//	go test -run XXX -bench LedgerVsPlain -benchtime 1x ./internal/bench/ -args -keel.rounds=3
 func BenchmarkLedgerVsPlain(b *testing.B) {
 	var plain, keel float64
 	for range b.N {

@@ -1,11 +1,16 @@
-package testenv
+// Package testworker runs keel workers in tests: in the test's process
+// (RunServer), or as a child process of the test binary that the test can
+// kill or stop (RunChildWorker); and it waits on the ledger (WaitStatus) and
+// leaves tasks as a dead worker would (AsynqFetch). It imports server and
+// idempotency, so only external test packages (package x_test) and tests of
+// packages above server can use it; internal/testenv, which every package's
+// tests use, stays below keel's packages.
+package testworker
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/server"
 )
 
@@ -23,7 +29,7 @@ func RunServer(t testing.TB, cfg server.Config, h asynq.Handler) *server.Server 
 	t.Helper()
 	srv, err := server.New(cfg, h)
 	if err != nil {
-		t.Fatalf("testenv: worker: %v", err)
+		t.Fatalf("testworker: worker: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -31,7 +37,7 @@ func RunServer(t testing.TB, cfg server.Config, h asynq.Handler) *server.Server 
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("testenv: worker stopped with %v", err)
+			t.Errorf("testworker: worker stopped with %v", err)
 		}
 	})
 	return srv
@@ -41,11 +47,11 @@ func RunServer(t testing.TB, cfg server.Config, h asynq.Handler) *server.Server 
 func WaitStatus(t testing.TB, store *idempotency.Store, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
 	t.Helper()
 	var j idempotency.Job
-	Eventually(t, timeout, func() bool {
+	testenv.Eventually(t, timeout, func() bool {
 		var err error
 		j, err = store.Get(context.Background(), id)
 		if err != nil {
-			t.Fatalf("testenv: %v", err)
+			t.Fatalf("testworker: %v", err)
 		}
 		return j.Status == want
 	}, "job %s never reached %s (last: %+v)", id, want, &j)
@@ -86,44 +92,4 @@ func RunChildWorker(env string, build func(pool *pgxpool.Pool) (server.Config, a
 		panic(err)
 	}
 	return true
-}
-
-// WaitAsynqIdle waits until asynq holds no task of queues that could still
-// be delivered (pending, active, scheduled, retry, aggregating): from then
-// on no handler can start unless something publishes again. A test checks
-// "nothing more ran" after it, instead of after a sleep.
-func WaitAsynqIdle(t testing.TB, opt asynq.RedisConnOpt, timeout time.Duration, queues ...string) {
-	t.Helper()
-	insp := asynq.NewInspector(opt)
-	defer insp.Close()
-	idle := func() error {
-		known, err := insp.Queues()
-		if err != nil {
-			return err
-		}
-		for _, q := range queues {
-			if !slices.Contains(known, q) {
-				continue // never used: it holds nothing
-			}
-			info, err := insp.GetQueueInfo(q)
-			if err != nil {
-				return err
-			}
-			if n := info.Pending + info.Active + info.Scheduled + info.Retry + info.Aggregating; n > 0 {
-				return fmt.Errorf("queue %s holds %d", q, n)
-			}
-		}
-		return nil
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		err := idle()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testenv: asynq never let go of its tasks within %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -1,5 +1,7 @@
-// Package bench measures what keel costs and what it buys, each figure
-// against a baseline measured in the same run on the same Redis and
+// Package bench is keel's internal benchmark harness, not API: it is run
+// through `keel bench` (cmd/keel) and by the module in bench/river, and
+// changes with them. It measures what keel costs and what it buys, each
+// figure against a baseline measured in the same run on the same Redis and
 // Postgres:
 //
 //   - processing: no-op jobs per second on plain Asynq and on a keel worker;
