@@ -22,6 +22,7 @@ import (
 
 	"github.com/keeljobs/keel/internal/batch"
 	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/keeljobs/keel/internal/outcome"
 	"github.com/keeljobs/keel/internal/tracing"
 	"github.com/keeljobs/keel/retry"
 )
@@ -819,7 +820,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		switch res.outcome {
 		case claimFinished, claimDead:
 			g.stats.skipped.Add(1)
-			noteOutcome(ctx, OutcomeDuplicate)
+			outcome.Note(ctx, outcome.Duplicate)
 			g.cfg.Logger.Debug("keel: duplicate delivery acknowledged", "job_id", id, "status", res.status)
 			return nil
 		case claimBusy:
@@ -875,7 +876,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 				// Recorded by the person who cancelled it: acknowledged, no
 				// retry, no dead letter.
 				g.cfg.Logger.Info("keel: cancelled job's handler returned", "job_id", id, "attempt", res.attempts, "err", herr)
-				noteOutcome(ctx, OutcomeCancelled)
+				outcome.Note(ctx, outcome.Cancelled)
 				return nil
 			}
 			// The watchdog or the shutdown gave this run up and recorded its
@@ -885,7 +886,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			if herr == nil {
 				herr = ErrRunGivenUp
 			}
-			noteOutcome(ctx, OutcomeGivenUp)
+			outcome.Note(ctx, outcome.GivenUp)
 			return herr
 		}
 		// Renewed until its outcome is recorded: a completion mark that
@@ -925,7 +926,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			g.stats.interrupted.Add(1)
 			jc.state.Store(runInterrupted)
 			g.release(ctx, jc)
-			noteOutcome(ctx, OutcomeInterrupted)
+			outcome.Note(ctx, outcome.Interrupted)
 			return herr
 		}
 		if herr == nil {
@@ -1025,7 +1026,7 @@ func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) err
 	}
 	g.stats.crashed.Add(1)
 	g.stats.dead.Add(1)
-	noteOutcome(ctx, OutcomeRetired)
+	outcome.Note(ctx, outcome.Retired)
 	g.cfg.Logger.Error("keel: poison job retired", "job_id", id, "kind", t.Type(), "err", msg)
 	if g.cfg.OnDead != nil {
 		g.onDead(ctx, DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
@@ -1136,7 +1137,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		// uncounted instead; its next run does again what is not recorded.
 		g.stats.interrupted.Add(1)
 		g.release(ctx, jc)
-		noteOutcome(ctx, OutcomeInterrupted)
+		outcome.Note(ctx, outcome.Interrupted)
 		return retry.Wait(minLedgerWait, fmt.Errorf("keel: job %s finished but its worker closed before that was recorded; released to run again: %w", id, err))
 	default:
 		g.stats.ledgerErrs.Add(1)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/keeljobs/keel/internal/outcome"
 )
 
 // cancelCheckTimeout bounds the look-up of whether a job was cancelled; it
@@ -87,7 +88,7 @@ func (g *Guard) cancelledLate(ctx context.Context, jc *jobContext) bool {
 	}
 	jc.state.Store(runCancelled)
 	g.countCancelled(jc)
-	noteOutcome(ctx, OutcomeCancelled)
+	outcome.Note(ctx, outcome.Cancelled)
 	// The canceller marked the run as one that may still act; it has
 	// returned, so a newer job of the key need not wait for the mark to
 	// run out.

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/outcome"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/wake"
 	"github.com/keeljobs/keel/migrate"
@@ -445,7 +446,7 @@ func Recover(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 // Log writes one structured line per attempt with the task id, kind,
 // business key, queue, attempt and duration. Its message says what keel did
 // with the delivery: done, postponed, failed, or, where the guard says so
-// (idempotency.WithOutcome), a duplicate delivery acknowledged, a job
+// (outcome.With), a duplicate delivery acknowledged, a job
 // cancelled, interrupted by shutdown or given up.
 func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 	return func(next asynq.Handler) asynq.Handler {
@@ -454,7 +455,7 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 			id, _ := asynq.GetTaskID(ctx)
 			q, _ := asynq.GetQueueName(ctx)
 			retried, _ := asynq.GetRetryCount(ctx)
-			ctx, outcome := idempotency.WithOutcome(ctx)
+			ctx, noted := outcome.With(ctx)
 			err := next.ProcessTask(ctx, t)
 			attrs := []any{"task_id", id, "kind", t.Type(), "business_key", t.Headers()[idempotency.HeaderBusinessKey],
 				"queue", q, "attempt", retried + 1, "duration", time.Since(start)}
@@ -465,20 +466,20 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 				return append(attrs, "err", err.Error())
 			}
 			// What the guard did, where the handler's error does not say it.
-			switch outcome() {
-			case idempotency.OutcomeDuplicate:
+			switch noted() {
+			case outcome.Duplicate:
 				log.Info("keel: duplicate delivery acknowledged", attrs...)
 				return err
-			case idempotency.OutcomeCancelled:
+			case outcome.Cancelled:
 				log.Info("keel: job cancelled", withErr()...)
 				return err
-			case idempotency.OutcomeInterrupted:
+			case outcome.Interrupted:
 				log.Info("keel: job interrupted by shutdown", withErr()...)
 				return err
-			case idempotency.OutcomeGivenUp:
+			case outcome.GivenUp:
 				log.Warn("keel: job given up", withErr()...)
 				return err
-			case idempotency.OutcomeRetired:
+			case outcome.Retired:
 				log.Warn("keel: job retired as a poison job", attrs...)
 				return err
 			}
