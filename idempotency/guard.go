@@ -993,15 +993,15 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 	if !jc.state.CompareAndSwap(runLive, runAbandoned) {
 		return
 	}
-	// Before the outcome: a death frees the job's key for a newer job,
-	// which must not start while this handler may still act.
-	g.markStray(jc)
 	g.untrack(jc)
 	jc.cancel(ErrRunGivenUp)
 	// A handler hung inside InTx holds a pool connection for as long as it
 	// hangs: a few such runs would leave the guard no connection to record
-	// anything with, this timeout included.
+	// anything with, this timeout included. So its connection goes first.
 	jc.dropTx()
+	// Before the outcome: a death frees the job's key for a newer job,
+	// which must not start while this handler may still act.
+	g.markStray(jc)
 	g.stats.overran.Add(1)
 	g.cfg.Logger.Warn("keel: handler outlived its timeout; its attempt counts as failed and nothing it does now can commit",
 		"job_id", jc.id, "kind", t.Type(), "attempt", jc.attempt, "deadline", deadline, "grace", g.cfg.TimeoutGrace)

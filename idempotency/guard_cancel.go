@@ -73,10 +73,13 @@ func (g *Guard) stopCancelled(jc *jobContext) {
 	if !jc.state.CompareAndSwap(runLive, runCancelled) {
 		return
 	}
-	g.markStray(jc)
 	g.untrack(jc)
 	jc.cancel(ErrCancelled)
 	g.countCancelled(jc)
+	// As for a run given up at its timeout: a handler hung inside InTx
+	// would hold its connection, and its locks, for as long as it hangs.
+	jc.dropTx()
+	g.markStray(jc)
 }
 
 // cancelledLate handles a run that returned and found its job no longer
