@@ -304,6 +304,14 @@ func MatchingIDs(ctx context.Context, db DB, f Filter) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// CountMatching counts the jobs f matches.
+func CountMatching(ctx context.Context, db DB, f Filter) (int, error) {
+	where, args := f.where()
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FROM keel_jobs j WHERE `+where, args...).Scan(&n)
+	return n, err
+}
+
 // ListMatching returns up to limit ids of the jobs f matches, newest
 // first, skipping offset of them.
 func ListMatching(ctx context.Context, db DB, f Filter, limit, offset int) ([]string, error) {

@@ -59,6 +59,8 @@ func TestFilterPlans(t *testing.T) {
 	} {
 		p := plan(t, func(db ledger.DB) { ledger.MatchingIDs(ctx, db, c.f) }) //nolint:errcheck
 		usesIndex(t, p, []string{c.ix}, "keel_jobs")
+		p = plan(t, func(db ledger.DB) { ledger.CountMatching(ctx, db, c.f) }) //nolint:errcheck
+		usesIndex(t, p, []string{c.ix}, "keel_jobs")
 		p = plan(t, func(db ledger.DB) { ledger.ListMatching(ctx, db, c.f, 50, 0) }) //nolint:errcheck
 		usesIndex(t, p, []string{c.ix}, "keel_jobs")
 		p = plan(t, func(db ledger.DB) { ledger.CountVerdicts(ctx, db, ledger.Replay, c.f) }) //nolint:errcheck
