@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -372,4 +376,40 @@ func TestConfigValidate(t *testing.T) {
 	require.Error(t, inspect.Config{}.Validate())
 	_, err := inspect.New(inspect.Config{})
 	require.Error(t, err)
+}
+
+// The audit log is written and read only by the ledger's operator
+// statements, which this package alone calls: the CLI, the dashboard and
+// asynqmon have no way of their own to act on a job.
+func TestTheAuditLogHasOneWriter(t *testing.T) {
+	root := filepath.Join("..")
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && path != root {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if strings.Contains(string(src), "keel_audit") && filepath.Dir(rel) != filepath.Join("internal", "ledger") &&
+			!strings.HasPrefix(rel, "migrate"+string(filepath.Separator)) {
+			t.Errorf("%s names keel_audit: the audit log is the operator API's (inspect, internal/ledger)", rel)
+		}
+		if strings.Contains(string(src), `"github.com/keeljobs/keel/internal/ledger"`) {
+			for _, fn := range []string{"ledger.Act(", "ledger.Audit(", "ledger.SettleStep("} {
+				if strings.Contains(string(src), fn) && filepath.Dir(rel) != "inspect" {
+					t.Errorf("%s calls %s: operator actions go through inspect", rel, fn)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
 }
