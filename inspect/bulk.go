@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -94,7 +95,7 @@ type BulkResult struct {
 // discard), each as the single action would: the same refusals, and the
 // same audit row. The ledger work is set-based, a transaction per page of
 // jobs; progress, if not nil, is called after each page with the result
-// so far. A page that fails as a whole (the ledger unreachable) has each
+// so far (a copy, the caller's to keep). A page that fails as a whole (the ledger unreachable) has each
 // of its jobs in Failed, and the next page is tried. A ctx that ends stops
 // it between pages: the jobs not reached are in Failed, with ctx's error,
 // which Bulk returns too.
@@ -136,10 +137,17 @@ func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, no
 			}
 		}
 		if progress != nil {
-			progress(res)
+			progress(res.clone())
 		}
 	}
 	return res, nil
+}
+
+// clone is r with maps of its own: a progress report stays as it was
+// while the action goes on.
+func (r BulkResult) clone() BulkResult {
+	r.Unchanged, r.Failed = maps.Clone(r.Unchanged), maps.Clone(r.Failed)
+	return r
 }
 
 func distinct(ids []string) []string {

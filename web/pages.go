@@ -675,16 +675,17 @@ func selectedIDs(v url.Values) ([]string, error) {
 // among returns those of ids the action applies to now.
 func (s *Server) among(ctx context.Context, action string, ids []string) ([]idempotency.Job, error) {
 	_, _, applies := actsOn(action)
+	found, err := s.store.GetMany(ctx, s.store.Pool(), ids)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]idempotency.Job, len(found))
+	for _, j := range found {
+		byID[j.ID] = j
+	}
 	var jobs []idempotency.Job
 	for _, id := range ids {
-		j, err := s.store.Get(ctx, id)
-		if errors.Is(err, idempotency.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if applies(j.Status) {
+		if j, ok := byID[id]; ok && applies(j.Status) {
 			jobs = append(jobs, j)
 		}
 	}

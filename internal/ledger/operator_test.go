@@ -41,6 +41,9 @@ func TestOperatorPlans(t *testing.T) {
 	usesIndex(t, p, []string{"keel_jobs_pkey"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.Counts(ctx, db, []string{"kind3"}) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_kind_business_key"}, "keel_jobs")
+	// Every kind: the whole table, once, as documented.
+	p = plan(t, func(db ledger.DB) { ledger.Counts(ctx, db, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"Aggregate"})
 }
 
 // The filters read the dead set by its indexes, the open set by its own.
