@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 )
 
 // uniqueScenario plays one key of a Unique kind: its first job starts, and
@@ -40,7 +40,7 @@ func (d *driver) uniqueScenario(ctx context.Context, s submission) {
 	if s.class == uniqueCancel {
 		for try := 0; ; try++ {
 			_, err := d.client.Cancel(ctx, firstID)
-			if err == nil || errors.Is(err, idempotency.ErrNotCancellable) {
+			if err == nil || errors.Is(err, inspect.ErrNotCancellable) {
 				if err != nil {
 					// It ended before the cancel (a kill, then a run):
 					// the key is still played, without a cancel.

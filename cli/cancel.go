@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/visible"
 )
@@ -45,7 +44,7 @@ func cancelCmd(e *Env) *cobra.Command {
 				return usageError{errors.New("name job ids, or one job by --kind and --key")}
 			}
 			if strings.TrimSpace(actor) == "" {
-				return usageError{idempotency.ErrActorRequired}
+				return usageError{inspect.ErrActorRequired}
 			}
 			if err := checkNote(note); err != nil {
 				return err
@@ -64,10 +63,14 @@ func cancelCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			store := idempotency.NewStore(pool)
+			ops, err := inspect.New(inspect.Config{Pool: pool, Redis: redisconn.Follow(redis)})
+			if err != nil {
+				return err
+			}
+			defer ops.Close()
 			if byKey {
-				j, err := store.Lookup(ctx, kind, key)
-				if errors.Is(err, idempotency.ErrNotFound) {
+				j, err := ops.Lookup(ctx, kind, key)
+				if errors.Is(err, inspect.ErrNotFound) {
 					return fmt.Errorf("no job with kind %q and business key %q: %w", kind, key, err)
 				}
 				if err != nil {
@@ -75,16 +78,14 @@ func cancelCmd(e *Env) *cobra.Command {
 				}
 				args = []string{j.ID}
 			}
-			insp := asynq.NewInspector(redisconn.Follow(redis))
-			defer insp.Close()
 			out, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			results := make([]cancelResult, 0, len(args))
 			failed, unchanged := 0, 0
 			for _, id := range args {
-				res, err := store.Cancel(ctx, insp, id, actor, note)
+				res, err := ops.Cancel(ctx, id, actor, note)
 				r := cancelResult{ID: id}
 				switch {
-				case errors.Is(err, idempotency.ErrNotFound):
+				case errors.Is(err, inspect.ErrNotFound):
 					r.Error = fmt.Sprintf("no job with id %q", id)
 				case err != nil:
 					r.Error = strings.TrimPrefix(err.Error(), "keel: ")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/tasks"
@@ -340,7 +341,7 @@ func TestStatusAndDeadLetters(t *testing.T) {
 	require.True(t, cli.IsUsageError(err))
 	// Who acts is said before anything is asked or done.
 	_, _, err = greeter(t, "", "dead", "discard", "--all", "--note", "x", "--actor", " ")
-	require.ErrorIs(t, err, idempotency.ErrActorRequired)
+	require.ErrorIs(t, err, inspect.ErrActorRequired)
 	require.True(t, cli.IsUsageError(err))
 	// The ledger's figures name every status, those with no rows too.
 	out, _, err = greeter(t, "", "ledger", "--json")
@@ -591,7 +592,7 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	require.NoError(t, err, "said twice that it did not happen: already so")
 	_, _, err = greeter(t, "", "dead", "resolve", ids[0], "refund", "--not-happened")
 	require.ErrorContains(t, err, `no step "refund" recorded for job `+ids[0]+` (never started)`)
-	audit, err := store.Audit(ctx, ids[0])
+	audit, err := auditOf(t, store, ids[0])
 	require.NoError(t, err)
 	require.Len(t, audit, 1, "saying it again records nothing more")
 	require.Equal(t, "step-not-happened:charge", audit[0].Action)

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -15,10 +14,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/retry"
@@ -87,27 +86,27 @@ func classNames() []string {
 	return names
 }
 
-func (d *deadFlags) filter() (idempotency.DeadFilter, error) {
+func (d *deadFlags) filter() (inspect.Filter, error) {
 	// As the dashboard's filter does: a pasted " order:x" means order:x.
 	d.kind, d.queue, d.class = strings.TrimSpace(d.kind), strings.TrimSpace(d.queue), strings.TrimSpace(d.class)
 	if d.class != "" && !slices.Contains(classNames(), d.class) {
-		return idempotency.DeadFilter{}, usageError{fmt.Errorf("--class %q: no such class; dead jobs carry %s", d.class, strings.Join(classNames(), ", "))}
+		return inspect.Filter{}, usageError{fmt.Errorf("--class %q: no such class; dead jobs carry %s", d.class, strings.Join(classNames(), ", "))}
 	}
 	since, err := parseWhen(d.since)
 	if err != nil {
-		return idempotency.DeadFilter{}, err
+		return inspect.Filter{}, err
 	}
 	until, err := parseWhen(d.until)
 	if err != nil {
-		return idempotency.DeadFilter{}, err
+		return inspect.Filter{}, err
 	}
 	switch now := time.Now(); {
 	case !since.IsZero() && since.After(now):
-		return idempotency.DeadFilter{}, usageError{fmt.Errorf("--since %q is in the future: no job died then", d.since)}
+		return inspect.Filter{}, usageError{fmt.Errorf("--since %q is in the future: no job died then", d.since)}
 	case !since.IsZero() && !until.IsZero() && !until.After(since):
-		return idempotency.DeadFilter{}, usageError{fmt.Errorf("--until %q is not after --since %q: the window is empty (a duration counts back from now: --since 3h --until 2h)", d.until, d.since)}
+		return inspect.Filter{}, usageError{fmt.Errorf("--until %q is not after --since %q: the window is empty (a duration counts back from now: --since 3h --until 2h)", d.until, d.since)}
 	}
-	return idempotency.DeadFilter{Kind: d.kind, Queue: d.queue, Class: d.class, Since: since, Until: until}, nil
+	return inspect.Filter{Kind: d.kind, Queue: d.queue, Class: d.class, Since: since, Until: until}, nil
 }
 
 func deadCmd(e *Env) *cobra.Command {
@@ -148,7 +147,7 @@ Then replay the job (keel dead replay JOB_ID).`,
 				return usageError{errors.New("say whether the step's call happened: --happened or --not-happened")}
 			}
 			if strings.TrimSpace(actor) == "" {
-				return usageError{idempotency.ErrActorRequired}
+				return usageError{inspect.ErrActorRequired}
 			}
 			if err := checkNote(note); err != nil {
 				return err
@@ -159,7 +158,11 @@ Then replay the job (keel dead replay JOB_ID).`,
 				return err
 			}
 			defer pool.Close()
-			if err := idempotency.NewStore(pool).ResolveStep(ctx, args[0], args[1], happened, actor, note); err != nil {
+			ops, err := inspect.New(inspect.Config{Pool: pool})
+			if err != nil {
+				return err
+			}
+			if err := ops.ResolveStep(ctx, args[0], args[1], happened, actor, note); err != nil {
 				if errors.Is(err, idempotency.ErrNotFound) && !strings.Contains(err.Error(), args[0]) {
 					return fmt.Errorf("no job with id %s: %w", args[0], err)
 				}
@@ -206,11 +209,15 @@ func deadLsCmd(e *Env) *cobra.Command {
 			}
 			defer pool.Close()
 			store := idempotency.NewStore(pool)
-			total, err := store.CountDead(ctx, f)
+			ops, err := inspect.New(inspect.Config{Pool: pool})
 			if err != nil {
 				return err
 			}
-			jobs, err := store.ListDead(ctx, f, d.limit, 0)
+			total, err := ops.Count(ctx, f)
+			if err != nil {
+				return err
+			}
+			jobs, err := ops.List(ctx, f, d.limit, 0)
 			if err != nil {
 				return err
 			}
@@ -285,7 +292,11 @@ func deadShowCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			audit, err := store.Audit(ctx, j.ID)
+			ops, err := inspect.New(inspect.Config{Pool: pool})
+			if err != nil {
+				return err
+			}
+			audit, err := ops.Audit(ctx, j.ID)
 			if err != nil {
 				return err
 			}
@@ -382,10 +393,10 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				return usageError{fmt.Errorf("name job ids, or select with filters and --all")}
 			}
 			if action == "discard" && strings.TrimSpace(d.note) == "" {
-				return usageError{idempotency.ErrNoteRequired}
+				return usageError{inspect.ErrNoteRequired}
 			}
 			if strings.TrimSpace(d.actor) == "" {
-				return usageError{idempotency.ErrActorRequired}
+				return usageError{inspect.ErrActorRequired}
 			}
 			if err := checkNote(d.note); err != nil {
 				return err
@@ -422,12 +433,18 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			ops, err := inspect.New(inspect.Config{Pool: pool, Redis: redisconn.Follow(redis)})
+			if err != nil {
+				return err
+			}
+			defer ops.Close()
+			act := inspect.Action(action)
 			var ids []string
 			if !all {
 				ids = distinct(args)
 			}
 			if all {
-				if ids, err = idempotency.NewStore(pool).DeadIDs(ctx, f); err != nil {
+				if ids, err = ops.IDs(ctx, f); err != nil {
 					return err
 				}
 			}
@@ -436,26 +453,31 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				// Each job is looked at as the action would, those --all
 				// selects too: one with a step in doubt or its effects in
 				// is refused, not counted.
+				checked, err := ops.Check(ctx, act, ids)
+				if err != nil {
+					return err
+				}
 				var skipped []actionResult
-				store := idempotency.NewStore(pool)
 				var would []string
-				for _, id := range ids {
-					r, err := wouldDo(ctx, store, action, id)
-					if err != nil {
-						return err
+				for _, o := range checked {
+					r := actionResult{ID: o.ID, Unchanged: unchangedNote(act, o.Unchanged)}
+					switch {
+					case errors.Is(o.Err, inspect.ErrNotFound):
+						r.Error = "no job with this id"
+					case o.Err != nil:
+						r.Error = e.own(o.Err.Error())
 					}
-					if r.Error != "" || r.Unchanged != "" {
-						skipped = append(skipped, r)
+					if o.Would() {
+						would = append(would, o.ID)
 					} else {
-						would = append(would, id)
+						skipped = append(skipped, r)
 					}
 				}
 				ids = would
 				failing := 0
-				for i, r := range skipped {
+				for _, r := range skipped {
 					if r.Error != "" {
 						failing++
-						skipped[i].Error = e.own(r.Error)
 					}
 				}
 				if e.JSON() {
@@ -482,11 +504,11 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			}
 			if all && !d.yes && len(ids) > 0 {
 				if action == "replay" {
-					refused, err := idempotency.NewStore(pool).CountUnreplayable(ctx, f)
+					dry, err := ops.DryRunMatching(ctx, act, f)
 					if err != nil {
 						return err
 					}
-					if refused > 0 {
+					if refused := dry.RefusedTotal(); refused > 0 {
 						fmt.Fprintf(cmd.ErrOrStderr(), "%d of them cannot be replayed (steps in doubt, effects committed, superseded) and stay dead; --dry-run names them\n", refused)
 					}
 				}
@@ -496,39 +518,46 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					return fmt.Errorf("not confirmed; nothing changed (--yes skips the question)")
 				}
 			}
-			insp := asynq.NewInspector(redisconn.Follow(redis))
-			defer insp.Close()
-			store := idempotency.NewStore(pool)
-			failed, unchanged := 0, 0
-			results := make([]actionResult, 0, len(ids))
 			bar := newProgress(cmd.ErrOrStderr(), action, len(ids))
-			for i, id := range ids {
-				r := actionResult{ID: id}
-				if action == "replay" {
-					r.Unchanged, err = replayOne(ctx, store, insp, id, d.actor, d.note)
-				} else {
-					r.Unchanged, err = discardOne(ctx, store, insp, id, d.actor, d.note)
-				}
-				switch {
-				case err != nil:
-					failed++
-					r.Error = e.own(err.Error())
-					bar.clear()
-					fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %s", action, id, r.Error)))
-				case r.Unchanged != "":
-					unchanged++
-					if !e.JSON() {
+			told := map[string]bool{}
+			tell := func(res inspect.BulkResult) {
+				// As each page is done: its refusals and no-ops, in the
+				// order the jobs were given.
+				for _, id := range ids {
+					if told[id] {
+						continue
+					}
+					if why, ok := res.Failed[id]; ok {
+						told[id] = true
 						bar.clear()
-						fmt.Fprintf(out, "%s %s: nothing to do: %s\n", action, id, r.Unchanged)
+						fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %s", action, id, e.own(cancelHint(act, why, id)))))
+					} else if why, ok := res.Unchanged[id]; ok {
+						told[id] = true
+						if !e.JSON() {
+							bar.clear()
+							fmt.Fprintf(out, "%s %s: nothing to do: %s\n", action, id, unchangedNote(act, why))
+						}
 					}
 				}
-				results = append(results, r)
-				bar.set(i + 1)
+				bar.set(res.Done + len(res.Unchanged) + len(res.Failed))
+			}
+			res, err := ops.Bulk(ctx, act, ids, d.actor, d.note, tell)
+			if err != nil && res.Matched == 0 {
+				return err
 			}
 			if len(ids) > 0 {
 				bar.done()
 			}
-			done := len(ids) - failed - unchanged
+			results := make([]actionResult, 0, len(ids))
+			for _, id := range ids {
+				r := actionResult{ID: id, Unchanged: unchangedNote(act, res.Unchanged[id])}
+				if why, ok := res.Failed[id]; ok {
+					r.Error = e.own(cancelHint(act, why, id))
+				}
+				results = append(results, r)
+			}
+			failed, unchanged := len(res.Failed), len(res.Unchanged)
+			done := res.Done
 			if e.JSON() {
 				if err := printJSON(out, map[string]any{"action": action, "done": done, "unchanged": unchanged, "failed": failed, "jobs": results}); err != nil {
 					return err
@@ -539,7 +568,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			if failed > 0 {
 				return notDone(action, failed)
 			}
-			return nil
+			return err
 		},
 	}
 	d.bindFilter(cmd)
@@ -548,75 +577,32 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 	return cmd
 }
 
-// wouldDo is what replayOne or discardOne would make of job id, as the
-// store's own checks say, for a dry run; err is only a failure to look.
-func wouldDo(ctx context.Context, store *idempotency.Store, action, id string) (actionResult, error) {
-	r := actionResult{ID: id}
-	var err error
-	if action == "replay" {
-		var res idempotency.ReplayResult
-		if res, err = store.CheckReplay(ctx, id); err == nil && res.AlreadyReplayed {
-			r.Unchanged = fmt.Sprintf("the job is %s, not dead", res.Job.Status)
-		}
-	} else {
-		var j idempotency.Job
-		var already bool
-		if j, already, err = store.CheckDiscard(ctx, id); err == nil && already {
-			r.Unchanged = fmt.Sprintf("already discarded by %s: %q", j.ResolvedBy, j.ResolutionNote)
-		}
-	}
-	switch {
-	case errors.Is(err, idempotency.ErrNotFound):
-		r.Error = "no job with this id"
-	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrEffectsCommitted), errors.Is(err, idempotency.ErrStepsInDoubt):
-		r.Error = err.Error()
-	case err != nil:
-		return r, err
-	}
-	return r, nil
-}
-
 // notDone is the command's error when n jobs failed (or would fail).
 func notDone(action string, n int) error {
 	return fmt.Errorf("%d job(s) could not be %s", n, map[string]string{"replay": "replayed", "discard": "discarded"}[action])
 }
 
-// replayOne replays one job; unchanged says why nothing was done.
-func replayOne(ctx context.Context, store *idempotency.Store, insp *asynq.Inspector, id, actor, note string) (unchanged string, err error) {
-	res, err := store.Replay(ctx, insp, id, actor, note)
-	if err == nil && res.AlreadyReplayed {
-		return fmt.Sprintf("the job is %s, not dead", res.Job.Status), nil
+// unchangedNote is what the CLI says of a job a discard had nothing to do
+// to: the resolution it found stays.
+func unchangedNote(a inspect.Action, why string) string {
+	if why != "" && a == inspect.ActionDiscard {
+		return why + " (that resolution stays; this note is not kept)"
 	}
-	return "", err
-}
-
-// discardOne discards one job; unchanged says why nothing was done: it was
-// closed already, whose resolution it keeps.
-func discardOne(ctx context.Context, store *idempotency.Store, insp *asynq.Inspector, id, actor, note string) (unchanged string, err error) {
-	already := func(j idempotency.Job) string {
-		return fmt.Sprintf("already discarded by %s: %q (that resolution stays; this note is not kept)", j.ResolvedBy, j.ResolutionNote)
-	}
-	if j, done, err := store.CheckDiscard(ctx, id); err == nil && done {
-		return already(j), nil
-	}
-	j, err := store.Discard(ctx, insp, id, actor, note)
-	if err == nil && (j.ResolvedBy != actor || j.ResolutionNote != note) {
-		return already(j), nil // someone else closed it first
-	}
-	return "", cancelHint(ctx, store, id, err)
+	return why
 }
 
 // cancelHint adds to a discard refused for a job that has not finished what
 // stops such a job: discard closes dead jobs only.
-func cancelHint(ctx context.Context, store *idempotency.Store, id string, err error) error {
-	if !errors.Is(err, idempotency.ErrNotDead) {
-		return err
+func cancelHint(a inspect.Action, why, id string) string {
+	if a != inspect.ActionDiscard || !strings.Contains(why, inspect.ErrNotDead.Error()) {
+		return why
 	}
-	if j, gerr := store.Get(ctx, id); gerr == nil && (j.Status == idempotency.StatusPending ||
-		j.Status == idempotency.StatusRunning || j.Status == idempotency.StatusFailed) {
-		return fmt.Errorf("%w; discard closes dead jobs, a job that has not finished is stopped with `keel cancel %s`", err, id)
+	for _, st := range []idempotency.Status{idempotency.StatusPending, idempotency.StatusRunning, idempotency.StatusFailed} {
+		if strings.HasSuffix(why, " is "+string(st)) {
+			return why + "; discard closes dead jobs, a job that has not finished is stopped with `keel cancel " + id + "`"
+		}
 	}
-	return err
+	return why
 }
 
 func nonNilResults(rs []actionResult) []actionResult {

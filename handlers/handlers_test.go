@@ -191,7 +191,7 @@ func TestReplayAfterTheMailboxIsFixed(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
-	_, err = a.h.Store.Replay(context.Background(), nil, j.ID, "test", "mailbox fixed")
+	_, err = opsOf(t, a.h.Store, nil).Replay(context.Background(), j.ID, "test", "mailbox fixed")
 	require.NoError(t, err)
 	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
 	require.Equal(t, 1, a.mail.Stats().Mails)

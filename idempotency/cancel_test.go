@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -37,7 +38,7 @@ func TestCancelScheduledJobRemovesItsTaskAndAnyCopyIsAcknowledged(t *testing.T) 
 	_, err = insp.GetTaskInfo(res.Job.Queue, res.Job.ID)
 	require.NoError(t, err, "the scheduled task is in Redis before the cancel")
 
-	out, err := b.store.Cancel(ctx, insp, res.Job.ID, "alice", "customer withdrew")
+	out, err := opsOf(t, b.store, insp).Cancel(ctx, res.Job.ID, "alice", "customer withdrew")
 	require.NoError(t, err)
 	require.NoError(t, out.RedisErr)
 	require.False(t, out.AlreadyCancelled)
@@ -48,7 +49,7 @@ func TestCancelScheduledJobRemovesItsTaskAndAnyCopyIsAcknowledged(t *testing.T) 
 	require.NotNil(t, out.Job.FinishedAt)
 	_, err = insp.GetTaskInfo(res.Job.Queue, res.Job.ID)
 	require.ErrorIs(t, err, asynq.ErrTaskNotFound, "the cancel removes the task from Redis")
-	entries, err := b.store.Audit(ctx, res.Job.ID)
+	entries, err := opsOf(t, b.store, nil).Audit(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "cancel", entries[0].Action)
@@ -98,7 +99,7 @@ func TestCancelJobWaitingForItsRetry(t *testing.T) {
 		return err == nil && info.State == asynq.TaskStateRetry
 	}, "the failed attempt never reached asynq's retry set")
 
-	out, err := b.store.Cancel(ctx, insp, res.Job.ID, "bob", "")
+	out, err := opsOf(t, b.store, insp).Cancel(ctx, res.Job.ID, "bob", "")
 	require.NoError(t, err)
 	require.NoError(t, out.RedisErr)
 	require.Equal(t, idempotency.StatusCancelled, out.Job.Status)
@@ -151,7 +152,7 @@ func TestCancelRunningJobStopsItsHandlerAndNothingLateCommits(t *testing.T) {
 	require.Equal(t, res.Job.ID, <-h.started)
 	b.waitStatus(t, res.Job.ID, idempotency.StatusRunning, 5*time.Second)
 
-	out, err := b.store.Cancel(ctx, insp, res.Job.ID, "carol", "wrong address")
+	out, err := opsOf(t, b.store, insp).Cancel(ctx, res.Job.ID, "carol", "wrong address")
 	require.NoError(t, err)
 	require.True(t, out.WasRunning)
 	require.NoError(t, out.RedisErr)
@@ -189,7 +190,7 @@ func TestCancelRunningJobHoldsWithoutAsynqsMessage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, res.Job.ID, <-h.started)
 
-	out, err := b.store.Cancel(ctx, nil, res.Job.ID, "dave", "")
+	out, err := opsOf(t, b.store, nil).Cancel(ctx, res.Job.ID, "dave", "")
 	require.NoError(t, err)
 	require.True(t, out.WasRunning)
 
@@ -238,7 +239,7 @@ func TestCancelRacingCompletionHasOneWinner(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, cancelErrs[i] = b.store.Cancel(ctx, insp, id, "race", "")
+			_, cancelErrs[i] = opsOf(t, b.store, insp).Cancel(ctx, id, "race", "")
 		}()
 	}
 	close(release)
@@ -253,7 +254,7 @@ func TestCancelRacingCompletionHasOneWinner(t *testing.T) {
 		effects := b.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, id)
 		switch j.Status {
 		case idempotency.StatusSucceeded:
-			require.ErrorIs(t, cancelErrs[i], idempotency.ErrNotCancellable, "job %s", id)
+			require.ErrorIs(t, cancelErrs[i], inspect.ErrNotCancellable, "job %s", id)
 			require.ErrorContains(t, cancelErrs[i], "succeeded")
 			require.Equal(t, 1, effects)
 		case idempotency.StatusCancelled:
@@ -278,40 +279,40 @@ func TestCancelRefusalsAndRepeats(t *testing.T) {
 	}
 	for _, st := range []idempotency.Status{idempotency.StatusSucceeded, idempotency.StatusDead, idempotency.StatusDiscarded} {
 		id := mk(string(st), st)
-		_, err := b.store.Cancel(ctx, insp, id, "erin", "")
-		require.ErrorIs(t, err, idempotency.ErrNotCancellable, "%s", st)
+		_, err := opsOf(t, b.store, insp).Cancel(ctx, id, "erin", "")
+		require.ErrorIs(t, err, inspect.ErrNotCancellable, "%s", st)
 		require.ErrorContains(t, err, string(st))
 		j, err := b.store.Get(ctx, id)
 		require.NoError(t, err)
 		require.Equal(t, st, j.Status, "a refused cancel changed the job")
 	}
 
-	_, err := b.store.Cancel(ctx, insp, "0193aaaa-0000-7000-8000-000000000000", "erin", "")
+	_, err := opsOf(t, b.store, insp).Cancel(ctx, "0193aaaa-0000-7000-8000-000000000000", "erin", "")
 	require.ErrorIs(t, err, idempotency.ErrNotFound)
 	id := mk("twice", idempotency.StatusPending)
-	_, err = b.store.Cancel(ctx, insp, id, " ", "")
-	require.ErrorIs(t, err, idempotency.ErrActorRequired)
+	_, err = opsOf(t, b.store, insp).Cancel(ctx, id, " ", "")
+	require.ErrorIs(t, err, inspect.ErrActorRequired)
 
-	first, err := b.store.Cancel(ctx, insp, id, "erin", "first")
+	first, err := opsOf(t, b.store, insp).Cancel(ctx, id, "erin", "first")
 	require.NoError(t, err)
 	require.False(t, first.AlreadyCancelled)
-	second, err := b.store.Cancel(ctx, insp, id, "frank", "second")
+	second, err := opsOf(t, b.store, insp).Cancel(ctx, id, "frank", "second")
 	require.NoError(t, err)
 	require.True(t, second.AlreadyCancelled)
 	require.Equal(t, "erin", second.Job.ResolvedBy, "the first cancel's record stands")
-	entries, err := b.store.Audit(ctx, id)
+	entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 
-	_, err = b.store.Replay(ctx, insp, id, "erin", "")
-	require.ErrorIs(t, err, idempotency.ErrNotDead, "a cancelled job is not replayed")
-	_, err = b.store.Discard(ctx, insp, id, "erin", "why")
-	require.ErrorIs(t, err, idempotency.ErrNotDead)
+	_, err = opsOf(t, b.store, insp).Replay(ctx, id, "erin", "")
+	require.ErrorIs(t, err, inspect.ErrNotDead, "a cancelled job is not replayed")
+	_, err = opsOf(t, b.store, insp).Discard(ctx, id, "erin", "why")
+	require.ErrorIs(t, err, inspect.ErrNotDead)
 
 	byKey := mk("by-key", idempotency.StatusPending)
-	out, err := b.store.CancelByKey(ctx, insp, stoppable.Name(), "by-key", "erin", "")
+	out, err := opsOf(t, b.store, insp).CancelByKey(ctx, stoppable.Name(), "by-key", "erin", "")
 	require.NoError(t, err)
 	require.Equal(t, byKey, out.Job.ID)
-	_, err = b.store.CancelByKey(ctx, insp, stoppable.Name(), "no-such-key", "erin", "")
+	_, err = opsOf(t, b.store, insp).CancelByKey(ctx, stoppable.Name(), "no-such-key", "erin", "")
 	require.ErrorIs(t, err, idempotency.ErrNotFound)
 }

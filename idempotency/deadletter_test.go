@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
@@ -255,11 +256,11 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 	require.Equal(t, 1, waitArchived(t, insp, "default", id).Retried)
 	require.EqualValues(t, 2, runs.Load())
 
-	_, err = b.store.Replay(ctx, insp, id, " ", "no actor")
-	require.ErrorIs(t, err, idempotency.ErrActorRequired)
+	_, err = opsOf(t, b.store, insp).Replay(ctx, id, " ", "no actor")
+	require.ErrorIs(t, err, inspect.ErrActorRequired)
 
 	fixed.Store(true)
-	rr, err := b.store.Replay(ctx, insp, id, "alice", "inventory service is back")
+	rr, err := opsOf(t, b.store, insp).Replay(ctx, id, "alice", "inventory service is back")
 	require.NoError(t, err)
 	require.False(t, rr.AlreadyReplayed)
 	require.Equal(t, idempotency.StatusPending, rr.Job.Status)
@@ -273,7 +274,7 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 		require.ErrorIs(t, err, asynq.ErrTaskNotFound)
 	}
 
-	again, err := b.store.Replay(ctx, insp, id, "bob", "double click")
+	again, err := opsOf(t, b.store, insp).Replay(ctx, id, "bob", "double click")
 	require.NoError(t, err)
 	require.True(t, again.AlreadyReplayed)
 
@@ -283,7 +284,7 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 	testenv.WaitAsynqIdle(t, b.redis, 10*time.Second, "critical", "default", "low")
 	require.EqualValues(t, 3, runs.Load(), "a replay must run the handler exactly once more")
 
-	entries, err := b.store.Audit(ctx, id)
+	entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "only the replay that did something is audited")
 	require.Equal(t, "replay", entries[0].Action)
@@ -313,17 +314,17 @@ func TestReplayWithStepInDoubtNeedsResolution(t *testing.T) {
 			b.waitStatus(t, id, idempotency.StatusDead, 10*time.Second)
 			waitArchived(t, insp, "default", id)
 
-			_, err = b.store.Replay(ctx, insp, id, "alice", "try again")
-			require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
+			_, err = opsOf(t, b.store, insp).Replay(ctx, id, "alice", "try again")
+			require.ErrorIs(t, err, inspect.ErrStepsInDoubt)
 			require.ErrorContains(t, err, "mail")
 			j, err := b.store.Get(ctx, id)
 			require.NoError(t, err)
 			require.Equal(t, idempotency.StatusDead, j.Status, "a refused replay changed the job")
 
-			require.ErrorIs(t, b.store.ResolveStep(ctx, id, "mail", happened, "", "x"), idempotency.ErrActorRequired)
-			require.ErrorIs(t, b.store.ResolveStep(ctx, id, "sms", happened, "alice", "x"), idempotency.ErrNotFound)
-			require.NoError(t, b.store.ResolveStep(ctx, id, "mail", happened, "alice", "checked the provider's log"))
-			_, err = b.store.Replay(ctx, insp, id, "alice", "step resolved")
+			require.ErrorIs(t, opsOf(t, b.store, nil).ResolveStep(ctx, id, "mail", happened, "", "x"), inspect.ErrActorRequired)
+			require.ErrorIs(t, opsOf(t, b.store, nil).ResolveStep(ctx, id, "sms", happened, "alice", "x"), idempotency.ErrNotFound)
+			require.NoError(t, opsOf(t, b.store, nil).ResolveStep(ctx, id, "mail", happened, "alice", "checked the provider's log"))
+			_, err = opsOf(t, b.store, insp).Replay(ctx, id, "alice", "step resolved")
 			require.NoError(t, err)
 
 			b.waitStatus(t, id, idempotency.StatusSucceeded, 10*time.Second)
@@ -337,7 +338,7 @@ func TestReplayWithStepInDoubtNeedsResolution(t *testing.T) {
 			require.Len(t, steps, 1)
 			require.Equal(t, "done", steps[0].Status)
 
-			entries, err := b.store.Audit(ctx, id)
+			entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
 			require.NoError(t, err)
 			var actions []string
 			for _, e := range entries {
@@ -369,14 +370,16 @@ func TestDiscardClosesJobForGood(t *testing.T) {
 	b.waitStatus(t, id, idempotency.StatusDead, 10*time.Second)
 	waitArchived(t, insp, "default", id)
 
-	_, err = b.store.Discard(ctx, insp, id, "carol", " ")
-	require.ErrorIs(t, err, idempotency.ErrNoteRequired)
-	_, err = b.store.Discard(ctx, insp, id, "", "closed account")
-	require.ErrorIs(t, err, idempotency.ErrActorRequired)
+	_, err = opsOf(t, b.store, insp).Discard(ctx, id, "carol", " ")
+	require.ErrorIs(t, err, inspect.ErrNoteRequired)
+	_, err = opsOf(t, b.store, insp).Discard(ctx, id, "", "closed account")
+	require.ErrorIs(t, err, inspect.ErrActorRequired)
 
 	const note = "account closed; refunded by hand"
-	j, err := b.store.Discard(ctx, insp, id, "carol", note)
+	dr, err := opsOf(t, b.store, insp).Discard(ctx, id, "carol", note)
 	require.NoError(t, err)
+	require.False(t, dr.AlreadyDiscarded)
+	j := dr.Job
 	require.Equal(t, idempotency.StatusDiscarded, j.Status)
 	require.Equal(t, note, j.ResolutionNote)
 	require.Equal(t, "carol", j.ResolvedBy)
@@ -396,20 +399,22 @@ func TestDiscardClosesJobForGood(t *testing.T) {
 	}, "the stale delivery should be acknowledged")
 	require.EqualValues(t, 1, runs.Load(), "a discarded job ran again")
 
-	again, err := b.store.Discard(ctx, insp, id, "dave", "me too")
+	dr, err = opsOf(t, b.store, insp).Discard(ctx, id, "dave", "me too")
 	require.NoError(t, err, "discarding twice is a no-op")
+	require.True(t, dr.AlreadyDiscarded)
+	again := dr.Job
 	require.Equal(t, idempotency.StatusDiscarded, again.Status)
 	require.Equal(t, note, again.ResolutionNote)
 	require.Equal(t, "carol", again.ResolvedBy)
-	entries, err := b.store.Audit(ctx, id)
+	entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "discard", entries[0].Action)
 	require.Equal(t, "carol", entries[0].Actor)
 	require.Equal(t, note, entries[0].Note)
 
-	_, err = b.store.Replay(ctx, insp, id, "dave", "undo")
-	require.ErrorIs(t, err, idempotency.ErrNotDead)
+	_, err = opsOf(t, b.store, insp).Replay(ctx, id, "dave", "undo")
+	require.ErrorIs(t, err, inspect.ErrNotDead)
 }
 
 func TestDeadJobOutlivesAsynqArchive(t *testing.T) {
@@ -438,10 +443,10 @@ func TestDeadJobOutlivesAsynqArchive(t *testing.T) {
 	_, err = insp.GetTaskInfo("critical", id)
 	require.ErrorIs(t, err, asynq.ErrTaskNotFound)
 
-	n, err := b.store.CountDead(ctx, idempotency.DeadFilter{Kind: charge.Name()})
+	n, err := opsOf(t, b.store, nil).Count(ctx, inspect.Filter{Kind: charge.Name()})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	list, err := b.store.ListDead(ctx, idempotency.DeadFilter{Queue: "critical"}, 10, 0)
+	list, err := opsOf(t, b.store, nil).List(ctx, inspect.Filter{Queue: "critical"}, 10, 0)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.Equal(t, id, list[0].ID)
@@ -449,7 +454,7 @@ func TestDeadJobOutlivesAsynqArchive(t *testing.T) {
 	require.Equal(t, `{"order_id":"archive"}`, list[0].PayloadSummary)
 
 	fixed.Store(true)
-	_, err = b.store.Replay(ctx, insp, id, "erin", "card updated")
+	_, err = opsOf(t, b.store, insp).Replay(ctx, id, "erin", "card updated")
 	require.NoError(t, err)
 	j := b.waitStatus(t, id, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 1, j.Attempts)
@@ -496,39 +501,39 @@ func TestBulkActionsNeedTheConfirmedCount(t *testing.T) {
 		return j.Status
 	}
 
-	permanentReceipts := idempotency.DeadFilter{Kind: receipt.Name(), Class: string(retry.ClassPermanent)}
-	n, err := b.store.CountDead(ctx, permanentReceipts)
+	permanentReceipts := inspect.Filter{Kind: receipt.Name(), Class: string(retry.ClassPermanent)}
+	n, err := opsOf(t, b.store, nil).Count(ctx, permanentReceipts)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 
-	res, err := b.store.DiscardMatching(ctx, insp, permanentReceipts, 3, "dave", "bad import")
-	require.ErrorIs(t, err, idempotency.ErrCountChanged)
+	res, err := opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 3, "dave", "bad import")
+	require.ErrorIs(t, err, inspect.ErrCountChanged)
 	require.Equal(t, 2, res.Matched)
 	require.Zero(t, res.Done)
-	_, err = b.store.DiscardMatching(ctx, insp, permanentReceipts, 2, "dave", "")
-	require.ErrorIs(t, err, idempotency.ErrNoteRequired)
-	_, err = b.store.DiscardMatching(ctx, insp, permanentReceipts, 2, "", "bad import")
-	require.ErrorIs(t, err, idempotency.ErrActorRequired)
-	all, err := b.store.CountDead(ctx, idempotency.DeadFilter{})
+	_, err = opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "dave", "")
+	require.ErrorIs(t, err, inspect.ErrNoteRequired)
+	_, err = opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "", "bad import")
+	require.ErrorIs(t, err, inspect.ErrActorRequired)
+	all, err := opsOf(t, b.store, nil).Count(ctx, inspect.Filter{})
 	require.NoError(t, err)
 	require.Equal(t, 4, all, "a refused bulk action changed something")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM keel_audit`))
 
-	res, err = b.store.DiscardMatching(ctx, insp, permanentReceipts, 2, "dave", "bad import")
+	res, err = opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "dave", "bad import")
 	require.NoError(t, err)
-	require.Equal(t, idempotency.BulkResult{Matched: 2, Done: 2, Failed: map[string]string{}}, res)
+	require.Equal(t, inspect.BulkResult{Matched: 2, Done: 2, Unchanged: map[string]string{}, Failed: map[string]string{}}, res)
 	require.Equal(t, idempotency.StatusDiscarded, status(p1))
 	require.Equal(t, idempotency.StatusDiscarded, status(p2))
 	require.Equal(t, idempotency.StatusDead, status(odd))
 	require.Equal(t, idempotency.StatusDead, status(p3))
 
-	unknown := idempotency.DeadFilter{Class: string(retry.ClassUnknown)}
-	_, err = b.store.ReplayMatching(ctx, insp, unknown, 2, "dave", "fixed")
-	require.ErrorIs(t, err, idempotency.ErrCountChanged)
+	unknown := inspect.Filter{Class: string(retry.ClassUnknown)}
+	_, err = opsOf(t, b.store, insp).ReplayMatching(ctx, unknown, 2, "dave", "fixed")
+	require.ErrorIs(t, err, inspect.ErrCountChanged)
 	require.Equal(t, idempotency.StatusDead, status(odd))
 
 	fixed.Store(true)
-	res, err = b.store.ReplayMatching(ctx, insp, unknown, 1, "dave", "odd error fixed in v1.2.3")
+	res, err = opsOf(t, b.store, insp).ReplayMatching(ctx, unknown, 1, "dave", "odd error fixed in v1.2.3")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Done)
 	b.waitStatus(t, odd, idempotency.StatusSucceeded, 10*time.Second)
@@ -569,12 +574,12 @@ func TestCountUnreplayableAgreesWithReplay(t *testing.T) {
 	testenv.ReapplyMigration(t, b.pool, "effects_as_data") // the effects-old row is an older keel's
 	refused := 0
 	for _, id := range ids {
-		if _, err := b.store.CheckReplay(ctx, id); err != nil {
+		if _, err := checkReplay(t, b.store, id); err != nil {
 			refused++
 		}
 	}
 	require.Equal(t, 4, refused, "superseded, effects, effects-old, doubt")
-	n, err := b.store.CountUnreplayable(ctx, idempotency.DeadFilter{Kind: receipt.Name()})
+	n, err := countUnreplayable(t, b.store, inspect.Filter{Kind: receipt.Name()})
 	require.NoError(t, err)
 	require.Equal(t, refused, n)
 }
@@ -598,14 +603,14 @@ func TestReplayOfAJobAsynqHoldsAsRunningSaysToWait(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', attempts = 3, error_class = 'crashed', finished_at = now() WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
 
-	_, err = b.store.Replay(ctx, insp, res.Job.ID, "alice", "")
-	require.ErrorIs(t, err, idempotency.ErrTaskActive)
+	_, err = opsOf(t, b.store, insp).Replay(ctx, res.Job.ID, "alice", "")
+	require.ErrorIs(t, err, inspect.ErrTaskActive)
 	require.NotContains(t, err.Error(), "CancelProcessing")
 	require.Contains(t, err.Error(), "again")
 	j, err := b.store.Get(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusDead, j.Status)
-	entries, err := b.store.Audit(ctx, res.Job.ID)
+	entries, err := opsOf(t, b.store, nil).Audit(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Empty(t, entries)
 }

@@ -16,8 +16,8 @@
 //     request and tell a call that never left from one in doubt; NotSent
 //     marks what other clients know. Steps come before the completing InTx.
 //
-// The Store reads jobs (Get, Lookup, Steps, Audit, ListDead) and carries the
-// operator's actions: Replay, Discard, ResolveStep and their bulk forms.
+// The Store reads jobs (Get, Lookup, Steps). What a person does to jobs
+// (replay, discard, cancel, step resolution) is the inspect package's.
 //
 // With an OpenTelemetry tracer provider (GuardConfig.TracerProvider, or the
 // global one) each run is a keel.handle span continuing the trace its job

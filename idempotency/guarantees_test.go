@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
@@ -523,14 +524,14 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
 
-	_, err = b.store.Replay(ctx, nil, res.Job.ID, "ops", "try again")
-	require.ErrorIs(t, err, idempotency.ErrEffectsCommitted)
+	_, err = opsOf(t, b.store, nil).Replay(ctx, res.Job.ID, "ops", "try again")
+	require.ErrorIs(t, err, inspect.ErrEffectsCommitted)
 	require.Contains(t, err.Error(), res.Job.ID)
-	f := idempotency.DeadFilter{Kind: late.Name()}
-	n, err := b.store.CountDead(ctx, f)
+	f := inspect.Filter{Kind: late.Name()}
+	n, err := opsOf(t, b.store, nil).Count(ctx, f)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	bulk, err := b.store.ReplayMatching(ctx, nil, f, n, "ops", "all of them")
+	bulk, err := opsOf(t, b.store, nil).ReplayMatching(ctx, f, n, "ops", "all of them")
 	require.NoError(t, err)
 	require.Equal(t, 0, bulk.Done)
 	require.Contains(t, bulk.Failed[res.Job.ID], "local effects")
@@ -543,7 +544,7 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the committed effect must stay, once")
 
 	// Discarding it, with a note, is how a person closes it.
-	_, err = b.store.Discard(ctx, nil, res.Job.ID, "ops", "mailed by hand")
+	_, err = opsOf(t, b.store, nil).Discard(ctx, res.Job.ID, "ops", "mailed by hand")
 	require.NoError(t, err)
 }
 
@@ -566,8 +567,8 @@ func TestReplayAfterCompletingInTxIsRefusedWithoutTheColumn(t *testing.T) {
 	got, err := b.store.Get(ctx, j.ID)
 	require.NoError(t, err)
 	require.NotNil(t, got.EffectsCommittedAt)
-	_, err = b.store.Replay(ctx, nil, j.ID, "ops", "try again")
-	require.ErrorIs(t, err, idempotency.ErrEffectsCommitted)
+	_, err = opsOf(t, b.store, nil).Replay(ctx, j.ID, "ops", "try again")
+	require.ErrorIs(t, err, inspect.ErrEffectsCommitted)
 	got, err = b.store.Get(ctx, j.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusDead, got.Status)
@@ -697,7 +698,7 @@ func TestReplayStartsWaitsAndCrashesAfresh(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'waited_too_long', attempts = 3,
 		waited_ms = 90000000, crashes = 2, finished_at = now() WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
-	_, err = b.store.Replay(ctx, inspector(t, b), res.Job.ID, "test", "fixed")
+	_, err = opsOf(t, b.store, inspector(t, b)).Replay(ctx, res.Job.ID, "test", "fixed")
 	require.NoError(t, err)
 	require.Equal(t, 0, b.count(t, `SELECT waited_ms + crashes + attempts FROM keel_jobs WHERE id = $1`, res.Job.ID))
 }
@@ -803,7 +804,7 @@ func TestPanickingHooksDoNotUndoADeathOrStopTheWorker(t *testing.T) {
 	require.NoError(t, err)
 	<-started
 	// The ledger only, without asynq's cancel: the renewal finds it.
-	_, err = b.store.Cancel(ctx, nil, blocked.Job.ID, "tester", "hook test")
+	_, err = opsOf(t, b.store, nil).Cancel(ctx, blocked.Job.ID, "tester", "hook test")
 	require.NoError(t, err)
 	testenv.Eventually(t, 10*time.Second, func() bool { return cancels.Load() == 1 }, "the renewal never stopped the cancelled run")
 	after, err := b.client.Enqueue(ctx, hookAfterOK.New(order{OrderID: "hook-3"}))
@@ -853,7 +854,7 @@ func TestAStepInDoubtWithVerifyOnTheLastAttemptIsSettledByAReplay(t *testing.T) 
 
 	// With asynq's archived copy removed, as the CLI and dashboard do; without
 	// it the replay waits for the reconciler (up to 15 s).
-	_, err = b.store.Replay(ctx, insp, res.Job.ID, "ops", "Verify settles it")
+	_, err = opsOf(t, b.store, insp).Replay(ctx, res.Job.ID, "ops", "Verify settles it")
 	require.NoError(t, err, "a replay of a job whose step in doubt has Verify")
 	j = b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	require.EqualValues(t, 1, calls.Load(), "the call was made again")
@@ -887,8 +888,8 @@ func TestAStepInDoubtWithoutVerifyNowWaitsForAPerson(t *testing.T) {
 	steps, err := b.store.Steps(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.False(t, steps[0].Verifiable)
-	_, err = b.store.CheckReplay(ctx, res.Job.ID)
-	require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
+	_, err = checkReplay(t, b.store, res.Job.ID)
+	require.ErrorIs(t, err, inspect.ErrStepsInDoubt)
 }
 
 // Which run of a job that crashed runs alone on its worker, and when such

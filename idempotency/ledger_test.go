@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/retry"
@@ -494,8 +495,8 @@ func TestResolveStepOnlyOnDeadJobs(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', lease_holder = 'w', lease_until = now() + interval '1 minute' WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
 	startedStep(t, b.pool, res.Job.ID, "mail")
-	err = b.store.ResolveStep(ctx, res.Job.ID, "mail", false, "ops", "")
-	require.ErrorIs(t, err, idempotency.ErrNotDead)
+	err = opsOf(t, b.store, nil).ResolveStep(ctx, res.Job.ID, "mail", false, "ops", "")
+	require.ErrorIs(t, err, inspect.ErrNotDead)
 	steps, err := b.store.Steps(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Len(t, steps, 1, "the in-flight step's record must stay")

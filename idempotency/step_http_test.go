@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -595,8 +596,8 @@ func TestDoHTTPReportsAResend(t *testing.T) {
 	steps, err := b.store.Steps(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.False(t, steps[0].Verifiable)
-	_, err = b.store.CheckReplay(ctx, res.Job.ID)
-	require.ErrorIs(t, err, idempotency.ErrStepsInDoubt)
+	_, err = checkReplay(t, b.store, res.Job.ID)
+	require.ErrorIs(t, err, inspect.ErrStepsInDoubt)
 }
 
 // A 303 after a POST says the work is done and the result is elsewhere;

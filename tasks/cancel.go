@@ -3,7 +3,7 @@ package tasks
 import (
 	"context"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 )
 
 // DefaultCancelActor is who a cancel made through a Client is recorded as
@@ -21,7 +21,8 @@ func CancelBy(actor string) CancelOption { return func(c *cancelConfig) { c.acto
 // CancelNote says why the job is cancelled.
 func CancelNote(note string) CancelOption { return func(c *cancelConfig) { c.note = note } }
 
-// Cancel closes the job id for good if it has not finished: a job waiting
+// Cancel closes the job id for good (Inspector().Cancel, with the actor
+// and note the options give) if it has not finished: a job waiting
 // (pending, scheduled, failed and waiting for its retry) never runs, and a
 // running job's handler context is cancelled; nothing that run does later
 // commits (its InTx and Step return idempotency.ErrCancelled). Effects that
@@ -30,18 +31,18 @@ func CancelNote(note string) CancelOption { return func(c *cancelConfig) { c.not
 //
 // Cancelling a cancelled job is a no-op (AlreadyCancelled). A job that has
 // ended (succeeded, dead, discarded) is refused with
-// idempotency.ErrNotCancellable; an unknown id with idempotency.ErrNotFound.
+// inspect.ErrNotCancellable; an unknown id with inspect.ErrNotFound.
 // The job's (kind, business key) stays taken: enqueueing it again returns
 // the cancelled job.
-func (c *Client) Cancel(ctx context.Context, id string, opts ...CancelOption) (idempotency.CancelResult, error) {
+func (c *Client) Cancel(ctx context.Context, id string, opts ...CancelOption) (inspect.CancelResult, error) {
 	cfg := cancelOptions(opts)
-	return c.store.Cancel(ctx, c.insp, id, cfg.actor, cfg.note)
+	return c.ops.Cancel(ctx, id, cfg.actor, cfg.note)
 }
 
 // CancelByKey cancels the job of kind with business key; see Cancel.
-func (c *Client) CancelByKey(ctx context.Context, kind, key string, opts ...CancelOption) (idempotency.CancelResult, error) {
+func (c *Client) CancelByKey(ctx context.Context, kind, key string, opts ...CancelOption) (inspect.CancelResult, error) {
 	cfg := cancelOptions(opts)
-	return c.store.CancelByKey(ctx, c.insp, kind, key, cfg.actor, cfg.note)
+	return c.ops.CancelByKey(ctx, kind, key, cfg.actor, cfg.note)
 }
 
 func cancelOptions(opts []CancelOption) cancelConfig {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -34,7 +35,7 @@ func TestClientCancelsByIDAndByKeyWithAnAuditNote(t *testing.T) {
 	out, err = b.client.CancelByKey(ctx, keyedKind.Name(), "by-key", tasks.CancelBy("billing-service"), tasks.CancelNote("refunded"))
 	require.NoError(t, err)
 	require.Equal(t, res2.Job.ID, out.Job.ID)
-	entries, err := b.store.Audit(ctx, res2.Job.ID)
+	entries, err := opsOf(t, b.store, nil).Audit(ctx, res2.Job.ID)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "cancel", entries[0].Action)
@@ -48,7 +49,7 @@ func TestClientCancelsByIDAndByKeyWithAnAuditNote(t *testing.T) {
 	_, err = b.client.CancelByKey(ctx, keyedKind.Name(), "nobody", tasks.CancelBy("x"))
 	require.ErrorIs(t, err, idempotency.ErrNotFound)
 	_, err = b.client.Cancel(ctx, res.Job.ID, tasks.CancelBy(""))
-	require.ErrorIs(t, err, idempotency.ErrActorRequired)
+	require.ErrorIs(t, err, inspect.ErrActorRequired)
 }
 
 // Cancels go through the client's own Redis connections: many of them open

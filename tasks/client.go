@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/batch"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/tracing"
@@ -68,8 +69,9 @@ type Client struct {
 	inserts *batch.Batcher[insertReq]
 	// rdb is the client's one Redis connection pool: the publisher's and
 	// Cancel's inspector's.
-	rdb  redis.UniversalClient
-	insp *asynq.Inspector
+	rdb redis.UniversalClient
+	// ops is the operator API Cancel and CancelByKey go through.
+	ops *inspect.Inspector
 	// publishing counts the group-commit rounds still publishing.
 	publishing sync.WaitGroup
 	tracer     tracing.Tracer
@@ -99,8 +101,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		queues: queues,
 		log:    cfg.Logger,
 		rdb:    rdb,
-		insp:   asynq.NewInspectorFromRedisClient(rdb),
 		tracer: tracing.New(cfg.TracerProvider),
+	}
+	// On the client's Redis connections: closed with them.
+	c.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: asynq.NewInspectorFromRedisClient(rdb)})
+	if err != nil {
+		return nil, err
 	}
 	c.inserts = batch.NewSettling(insertLoops, maxInsertBatch, ErrClientClosed, c.insertBatch)
 	return c, nil
@@ -129,6 +135,11 @@ func (c *Client) Close() error {
 	c.publishing.Wait()
 	return c.rdb.Close()
 }
+
+// Inspector is the operator API on the client's ledger and Redis
+// (replay, discard, cancel, counts, waiting for a job's end); see the
+// inspect package.
+func (c *Client) Inspector() *inspect.Inspector { return c.ops }
 
 // Store is the ledger the client writes to.
 func (c *Client) Store() *idempotency.Store { return c.store }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -168,8 +169,8 @@ func TestUniqueWindowInBulkAndInTx(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, one.Job.ID, got.ID)
 
-	_, err = b.store.Replay(ctx, nil, first[0].Job.ID, "operator", "")
-	require.ErrorIs(t, err, idempotency.ErrNotDead, "a superseded dead job is not replayed beside its key's new job")
+	_, err = opsOf(t, b.store, nil).Replay(ctx, first[0].Job.ID, "operator", "")
+	require.ErrorIs(t, err, inspect.ErrNotDead, "a superseded dead job is not replayed beside its key's new job")
 	require.ErrorContains(t, err, "superseded")
 }
 

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/web"
 )
@@ -281,7 +281,7 @@ func TestNotesAreLimitedOnTheServer(t *testing.T) {
 	}
 	res := op.post(t, "/dead/bulk", url.Values{"csrf": {tok}, "action": {"discard"}, "expect": {"2"}, "note": {strings.Repeat("x", 60000)}})
 	require.Equal(t, http.StatusBadRequest, res.status)
-	n, err := b.store.CountDead(t.Context(), idempotency.DeadFilter{})
+	n, err := b.ops.Count(t.Context(), inspect.Filter{})
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Empty(t, b.audit(t, j.ID))

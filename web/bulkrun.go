@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 )
 
 // A bulk action by filter can select tens of thousands of jobs: run inside
@@ -29,10 +29,10 @@ type bulkRun struct {
 	done                       chan struct{}
 
 	mu  sync.Mutex
-	res idempotency.BulkResult
+	res inspect.BulkResult
 }
 
-func (b *bulkRun) result() (idempotency.BulkResult, bool) {
+func (b *bulkRun) result() (inspect.BulkResult, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	res := b.res
@@ -64,12 +64,12 @@ func (br *bulkRuns) close() {
 	br.wg.Wait()
 }
 
-// start acts on ids one by one in the background, then hands the result to
-// finished.
-func (br *bulkRuns) start(action, actor, backURL string, ids []string, act func(ctx context.Context, id string) error,
-	finished func(idempotency.BulkResult)) *bulkRun {
+// start runs a bulk action of n jobs in the background, then hands its
+// result to finished. run reports its progress as it goes.
+func (br *bulkRuns) start(action, actor, backURL string, n int,
+	run func(ctx context.Context, progress func(inspect.BulkResult)) inspect.BulkResult, finished func(inspect.BulkResult)) *bulkRun {
 	b := &bulkRun{id: randomHex(16), action: action, actor: actor, backURL: backURL, done: make(chan struct{}),
-		res: idempotency.BulkResult{Matched: len(ids), Failed: map[string]string{}}}
+		res: inspect.BulkResult{Matched: n, Unchanged: map[string]string{}, Failed: map[string]string{}}}
 	br.mu.Lock()
 	for id, old := range br.runs {
 		select {
@@ -84,22 +84,14 @@ func (br *bulkRuns) start(action, actor, backURL string, ids []string, act func(
 	br.mu.Unlock()
 	br.wg.Go(func() {
 		defer close(b.done)
-		for _, id := range ids {
-			err := br.ctx.Err()
-			if err == nil {
-				err = act(br.ctx, id)
-			}
+		set := func(res inspect.BulkResult) {
 			b.mu.Lock()
-			if err != nil {
-				b.res.Failed[id] = err.Error()
-			} else {
-				b.res.Done++
-			}
+			b.res = res
 			b.mu.Unlock()
 		}
+		res := run(br.ctx, set)
 		b.mu.Lock()
-		b.finished = time.Now()
-		res := b.res
+		b.res, b.finished = res, time.Now()
 		b.mu.Unlock()
 		finished(res)
 	})
@@ -114,16 +106,20 @@ func (br *bulkRuns) get(id string) *bulkRun {
 
 // runBulk starts a bulk action and shows its result, or, if it is still
 // running after bulkInlineWait, sends the operator to its progress page.
-func (s *Server) runBulk(w http.ResponseWriter, r *http.Request, action, nav string, ids []string,
-	backURL string, act func(ctx context.Context, id string) error, logged func(idempotency.BulkResult)) {
-	b := s.bulks.start(action, principalFrom(r.Context()).Name, backURL, ids, act, logged)
+func (s *Server) runBulk(w http.ResponseWriter, r *http.Request, action inspect.Action, nav string, ids []string,
+	backURL, note string, logged func(inspect.BulkResult)) {
+	actor := principalFrom(r.Context()).Name
+	b := s.bulks.start(string(action), actor, backURL, len(ids), func(ctx context.Context, progress func(inspect.BulkResult)) inspect.BulkResult {
+		res, _ := s.ops.Bulk(ctx, action, ids, actor, note, progress)
+		return res
+	}, logged)
 	t := time.NewTimer(bulkInlineWait)
 	defer t.Stop()
 	select {
 	case <-b.done:
 		res, _ := b.result()
-		s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + action, Nav: nav,
-			Data: bulkData{Action: action, Result: res, BackURL: backURL}})
+		s.render(w, r, http.StatusOK, "bulk", view{Title: "Bulk " + string(action), Nav: nav,
+			Data: bulkData{Action: string(action), Result: res, BackURL: backURL}})
 	case <-t.C:
 		http.Redirect(w, r, "/bulk/"+b.id, http.StatusSeeOther)
 	case <-r.Context().Done():

@@ -17,7 +17,7 @@ import (
 func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) {
 	id, p := r.PathValue("id"), principalFrom(r.Context())
 	note := strings.TrimSpace(r.PostForm.Get("note"))
-	res, err := s.store.Cancel(r.Context(), s.insp, id, p.Name, note)
+	res, err := s.ops.Cancel(r.Context(), id, p.Name, note)
 	if err != nil {
 		s.actionFailed(w, r, id, "cancel", err, note)
 		return
@@ -119,7 +119,7 @@ func (s *Server) cancelFromMonitor(ctx context.Context, id string, p *principal)
 	} else if err != nil {
 		return true, err
 	}
-	res, err := s.store.Cancel(ctx, s.insp, id, p.Name, "cancelled from asynqmon")
+	res, err := s.ops.Cancel(ctx, id, p.Name, "cancelled from asynqmon")
 	if err == nil {
 		s.cfg.Logger.Info("keel web: job cancelled from asynqmon", "job_id", id, "actor", p.Name, "already", res.AlreadyCancelled)
 	}

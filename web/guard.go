@@ -137,8 +137,7 @@ func cleanRequest(next http.Handler) http.Handler {
 func (s *Server) audit(ctx context.Context, jobID, action, actor, note string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := s.cfg.Pool.Exec(ctx, `INSERT INTO keel_audit (job_id, action, actor, note) VALUES ($1, $2, $3, $4)`,
-		jobID, action, actor, note); err != nil {
+	if err := s.ops.Record(ctx, jobID, action, actor, note); err != nil {
 		s.cfg.Logger.Error("keel web: writing the audit log failed", "action", action, "actor", actor, "job_id", jobID, "err", err)
 	}
 }

@@ -156,7 +156,7 @@ func TestBulkActionsOnSelectedJobs(t *testing.T) {
 
 	form := url.Values{"csrf": {tok}, "action": {"discard"}, "id": sel["id"], "expect": {"2"}, "note": {"duplicates"}}
 	// Someone replays one of them meanwhile: the confirmed count is stale.
-	_, err = b.store.Replay(t.Context(), nil, d2.ID, "someone", "")
+	_, err = b.ops.Replay(t.Context(), d2.ID, "someone", "")
 	require.NoError(t, err)
 	res = op.post(t, "/dead/bulk", form)
 	require.Equal(t, http.StatusConflict, res.status)

@@ -44,7 +44,7 @@ func TestBrowserLayout(t *testing.T) {
 	}
 	note := strings.Repeat("refund-requested-by-customer-", 40)
 	closed := b.deadJob(t, "order:send_receipt", "order:closed", "boom")
-	_, err := b.store.Discard(t.Context(), nil, closed.ID, operatorName, note)
+	_, err := b.ops.Discard(t.Context(), closed.ID, operatorName, note)
 	require.NoError(t, err)
 	c := asynq.NewClient(b.redis)
 	defer c.Close()

@@ -320,7 +320,7 @@ func (s *Server) replayFromMonitor(ctx context.Context, id string, p *principal)
 	} else if err != nil {
 		return true, err
 	}
-	res, err := s.store.Replay(ctx, s.insp, id, p.Name, "run from asynqmon")
+	res, err := s.ops.Replay(ctx, id, p.Name, "run from asynqmon")
 	if err == nil && res.AlreadyReplayed {
 		err = fmt.Errorf("the ledger says the job is %s, not dead", res.Job.Status)
 	}

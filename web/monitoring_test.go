@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -158,4 +159,47 @@ func TestAsynqmonPagesWithADotAreWrapped(t *testing.T) {
 	res := v.get(t, "/monitoring/favicon.ico")
 	require.Equal(t, http.StatusOK, res.status)
 	require.NotContains(t, res.body, "keel-back")
+}
+
+// The job's page, a bulk action and asynqmon replay a job through the one
+// operator API: each leaves the job as inspect's Replay does, with the
+// same audit row (action, actor, the note as given).
+func TestEveryReplayPathWritesTheSameAuditRow(t *testing.T) {
+	b := setup(t, nil)
+	op := b.signIn(t, operatorName, operatorPassword)
+	page, bulk, mon, api := b.archivedDeadJob(t, "same:1"), b.archivedDeadJob(t, "same:2"),
+		b.archivedDeadJob(t, "same:3"), b.archivedDeadJob(t, "same:4")
+
+	res := op.post(t, "/jobs/"+page.ID+"/replay", url.Values{"csrf": {op.token(t)}, "note": {"same"}})
+	require.Equal(t, http.StatusSeeOther, res.status, res.body)
+	res = op.post(t, "/dead/bulk", url.Values{"csrf": {op.token(t)}, "action": {"replay"}, "id": {bulk.ID},
+		"expect": {"1"}, "note": {"same"}})
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	res = op.do(t, http.MethodPost, "/monitoring/api/queues/default/archived_tasks/"+mon.ID+":run", nil, nil)
+	require.Equal(t, http.StatusNoContent, res.status, res.body)
+	_, err := b.ops.Replay(t.Context(), api.ID, operatorName, "same")
+	require.NoError(t, err)
+
+	type shape struct{ Action, Actor, Note string }
+	want := shape{"replay", operatorName, "same"}
+	for name, j := range map[string]idempotency.Job{"page": page, "bulk": bulk, "asynqmon": mon, "api": api} {
+		a := b.audit(t, j.ID)
+		require.NotEmpty(t, a, name)
+		w := want
+		if name == "asynqmon" {
+			w.Note = "run from asynqmon"
+			// And asynqmon's request itself, after the replay it made.
+			require.Len(t, a, 2, name)
+			require.Equal(t, shape{"asynqmon POST /queues/default/archived_tasks/" + mon.ID + ":run", operatorName, "answered 204"},
+				shape{a[1].Action, a[1].Actor, a[1].Note})
+		} else {
+			require.Len(t, a, 1, name)
+		}
+		require.Equal(t, w, shape{a[0].Action, a[0].Actor, a[0].Note}, name)
+		got, err := b.store.Get(t.Context(), j.ID)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.StatusPending, got.Status, name)
+		require.Zero(t, got.Attempts, name)
+		require.Nil(t, got.PublishedAt, name)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/tasks"
@@ -163,14 +164,14 @@ func parseTime(what, s string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%s %q: want a UTC time like 2026-01-31T14:05", what, s)
 }
 
-func readFilter(v url.Values) (filterForm, idempotency.DeadFilter, error) {
+func readFilter(v url.Values) (filterForm, inspect.Filter, error) {
 	v = maps.Clone(v)
 	if err := tooLong(v, "kind", "queue", "class", "since", "until"); err != nil {
-		return filterForm{}, idempotency.DeadFilter{}, err
+		return filterForm{}, inspect.Filter{}, err
 	}
 	f := filterForm{Kind: strings.TrimSpace(v.Get("kind")), Queue: strings.TrimSpace(v.Get("queue")),
 		Class: strings.TrimSpace(v.Get("class")), Since: strings.TrimSpace(v.Get("since")), Until: strings.TrimSpace(v.Get("until"))}
-	df := idempotency.DeadFilter{Kind: f.Kind, Queue: f.Queue, Class: f.Class}
+	df := inspect.Filter{Kind: f.Kind, Queue: f.Queue, Class: f.Class}
 	var err error
 	if f.Class != "" && !slices.Contains(retry.StoredClasses(), retry.Class(f.Class)) {
 		// As the CLI's --class: a typo would otherwise list nothing, silently.
@@ -225,14 +226,14 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Page, _ = strconv.Atoi(r.URL.Query().Get("page"))
 	d.Page = max(d.Page, 1)
-	if d.Total, err = s.store.CountDead(ctx, df); err != nil {
+	if d.Total, err = s.ops.Count(ctx, df); err != nil {
 		s.ledgerError(w, r, err)
 		return
 	}
 	size := s.cfg.PageSize
 	d.Pages = max((d.Total+size-1)/size, 1)
 	d.Page = min(d.Page, d.Pages)
-	jobs, err := s.store.ListDead(ctx, df, size, (d.Page-1)*size)
+	jobs, err := s.ops.List(ctx, df, size, (d.Page-1)*size)
 	if err != nil {
 		s.ledgerError(w, r, err)
 		return
@@ -328,7 +329,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 type jobData struct {
 	Job          idempotency.Job
 	Steps        []idempotency.StepRecord
-	Audit        []idempotency.AuditEntry
+	Audit        []inspect.AuditEntry
 	Payload      string
 	Next         string
 	LeaseExpired bool
@@ -420,7 +421,7 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 		d.PayloadHidden = true
 	}
 	if d.Steps, err = s.store.Steps(ctx, j.ID); err == nil {
-		d.Audit, err = s.store.Audit(ctx, j.ID)
+		d.Audit, err = s.ops.Audit(ctx, j.ID)
 	}
 	if err != nil {
 		s.ledgerError(w, r, err)
@@ -493,7 +494,7 @@ func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	id, p := r.PathValue("id"), principalFrom(r.Context())
 	note := strings.TrimSpace(r.PostForm.Get("note"))
-	res, err := s.store.Replay(r.Context(), s.insp, id, p.Name, note)
+	res, err := s.ops.Replay(r.Context(), id, p.Name, note)
 	if err != nil {
 		s.actionFailed(w, r, id, "replay", err, note)
 		return
@@ -512,11 +513,11 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 // wasReplayed reports whether the audit log has a replay of job id: the
 // reason a job someone meant to replay is no longer dead, when it is.
 func (s *Server) wasReplayed(ctx context.Context, id string) bool {
-	entries, err := s.store.Audit(ctx, id)
+	entries, err := s.ops.Audit(ctx, id)
 	if err != nil {
 		return false
 	}
-	return slices.ContainsFunc(entries, func(e idempotency.AuditEntry) bool { return e.Action == "replay" })
+	return slices.ContainsFunc(entries, func(e inspect.AuditEntry) bool { return e.Action == "replay" })
 }
 
 func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
@@ -529,13 +530,13 @@ func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done=already-discarded", http.StatusSeeOther)
 		return
 	}
-	j, err := s.store.Discard(r.Context(), s.insp, id, p.Name, note)
+	res, err := s.ops.Discard(r.Context(), id, p.Name, note)
 	if err != nil {
 		s.actionFailed(w, r, id, "discard", err, note)
 		return
 	}
 	done := "discarded"
-	if j.ResolvedBy != p.Name || j.ResolutionNote != note {
+	if res.AlreadyDiscarded {
 		// Someone else closed it between the read and the discard.
 		done = "already-discarded"
 	}
@@ -558,10 +559,10 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	j, err := s.store.Get(r.Context(), id)
 	if err == nil && j.Status != idempotency.StatusDead {
 		// A started step of a live job is a call in progress, not in doubt.
-		err = fmt.Errorf("%w: steps are resolved only on dead jobs; this one is %s", idempotency.ErrNotDead, j.Status)
+		err = fmt.Errorf("%w: steps are resolved only on dead jobs; this one is %s", inspect.ErrNotDead, j.Status)
 	}
 	if err == nil {
-		err = s.store.ResolveStep(r.Context(), id, step, happened, p.Name, note)
+		err = s.ops.ResolveStep(r.Context(), id, step, happened, p.Name, note)
 	}
 	if err != nil {
 		s.actionFailed(w, r, id, "resolve step", err, note)
@@ -576,10 +577,10 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 	switch {
 	case errors.Is(err, idempotency.ErrNotFound):
 		status = http.StatusNotFound
-	case errors.Is(err, idempotency.ErrNoteRequired):
+	case errors.Is(err, inspect.ErrNoteRequired):
 		status = http.StatusBadRequest
-	case errors.Is(err, idempotency.ErrNotDead), errors.Is(err, idempotency.ErrStepsInDoubt), errors.Is(err, idempotency.ErrEffectsCommitted),
-		errors.Is(err, idempotency.ErrNotCancellable), errors.Is(err, idempotency.ErrTaskActive):
+	case errors.Is(err, inspect.ErrNotDead), errors.Is(err, inspect.ErrStepsInDoubt), errors.Is(err, inspect.ErrEffectsCommitted),
+		errors.Is(err, inspect.ErrNotCancellable), errors.Is(err, inspect.ErrTaskActive):
 	default:
 		status = http.StatusInternalServerError
 		s.cfg.Logger.Error("keel web: action failed", "action", action, "job_id", id, "err", err)
@@ -674,16 +675,17 @@ func selectedIDs(v url.Values) ([]string, error) {
 // among returns those of ids the action applies to now.
 func (s *Server) among(ctx context.Context, action string, ids []string) ([]idempotency.Job, error) {
 	_, _, applies := actsOn(action)
+	found, err := s.store.GetMany(ctx, s.store.Pool(), ids)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]idempotency.Job, len(found))
+	for _, j := range found {
+		byID[j.ID] = j
+	}
 	var jobs []idempotency.Job
 	for _, id := range ids {
-		j, err := s.store.Get(ctx, id)
-		if errors.Is(err, idempotency.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if applies(j.Status) {
+		if j, ok := byID[id]; ok && applies(j.Status) {
 			jobs = append(jobs, j)
 		}
 	}
@@ -705,13 +707,14 @@ func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status 
 	d.Verb, d.State, _ = actsOn(action)
 	if action == "replay" {
 		// As the filter's page: those a replay refuses stay dead.
-		for _, j := range jobs {
-			if _, err := s.store.CheckReplay(ctx, j.ID); errors.Is(err, idempotency.ErrNotDead) ||
-				errors.Is(err, idempotency.ErrStepsInDoubt) || errors.Is(err, idempotency.ErrEffectsCommitted) {
+		os, err := s.ops.Check(ctx, inspect.ActionReplay, jobIDs(jobs))
+		if err != nil {
+			s.ledgerError(w, r, err)
+			return
+		}
+		for _, o := range os {
+			if o.Err != nil && !errors.Is(o.Err, inspect.ErrNotFound) {
 				d.Refused++
-			} else if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
-				s.ledgerError(w, r, err)
-				return
 			}
 		}
 	}
@@ -735,14 +738,10 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 		s.confirmSelected(w, r, http.StatusConflict, action, ids, note, true, "")
 		return
 	}
-	act := s.actOn(action, p.Name, note)
-	res := idempotency.BulkResult{Matched: len(jobs), Failed: map[string]string{}}
-	for _, j := range jobs {
-		if err := act(r.Context(), j.ID); err != nil {
-			res.Failed[j.ID] = err.Error()
-			continue
-		}
-		res.Done++
+	res, err := s.ops.Bulk(r.Context(), inspect.Action(action), jobIDs(jobs), p.Name, note, nil)
+	if err != nil && len(jobs) > 0 && res.Matched == 0 {
+		s.ledgerError(w, r, err)
+		return
 	}
 	s.cfg.Logger.Info("keel web: bulk action on selected jobs", "action", action, "actor", p.Name, "matched", res.Matched,
 		"done", res.Done, "failed", len(res.Failed))
@@ -750,21 +749,12 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 		Data: bulkData{Action: action, Result: res, BackURL: selectedBackURL(action)}})
 }
 
-// actOn is what a bulk action does to each job: replay, cancel or discard
-// it, as actor, with note.
-func (s *Server) actOn(action, actor, note string) func(ctx context.Context, id string) error {
-	return func(ctx context.Context, id string) error {
-		var err error
-		switch action {
-		case "replay":
-			_, err = s.store.Replay(ctx, s.insp, id, actor, note)
-		case "cancel":
-			_, err = s.store.Cancel(ctx, s.insp, id, actor, note)
-		default:
-			_, err = s.store.Discard(ctx, s.insp, id, actor, note)
-		}
-		return err
+func jobIDs(jobs []idempotency.Job) []string {
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ID
 	}
+	return ids
 }
 
 func selectedBackURL(action string) string {
@@ -774,7 +764,7 @@ func selectedBackURL(action string) string {
 	return "/jobs?status=dead"
 }
 
-func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int, action string, f filterForm, df idempotency.DeadFilter, note string, changed bool, errMsg string) {
+func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int, action string, f filterForm, df inspect.Filter, note string, changed bool, errMsg string) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	d := confirmData{Action: action, Filter: f, Note: note, Changed: changed, BackURL: "/dead?" + f.values().Encode()}
@@ -784,13 +774,15 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int,
 	err := s.store.Pool().QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&seen)
 	d.Seen = seen.UTC().Format(time.RFC3339Nano)
 	if err == nil {
-		d.Count, err = s.store.CountDead(ctx, df)
+		d.Count, err = s.ops.Count(ctx, df)
 	}
 	if err == nil && action == "replay" && d.Count > 0 {
-		d.Refused, err = s.store.CountUnreplayable(ctx, df)
+		var dry inspect.DryRun
+		dry, err = s.ops.DryRunMatching(ctx, inspect.ActionReplay, df)
+		d.Refused = dry.RefusedTotal()
 	}
 	if err == nil {
-		d.Sample, err = s.store.ListDead(ctx, df, 10, 0)
+		d.Sample, err = s.ops.List(ctx, df, 10, 0)
 	}
 	if err != nil {
 		s.ledgerError(w, r, err)
@@ -801,7 +793,7 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request, status int,
 
 type bulkData struct {
 	Action  string
-	Result  idempotency.BulkResult
+	Result  inspect.BulkResult
 	BackURL string
 	// Running: a background bulk action's progress page (see runBulk).
 	Running bool
@@ -857,7 +849,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	// Selected now and checked against the count the person confirmed, so
 	// that a confirmation always means what it said; acted on in the
 	// background (see runBulk).
-	ids, err = s.store.DeadIDs(r.Context(), shown)
+	ids, err = s.ops.IDs(r.Context(), shown)
 	if err != nil {
 		s.ledgerError(w, r, err)
 		return
@@ -866,7 +858,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		s.confirmPage(w, r, http.StatusConflict, action, f, df, note, true, "")
 		return
 	}
-	s.runBulk(w, r, action, "dead", ids, "/dead?"+f.values().Encode(), s.actOn(action, p.Name, note), func(res idempotency.BulkResult) {
+	s.runBulk(w, r, inspect.Action(action), "dead", ids, "/dead?"+f.values().Encode(), note, func(res inspect.BulkResult) {
 		s.cfg.Logger.Info("keel web: bulk action", "action", action, "actor", p.Name, "matched", res.Matched,
 			"done", res.Done, "failed", len(res.Failed), "filter", f.values().Encode())
 	})

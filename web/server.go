@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/metrics"
 )
@@ -27,10 +28,13 @@ import (
 // Server is keel's web server: keel's pages, asynqmon under /monitoring/,
 // /metrics and /healthz, all behind one sign-in.
 type Server struct {
-	cfg     Config
-	origin  string
-	store   *idempotency.Store
-	insp    *asynq.Inspector
+	cfg    Config
+	origin string
+	store  *idempotency.Store
+	insp   *asynq.Inspector
+	// ops is the operator API every action on jobs goes through: the
+	// pages', the bulk ones', asynqmon's.
+	ops     *inspect.Inspector
 	monRO   *monitor
 	monRW   *monitor
 	auth    *auth
@@ -83,6 +87,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.insp = asynq.NewInspector(cfg.Redis)
+	if s.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: s.insp}); err != nil {
+		return nil, err
+	}
 	s.reg = cfg.Registry
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/tasks"
 	"github.com/keeljobs/keel/web"
@@ -57,6 +58,7 @@ type bundle struct {
 	redis  asynq.RedisClientOpt
 	client *tasks.Client
 	store  *idempotency.Store
+	ops    *inspect.Inspector
 	srv    *web.Server
 	ts     *httptest.Server
 	cfg    web.Config
@@ -73,7 +75,7 @@ func setup(t *testing.T, mod func(*web.Config)) *bundle {
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	b.client, b.store = c, c.Store()
+	b.client, b.store, b.ops = c, c.Store(), c.Inspector()
 	cfg := web.Config{
 		Addr:           "127.0.0.1:0",
 		Redis:          b.redis,
@@ -200,9 +202,9 @@ func (u *user) token(t *testing.T) string {
 	return m[1]
 }
 
-func (b *bundle) audit(t *testing.T, id string) []idempotency.AuditEntry {
+func (b *bundle) audit(t *testing.T, id string) []inspect.AuditEntry {
 	t.Helper()
-	es, err := b.store.Audit(context.Background(), id)
+	es, err := b.ops.Audit(context.Background(), id)
 	require.NoError(t, err)
 	return es
 }

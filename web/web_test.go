@@ -13,6 +13,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/web"
 )
 
@@ -425,7 +426,7 @@ func TestBulkActionsConfirmTheCount(t *testing.T) {
 	page := op.get(t, "/dead?kind=order:send_receipt")
 	require.Contains(t, page.body, "3 dead jobs")
 	// One of them a replay would refuse: the replay's confirm page says so.
-	inDoubt, err := b.store.ListDead(t.Context(), idempotency.DeadFilter{Kind: "order:send_receipt"}, 1, 0)
+	inDoubt, err := b.ops.List(t.Context(), inspect.Filter{Kind: "order:send_receipt"}, 1, 0)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'mail', 'started')`, inDoubt[0].ID)
 	require.NoError(t, err)
@@ -459,9 +460,9 @@ func TestBulkActionsConfirmTheCount(t *testing.T) {
 	require.NotNil(t, m, "the confirm page says when it was shown")
 	form.Set("seen", m[1])
 	form.Set("note", "bad batch")
-	one, err := b.store.ListDead(t.Context(), idempotency.DeadFilter{Kind: "order:send_receipt"}, 1, 0)
+	one, err := b.ops.List(t.Context(), inspect.Filter{Kind: "order:send_receipt"}, 1, 0)
 	require.NoError(t, err)
-	_, err = b.store.Replay(t.Context(), nil, one[0].ID, "someone", "")
+	_, err = b.ops.Replay(t.Context(), one[0].ID, "someone", "")
 	require.NoError(t, err)
 	b.deadJob(t, "order:send_receipt", "order:4", "boom")
 	res = op.post(t, "/dead/bulk", form)
@@ -477,7 +478,7 @@ func TestBulkActionsConfirmTheCount(t *testing.T) {
 	res = op.post(t, "/dead/bulk", form)
 	require.Equal(t, http.StatusOK, res.status, res.body)
 	require.Contains(t, res.body, "3 of 3 done")
-	n, err := b.store.CountDead(t.Context(), idempotency.DeadFilter{})
+	n, err := b.ops.Count(t.Context(), inspect.Filter{})
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the other kind is untouched")
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
 )
 
@@ -121,7 +122,7 @@ func TestCLI(t *testing.T) {
 	require.Equal(t, st.ID, ls.Jobs[0].ID)
 
 	_, err = orders(t, "", "dead", "discard", st.ID)
-	require.ErrorIs(t, err, idempotency.ErrNoteRequired)
+	require.ErrorIs(t, err, inspect.ErrNoteRequired)
 	out, err = orders(t, "", "dead", "discard", "--all", "--class", "permanent", "--note", "customer left", "--dry-run")
 	require.NoError(t, err)
 	require.Contains(t, out, "dry run: would discard 1 job(s); nothing was changed")

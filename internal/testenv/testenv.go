@@ -36,6 +36,7 @@ const (
 	DBKeeltest
 	DBBench
 	DBFlow
+	DBInspect
 )
 
 // RedisAddr is the test Redis (KEEL_TEST_REDIS_ADDR, default 127.0.0.1:6379).
