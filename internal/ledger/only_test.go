@@ -29,14 +29,11 @@ var notYetMoved = map[string]bool{
 	"cli/ledger.go":                true,
 	"examples/orders/demo.go":      true,
 	"idempotency/bulk.go":          true,
-	"idempotency/cancel.go":        true,
-	"idempotency/deadletter.go":    true,
 	"idempotency/store.go":         true,
 	"metrics/ledger.go":            true,
 	"outbox/reconcile.go":          true,
 	"outbox/rescue.go":             true,
 	"scheduler/store.go":           true,
-	"web/guard.go":                 true,
 	"web/jobs.go":                  true,
 }
 
