@@ -20,6 +20,7 @@ import (
 
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/handlers"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/server"
@@ -301,21 +302,20 @@ func statusLine(ctx context.Context, pool *pgxpool.Pool, mail *handlers.MailSim)
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM keel_example_orders`).Scan(&orders); err != nil {
 		return "", err
 	}
-	counts := map[string]int{}
-	rows, err := pool.Query(ctx, `SELECT status, count(*) FROM keel_jobs GROUP BY status`)
+	// The demo's reads go through the operator API, as a program's would.
+	insp, err := inspect.New(inspect.Config{Pool: pool})
 	if err != nil {
 		return "", err
 	}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			rows.Close()
-			return "", err
-		}
-		counts[s] = n
+	defer insp.Close()
+	byKind, err := insp.Counts(ctx)
+	if err != nil {
+		return "", err
 	}
-	rows.Close()
+	counts := map[string]int{}
+	for _, c := range byKind {
+		counts[string(c.Status)] += c.N
+	}
 	ms := mail.Stats()
 	// The ledger's figures include earlier runs; the mail service starts
 	// from zero with each run.

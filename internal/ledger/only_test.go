@@ -27,7 +27,6 @@ var notYetMoved = map[string]bool{
 	"internal/bench/scale.go":      true,
 	"cli/commands.go":              true,
 	"cli/ledger.go":                true,
-	"examples/orders/demo.go":      true,
 	"idempotency/bulk.go":          true,
 	"idempotency/store.go":         true,
 	"metrics/ledger.go":            true,
