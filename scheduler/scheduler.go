@@ -44,6 +44,7 @@ type Scheduler struct {
 
 	running                 atomic.Bool
 	fired, existed, failing atomic.Uint64
+	reloaded, refused       atomic.Uint64
 }
 
 // New checks cfg (reading cfg.File if given) and returns a scheduler; Run
@@ -162,9 +163,11 @@ func (s *Scheduler) Reload() error {
 	defer s.reloadMu.Unlock()
 	d, err := s.reload()
 	if err != nil {
+		s.refused.Add(1)
 		s.log.Error("keel scheduler: schedule not reloaded; the running entries stay", "file", s.cfg.File, "err", err)
 		return err
 	}
+	s.reloaded.Add(1)
 	s.log.Info("keel scheduler: schedule reloaded", "file", s.cfg.File, "entries", len(s.Entries()),
 		"added", d.added, "changed", d.changed, "removed", d.removed)
 	return nil
@@ -198,11 +201,15 @@ type Stats struct {
 	Existed uint64
 	// Failed enqueues, each retried with backoff.
 	Failed uint64
+	// Reloads of the schedule file that took, and those refused (the file
+	// did not load; the running entries stayed).
+	Reloads, ReloadsRefused uint64
 }
 
 // Stats returns the scheduler's counters.
 func (s *Scheduler) Stats() Stats {
-	return Stats{Enqueued: s.fired.Load(), Existed: s.existed.Load(), Failed: s.failing.Load()}
+	return Stats{Enqueued: s.fired.Load(), Existed: s.existed.Load(), Failed: s.failing.Load(),
+		Reloads: s.reloaded.Load(), ReloadsRefused: s.refused.Load()}
 }
 
 // Run enqueues ticks until ctx is done, then returns nil. It returns an

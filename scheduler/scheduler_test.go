@@ -204,7 +204,8 @@ entries:
     spec: "* * *"
     kind: test:scheduler_tick
 `)
-	time.Sleep(300 * time.Millisecond)
+	// The watcher looked at the broken file and refused it.
+	testenv.Eventually(t, 5*time.Second, func() bool { return s.Stats().ReloadsRefused >= 1 }, "the broken file was never refused")
 	require.Len(t, s.Entries(), 2)
 	n := len(b.ticks(t, "second"))
 	b.waitTicks(t, "second", n+1)
