@@ -65,7 +65,8 @@ func run(m *testing.M) int {
 }
 
 // fill is a ledger of 60,000 jobs in every status and shape (steps,
-// batches, outbox rows, deadlines, strays, audit, prune log, sessions).
+// batches, outbox rows, deadlines, strays, audit, prune log, schedule,
+// sessions).
 const fill = `
 INSERT INTO keel_batches (id, description, created_at)
 SELECT 'b' || g, '', now() - g * interval '1 minute' FROM generate_series(1, 20000) g;
@@ -107,6 +108,9 @@ INSERT INTO keel_audit (job_id, action, actor, note)
 SELECT id, 'replay', 'ops', 'checked' FROM keel_jobs WHERE status = 'dead' LIMIT 2000;
 
 INSERT INTO keel_prune_log (at, rows) SELECT now() - g * interval '1 hour', 1000 FROM generate_series(1, 500) g;
+
+INSERT INTO keel_schedule (entry, last_tick)
+SELECT 'entry' || g, now() - g * interval '1 minute' FROM generate_series(1, 2000) g;
 
 INSERT INTO keel_web_sessions_ended (session_id, expires_at)
 SELECT 's' || g, now() + (g % 50 - 1) * interval '1 hour' FROM generate_series(1, 5000) g;
@@ -179,6 +183,16 @@ func usesIndex(t *testing.T, p string, indexes []string, noSeqScan ...string) {
 	for _, tbl := range noSeqScan {
 		if strings.Contains(p, "Seq Scan on "+tbl) {
 			t.Errorf("plan scans %s whole:\n%s", tbl, p)
+		}
+	}
+}
+
+// lacks fails if the plan mentions any of words (a node, an index).
+func lacks(t *testing.T, p string, words ...string) {
+	t.Helper()
+	for _, w := range words {
+		if strings.Contains(p, w) {
+			t.Errorf("plan has %s:\n%s", w, p)
 		}
 	}
 }
