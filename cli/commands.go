@@ -238,14 +238,7 @@ func migratePending(cmd *cobra.Command, e *Env, check bool) error {
 		fmt.Fprintf(out, "-- the ledger schema is current (version %d): nothing to run\n", migrate.Version())
 		return nil
 	}
-	for _, m := range pending {
-		how := "in one transaction, recorded in it"
-		if m.NoTransaction {
-			how = "statement by statement, outside a transaction (CREATE INDEX CONCURRENTLY)"
-		}
-		fmt.Fprintf(out, "-- %s: run %s\n%s\nINSERT INTO keel_schema_migrations (version, name, additive) VALUES (%d, '%s', %t);\n\n",
-			m.Name, how, strings.TrimSpace(m.SQL), m.Version, m.Name, m.Additive)
-	}
+	fmt.Fprint(out, migrate.Script(pending))
 	return nil
 }
 
