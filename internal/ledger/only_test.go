@@ -25,7 +25,6 @@ var notYetMoved = map[string]bool{
 	"internal/bench/relay.go":      true,
 	"internal/bench/run.go":        true,
 	"internal/bench/scale.go":      true,
-	"cli/commands.go":              true,
 	"cli/ledger.go":                true,
 	"idempotency/bulk.go":          true,
 	"idempotency/store.go":         true,
