@@ -25,12 +25,8 @@ var notYetMoved = map[string]bool{
 	"internal/bench/relay.go":      true,
 	"internal/bench/run.go":        true,
 	"internal/bench/scale.go":      true,
-	"cli/ledger.go":                true,
 	"idempotency/bulk.go":          true,
 	"idempotency/store.go":         true,
-	"metrics/ledger.go":            true,
-	"outbox/reconcile.go":          true,
-	"outbox/rescue.go":             true,
 	"scheduler/store.go":           true,
 }
 
