@@ -43,7 +43,7 @@ func ledgerCmd(e *Env) *cobra.Command {
 			if st.Rows, err = ledger.JobsByStatus(ctx, pool); err != nil {
 				return err
 			}
-			unpublished, oldest, err := ledger.RelayBacklog(ctx, pool)
+			unpublished, oldest, err := ledger.RelayBacklog(ctx, pool, nil)
 			if err != nil {
 				return err
 			}

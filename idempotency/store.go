@@ -537,7 +537,7 @@ func (s *Store) TakeOverOutbox(ctx context.Context, limit int, age time.Duration
 }
 
 func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (jobs []Job, taken int, err error) {
-	claimed, taken, err := ledger.ClaimOutbox(ctx, s.pool, limit, age)
+	claimed, taken, err := ledger.ClaimOutbox(ctx, s.pool, limit, age, nil)
 	if err != nil {
 		return nil, 0, interpretError(err)
 	}
@@ -555,7 +555,7 @@ func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (j
 // old copy), a job enqueued to run later, a hand-back (Unpublish), a
 // replay, and rows written by a binary from before the outbox.
 func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) {
-	claimed, err := ledger.ClaimUnpublished(ctx, s.pool, limit)
+	claimed, err := ledger.ClaimUnpublished(ctx, s.pool, limit, nil)
 	if err != nil {
 		return nil, interpretError(err)
 	}

@@ -246,7 +246,7 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 	for i, d := range dead {
 		s.Dead[i] = DeadCount{Queue: d.Queue, Kind: d.Kind, Class: d.Class, N: int(d.N)}
 	}
-	backlog, lag, err := ledger.RelayBacklog(ctx, l.cfg.Pool)
+	backlog, lag, err := ledger.RelayBacklog(ctx, l.cfg.Pool, nil)
 	if err != nil {
 		return fmt.Errorf("keel: reading the outbox: %w", err)
 	}

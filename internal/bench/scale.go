@@ -504,8 +504,8 @@ func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
 		name string
 		call func(db ledger.DB)
 	}{
-		{"relay claim (200)", func(db ledger.DB) { ledger.ClaimOutbox(ctx, db, 200, 0) }},                             //nolint:errcheck
-		{"relay claim, rows written unpublished (200)", func(db ledger.DB) { ledger.ClaimUnpublished(ctx, db, 200) }}, //nolint:errcheck
+		{"relay claim (200)", func(db ledger.DB) { ledger.ClaimOutbox(ctx, db, 200, 0, nil) }},                             //nolint:errcheck
+		{"relay claim, rows written unpublished (200)", func(db ledger.DB) { ledger.ClaimUnpublished(ctx, db, 200, nil) }}, //nolint:errcheck
 		{"reconciler page (1,000)", func(db ledger.DB) {
 			ledger.ReconcilePage(ctx, db, outbox.DefaultGrace, "", outbox.DefaultReconcileBatch, nil) //nolint:errcheck
 		}},

@@ -131,18 +131,18 @@ func OutboxDue(ctx context.Context, db DB) (bool, error) {
 // join on the ids was answered with a scan of the whole table when it
 // expected many.
 const claimOutboxSQL = `WITH o AS (DELETE FROM keel_outbox WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM keel_outbox WHERE queued_at <= now() - $2 * interval '1 millisecond'
+	SELECT ctid FROM keel_outbox WHERE queued_at <= coalesce($3::timestamptz, now()) - $2 * interval '1 millisecond'
 	ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING job_id),
 j AS (SELECT ` + publishColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
-	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now())
+	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= coalesce($3::timestamptz, now()))
 SELECT j.*, (SELECT count(*) FROM o) FROM (SELECT) one LEFT JOIN j ON true`
 
 // claimUnpublishedSQL marks up to $1 due rows written unpublished as
 // published.
-const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = now()
+const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = coalesce($2::timestamptz, now())
 	WHERE ctid = ANY (ARRAY (
-		SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= now()
+		SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= coalesce($2::timestamptz, now())
 		ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING ` + publishColumns
 
@@ -158,8 +158,8 @@ const planEachRun = pgx.QueryExecModeExec
 // ClaimOutbox takes up to limit rows that have waited at least age off the
 // relay's outbox and returns the jobs among them still to publish (see
 // claimOutboxSQL), and how many rows it took, which can exceed len(jobs).
-func ClaimOutbox(ctx context.Context, db DB, limit int, age time.Duration) (jobs []PublishJob, taken int, err error) {
-	rows, err := db.Query(ctx, claimOutboxSQL, planEachRun, limit, age.Milliseconds())
+func ClaimOutbox(ctx context.Context, db DB, limit int, age time.Duration, now Now) (jobs []PublishJob, taken int, err error) {
+	rows, err := db.Query(ctx, claimOutboxSQL, planEachRun, limit, age.Milliseconds(), now)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -186,8 +186,8 @@ func ClaimOutbox(ctx context.Context, db DB, limit int, age time.Duration) (jobs
 
 // ClaimUnpublished marks up to limit due jobs written unpublished as
 // published and returns them.
-func ClaimUnpublished(ctx context.Context, db DB, limit int) ([]PublishJob, error) {
-	rows, err := db.Query(ctx, claimUnpublishedSQL, planEachRun, limit)
+func ClaimUnpublished(ctx context.Context, db DB, limit int, now Now) ([]PublishJob, error) {
+	rows, err := db.Query(ctx, claimUnpublishedSQL, planEachRun, limit, now)
 	if err != nil {
 		return nil, err
 	}
@@ -203,16 +203,16 @@ func ClaimUnpublished(ctx context.Context, db DB, limit int) ([]PublishJob, erro
 // unpublished (one waits from when it last became unpublished, its
 // updated_at: insert, replay, or hand-back by a worker, or from its run_at
 // when that is later). A job to run later is not the relay's yet.
-const relayBacklogSQL = `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0)::float8 FROM (
+const relayBacklogSQL = `SELECT sum(n)::bigint, coalesce(extract(epoch FROM coalesce($1::timestamptz, now()) - min(since)), 0)::float8 FROM (
 	SELECT count(*) AS n, min(queued_at) AS since FROM keel_outbox
 	UNION ALL SELECT count(*), min(greatest(updated_at, run_at)) FROM keel_jobs
-		WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= now()) w`
+		WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= coalesce($1::timestamptz, now())) w`
 
 // RelayBacklog returns how many jobs wait for a relay and for how long the
 // oldest has (see relayBacklogSQL).
-func RelayBacklog(ctx context.Context, db DB) (n int64, oldest time.Duration, err error) {
+func RelayBacklog(ctx context.Context, db DB, now Now) (n int64, oldest time.Duration, err error) {
 	var secs float64
-	err = db.QueryRow(ctx, relayBacklogSQL).Scan(&n, &secs)
+	err = db.QueryRow(ctx, relayBacklogSQL, now).Scan(&n, &secs)
 	return n, time.Duration(secs * float64(time.Second)), err
 }
 

@@ -12,10 +12,10 @@ import (
 
 func TestRelayPlans(t *testing.T) {
 	ctx := context.Background()
-	p := plan(t, func(db ledger.DB) { ledger.ClaimUnpublished(ctx, db, 200) }) //nolint:errcheck
+	p := plan(t, func(db ledger.DB) { ledger.ClaimUnpublished(ctx, db, 200, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_unpublished"})
 	lacks(t, p, "keel_jobs_open")
-	p = plan(t, func(db ledger.DB) { ledger.ClaimOutbox(ctx, db, 200, 0) }) //nolint:errcheck
+	p = plan(t, func(db ledger.DB) { ledger.ClaimOutbox(ctx, db, 200, 0, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_outbox"}, "keel_jobs")
 	lacks(t, p, "Bitmap")
 	// The idle poll's probe reads the index: a scan of the table would step
@@ -23,7 +23,7 @@ func TestRelayPlans(t *testing.T) {
 	p = plan(t, func(db ledger.DB) { ledger.OutboxDue(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_outbox_queued_at"})
 	lacks(t, p, "Seq Scan")
-	p = plan(t, func(db ledger.DB) { ledger.RelayBacklog(ctx, db) }) //nolint:errcheck
+	p = plan(t, func(db ledger.DB) { ledger.RelayBacklog(ctx, db, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_unpublished"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.InOutbox(ctx, db, "j00000001") }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_outbox_pkey"}, "keel_outbox")
@@ -40,7 +40,7 @@ func TestRelayClaims(t *testing.T) {
 	var outbox, unpublished int64
 	require.NoError(t, tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM keel_outbox), (SELECT count(*) FROM keel_jobs
 		WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= now())`).Scan(&outbox, &unpublished))
-	n, oldest, err := ledger.RelayBacklog(ctx, tx)
+	n, oldest, err := ledger.RelayBacklog(ctx, tx, nil)
 	require.NoError(t, err)
 	require.Equal(t, outbox+unpublished, n)
 	require.Greater(t, oldest, time.Duration(0))
@@ -50,11 +50,15 @@ func TestRelayClaims(t *testing.T) {
 	require.True(t, due)
 	// The outbox rows of the fixture are a second old: none has waited a
 	// minute.
-	jobs, taken, err := ledger.ClaimOutbox(ctx, tx, 10, time.Minute)
+	jobs, taken, err := ledger.ClaimOutbox(ctx, tx, 10, time.Minute, nil)
 	require.NoError(t, err)
 	require.Zero(t, taken)
 	require.Empty(t, jobs)
-	jobs, taken, err = ledger.ClaimOutbox(ctx, tx, 10, 0)
+	jobs, taken, err = ledger.ClaimOutbox(ctx, tx, 10, time.Minute, ledger.At(time.Now().Add(2*time.Minute)))
+	require.NoError(t, err)
+	require.Equal(t, 10, taken, "two minutes on, they have")
+	require.Len(t, jobs, 10)
+	jobs, taken, err = ledger.ClaimOutbox(ctx, tx, 10, 0, nil)
 	require.NoError(t, err)
 	require.Equal(t, 10, taken)
 	require.LessOrEqual(t, len(jobs), taken)
@@ -66,7 +70,11 @@ func TestRelayClaims(t *testing.T) {
 		require.NotEmpty(t, j.Kind)
 	}
 
-	claimed, err := ledger.ClaimUnpublished(ctx, tx, 5)
+	// Written unpublished up to 90 hours ago: none was due 100 hours ago.
+	claimed, err := ledger.ClaimUnpublished(ctx, tx, 5, ledger.At(time.Now().Add(-100*time.Hour)))
+	require.NoError(t, err)
+	require.Empty(t, claimed)
+	claimed, err = ledger.ClaimUnpublished(ctx, tx, 5, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 5)
 	ids := []string{claimed[0].ID, claimed[1].ID}
@@ -74,9 +82,13 @@ func TestRelayClaims(t *testing.T) {
 		require.NotNil(t, j.PublishedAt)
 	}
 	require.NoError(t, ledger.Unpublish(ctx, tx, ids))
-	n2, _, err := ledger.RelayBacklog(ctx, tx)
+	n2, _, err := ledger.RelayBacklog(ctx, tx, nil)
 	require.NoError(t, err)
-	require.Equal(t, n-int64(taken)-5+2, n2, "the claims left the backlog, the two handed back are in it again")
+	require.Equal(t, n-20-5+2, n2, "the claims left the backlog, the two handed back are in it again")
+	// An hour on, the oldest has waited an hour longer.
+	_, later, err := ledger.RelayBacklog(ctx, tx, ledger.At(time.Now().Add(time.Hour)))
+	require.NoError(t, err)
+	require.Greater(t, later, oldest+59*time.Minute)
 }
 
 // The relay's locks are held by one session at a time.
