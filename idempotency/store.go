@@ -511,7 +511,7 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 }
 
 // ClaimOutbox, TakeOverOutbox and ClaimUnpublished return jobs with what
-// publishing reads of their rows (ledger.PublishJob), not whole rows.
+// publishing reads of their rows (ledger.PublishColumns), not whole rows.
 
 // ClaimOutbox takes up to limit jobs off the outbox, where EnqueueTx and
 // EnqueueManyTx put them, and returns those still to publish (see
@@ -537,14 +537,11 @@ func (s *Store) TakeOverOutbox(ctx context.Context, limit int, age time.Duration
 }
 
 func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (jobs []Job, taken int, err error) {
-	claimed, taken, err := ledger.ClaimOutbox(ctx, s.pool, limit, age, nil)
+	jobs, taken, err = ledger.ClaimOutbox(ctx, s.pool, limit, age, nil)
 	if err != nil {
 		return nil, 0, interpretError(err)
 	}
-	if len(claimed) == 0 {
-		return nil, taken, nil
-	}
-	return publishJobs(claimed), taken, nil
+	return jobs, taken, nil
 }
 
 // ClaimUnpublished marks up to limit committed, unpublished jobs that are
@@ -555,23 +552,8 @@ func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (j
 // old copy), a job enqueued to run later, a hand-back (Unpublish), a
 // replay, and rows written by a binary from before the outbox.
 func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) {
-	claimed, err := ledger.ClaimUnpublished(ctx, s.pool, limit, nil)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	return publishJobs(claimed), nil
-}
-
-// publishJobs are the Jobs of rows a claim read: what publishing needs.
-func publishJobs(claimed []ledger.PublishJob) []Job {
-	jobs := make([]Job, len(claimed))
-	for i, c := range claimed {
-		jobs[i] = Job{ID: c.ID, Kind: c.Kind, BusinessKey: c.BusinessKey, Queue: c.Queue, Payload: c.Payload,
-			Status: Status(c.Status), MaxRetry: c.MaxRetry, Timeout: time.Duration(c.TimeoutMS) * time.Millisecond,
-			Deadline: c.Deadline, RunAt: c.RunAt, PublishedAt: c.PublishedAt, TraceParent: c.TraceParent,
-			TraceState: c.TraceState}
-	}
-	return jobs
+	jobs, err := ledger.ClaimUnpublished(ctx, s.pool, limit, nil)
+	return jobs, interpretError(err)
 }
 
 // InOutbox tells whether the job waits on the relay's outbox.

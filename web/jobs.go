@@ -116,7 +116,7 @@ func (r listRow) ErrorIsCurrent() bool {
 
 // listJobs reads a page of the ledger after the cursor (ledger.ListJobs).
 func listJobs(ctx context.Context, db ledger.DB, f jobFilter, limit int) ([]listRow, bool, error) {
-	lf := ledger.JobFilter{Status: f.Status, InDoubt: f.Status == statusInDoubt, Kind: f.Kind, Queue: f.Queue,
+	lf := ledger.JobFilter{Status: ledger.Status(f.Status), InDoubt: f.Status == statusInDoubt, Kind: f.Kind, Queue: f.Queue,
 		Prefix: f.Prefix, Error: f.Error, Batch: f.Batch, Oldest: f.Oldest, After: f.From}
 	jobs, more, err := ledger.ListJobs(ctx, db, lf, limit)
 	if err != nil {
@@ -125,7 +125,7 @@ func listJobs(ctx context.Context, db ledger.DB, f jobFilter, limit int) ([]list
 	out := make([]listRow, len(jobs))
 	for i, j := range jobs {
 		out[i] = listRow{ID: j.ID, Kind: j.Kind, BusinessKey: j.BusinessKey, Queue: j.Queue,
-			Status: idempotency.Status(j.Status), Attempts: j.Attempts, MaxRetry: j.MaxRetry,
+			Status: j.Status, Attempts: j.Attempts, MaxRetry: j.MaxRetry,
 			LastError: j.LastError, ErrorClass: j.ErrorClass, CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt,
 			FinishedAt: j.FinishedAt, Superseded: j.Superseded}
 		if j.Superseded {

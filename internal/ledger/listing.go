@@ -12,7 +12,7 @@ import (
 // JobFilter selects the jobs ListJobs reads; a zero field selects every
 // job.
 type JobFilter struct {
-	Status string // one status
+	Status Status // one status
 	// InDoubt: jobs waiting on a person's verdict about a step (a step
 	// started and never recorded done, which no Verify can settle, on a
 	// job that is not running), or dead jobs whose error says they are in
@@ -29,11 +29,12 @@ type JobFilter struct {
 
 // ListedJob is what the dashboard's jobs list shows of a job.
 type ListedJob struct {
-	ID, Kind, BusinessKey, Queue, Status string
-	Attempts, MaxRetry                   int
-	LastError, ErrorClass                string
-	CreatedAt, UpdatedAt                 time.Time
-	FinishedAt                           *time.Time
+	ID, Kind, BusinessKey, Queue string
+	Status                       Status
+	Attempts, MaxRetry           int
+	LastError, ErrorClass        string
+	CreatedAt, UpdatedAt         time.Time
+	FinishedAt                   *time.Time
 	// Superseded: a newer job of the key took this finished one's place
 	// (its BusinessKey is the stored one, with the suffix).
 	Superseded bool

@@ -27,7 +27,8 @@ var notYetMoved = map[string]bool{
 	"internal/bench/scale.go":      true,
 	"idempotency/bulk.go":          true,
 	"idempotency/store.go":         true,
-	"scheduler/store.go":           true,
+	// No statement left: its error for a missing table names keel_schedule.
+	"scheduler/store.go": true,
 }
 
 // Nothing outside this package (and the migrations, which own the schema,

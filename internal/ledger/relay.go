@@ -79,28 +79,6 @@ func UnlockRelay(ctx context.Context, conn DB, lock string) (bool, error) {
 	return held, err
 }
 
-// PublishJob is what publishing reads of a job's row (publishColumns): the
-// relay's claims read only these, half the columns of a whole row.
-type PublishJob struct {
-	ID, Kind, BusinessKey, Queue string
-	Payload                      []byte
-	Status                       string
-	MaxRetry                     int
-	TimeoutMS                    int64
-	Deadline                     *time.Time
-	RunAt                        time.Time
-	PublishedAt                  *time.Time
-	TraceParent, TraceState      string
-}
-
-const publishColumns = `id, kind, business_key, queue, payload, status, max_retry, timeout_ms, deadline, run_at,
-	published_at, coalesce(traceparent, ''), coalesce(tracestate, '')`
-
-func (j *PublishJob) dest() []any {
-	return []any{&j.ID, &j.Kind, &j.BusinessKey, &j.Queue, &j.Payload, &j.Status, &j.MaxRetry, &j.TimeoutMS,
-		&j.Deadline, &j.RunAt, &j.PublishedAt, &j.TraceParent, &j.TraceState}
-}
-
 // outboxDueSQL tells whether the outbox holds a row: all an idle poll asks,
 // with a plan made once (claimOutboxSQL is planned for each run). Every
 // row is due: a job to run later is written unpublished instead. By the
@@ -134,7 +112,7 @@ const claimOutboxSQL = `WITH o AS (DELETE FROM keel_outbox WHERE ctid = ANY (ARR
 	SELECT ctid FROM keel_outbox WHERE queued_at <= coalesce($3::timestamptz, now()) - $2 * interval '1 millisecond'
 	ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING job_id),
-j AS (SELECT ` + publishColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
+j AS (SELECT ` + PublishColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
 	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= coalesce($3::timestamptz, now()))
 SELECT j.*, (SELECT count(*) FROM o) FROM (SELECT) one LEFT JOIN j ON true`
 
@@ -144,7 +122,7 @@ const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = coalesce($2::ti
 	WHERE ctid = ANY (ARRAY (
 		SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= coalesce($2::timestamptz, now())
 		ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING ` + publishColumns
+	RETURNING ` + PublishColumns
 
 // A prepared statement's plan is made once for the connection's life,
 // after a few runs, from the table as it was then: made while the ledger
@@ -158,7 +136,8 @@ const planEachRun = pgx.QueryExecModeExec
 // ClaimOutbox takes up to limit rows that have waited at least age off the
 // relay's outbox and returns the jobs among them still to publish (see
 // claimOutboxSQL), and how many rows it took, which can exceed len(jobs).
-func ClaimOutbox(ctx context.Context, db DB, limit int, age time.Duration, now Now) (jobs []PublishJob, taken int, err error) {
+// The jobs hold what publishing reads of them (PublishColumns).
+func ClaimOutbox(ctx context.Context, db DB, limit int, age time.Duration, now Now) (jobs []Job, taken int, err error) {
 	rows, err := db.Query(ctx, claimOutboxSQL, planEachRun, limit, age.Milliseconds(), now)
 	if err != nil {
 		return nil, 0, err
@@ -172,8 +151,8 @@ func ClaimOutbox(ctx context.Context, db DB, limit int, age time.Duration, now N
 			}
 			continue
 		}
-		var j PublishJob
-		if err := rows.Scan(append(j.dest(), &n)...); err != nil {
+		j, err := ScanPublishJob(withTaken{rows, &n})
+		if err != nil {
 			return nil, 0, err
 		}
 		jobs = append(jobs, j)
@@ -184,18 +163,22 @@ func ClaimOutbox(ctx context.Context, db DB, limit int, age time.Duration, now N
 	return jobs, int(n), nil
 }
 
+// withTaken scans a claimOutboxSQL row: the job, then the count taken.
+type withTaken struct {
+	pgx.Row
+	taken *int64
+}
+
+func (r withTaken) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.taken)...) }
+
 // ClaimUnpublished marks up to limit due jobs written unpublished as
-// published and returns them.
-func ClaimUnpublished(ctx context.Context, db DB, limit int, now Now) ([]PublishJob, error) {
+// published and returns them (their PublishColumns).
+func ClaimUnpublished(ctx context.Context, db DB, limit int, now Now) ([]Job, error) {
 	rows, err := db.Query(ctx, claimUnpublishedSQL, planEachRun, limit, now)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (PublishJob, error) {
-		var j PublishJob
-		err := r.Scan(j.dest()...)
-		return j, err
-	})
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return ScanPublishJob(r) })
 }
 
 // relayBacklogSQL reads how many jobs wait for a relay and for how many

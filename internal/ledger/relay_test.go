@@ -66,7 +66,7 @@ func TestRelayClaims(t *testing.T) {
 		in, err := ledger.InOutbox(ctx, tx, j.ID)
 		require.NoError(t, err)
 		require.False(t, in, "taken off the outbox")
-		require.Equal(t, "pending", j.Status)
+		require.Equal(t, ledger.StatusPending, j.Status)
 		require.NotEmpty(t, j.Kind)
 	}
 

@@ -15,8 +15,9 @@ func TestStatsPlans(t *testing.T) {
 	ctx := context.Background()
 	p := plan(t, func(db ledger.DB) { ledger.DeadLetters(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_dead"}, "keel_jobs")
-	// Most of the fixture's batches are open: counting them reads the
-	// table, as a real ledger's few open ones would keel_batches_open.
+	// The open batches are read as CountOpenBatches reads them (see
+	// TestBatchPlans): by keel_batches_open when the table's pages are
+	// all visible, else a scan of the table may cost less.
 	p = plan(t, func(db ledger.DB) { ledger.OpenBatches(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_batches"})
 	p = plan(t, func(db ledger.DB) { ledger.Prunable(ctx, db, 30*24*time.Hour, nil) }) //nolint:errcheck
@@ -64,7 +65,7 @@ func TestStats(t *testing.T) {
 	open, sealed, err := ledger.OpenBatches(ctx, tx)
 	require.NoError(t, err)
 	require.Zero(t, open)
-	require.Equal(t, int64(18000), sealed)
+	require.Equal(t, int64(2000), sealed, "a tenth of the batches is still open, all sealed")
 
 	// Finished 0 to 89 days ago: none 100 days; some 30.
 	prunable, err := ledger.Prunable(ctx, tx, 100*24*time.Hour, nil)
