@@ -21,6 +21,7 @@ import (
 
 	"github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
@@ -238,14 +239,7 @@ func migratePending(cmd *cobra.Command, e *Env, check bool) error {
 		fmt.Fprintf(out, "-- the ledger schema is current (version %d): nothing to run\n", migrate.Version())
 		return nil
 	}
-	for _, m := range pending {
-		how := "in one transaction, recorded in it"
-		if m.NoTransaction {
-			how = "statement by statement, outside a transaction (CREATE INDEX CONCURRENTLY)"
-		}
-		fmt.Fprintf(out, "-- %s: run %s\n%s\nINSERT INTO keel_schema_migrations (version, name, additive) VALUES (%d, '%s', %t);\n\n",
-			m.Name, how, strings.TrimSpace(m.SQL), m.Version, m.Name, m.Additive)
-	}
+	fmt.Fprint(out, migrate.Script(pending))
 	return nil
 }
 
@@ -414,20 +408,18 @@ func relayCmd(e *Env) *cobra.Command {
 // shape of the kind's keys (order:123, not 123), or that the ledger has no
 // job of that kind at all, and which kinds it has.
 func lookupHint(ctx context.Context, pool *pgxpool.Pool, kind string) string {
-	var key string
-	err := pool.QueryRow(ctx, `SELECT business_key FROM keel_jobs WHERE kind = $1 ORDER BY id DESC LIMIT 1`, kind).Scan(&key)
+	key, err := ledger.NewestKeyOfKind(ctx, pool, kind)
 	if err == nil {
 		return fmt.Sprintf(" (its newest job's key is %q)", visible.Text(key))
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return ""
 	}
-	rows, err := pool.Query(ctx, `SELECT DISTINCT kind FROM keel_jobs ORDER BY kind LIMIT 20`)
+	kinds, err := ledger.Kinds(ctx, pool)
 	if err != nil {
 		return ""
 	}
-	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil || len(kinds) == 0 {
+	if len(kinds) == 0 {
 		return " (the ledger holds no jobs)"
 	}
 	for i, k := range kinds {

@@ -5,10 +5,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 type ledgerStats struct {
@@ -37,33 +36,22 @@ func ledgerCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			st := ledgerStats{Rows: map[string]int64{}}
-			err = pool.QueryRow(ctx, `SELECT pg_total_relation_size('keel_jobs') + pg_total_relation_size('keel_steps')`).Scan(&st.TotalBytes)
-			if err != nil {
+			st := ledgerStats{}
+			if st.TotalBytes, err = ledger.LedgerSize(ctx, pool); err != nil {
 				return fmt.Errorf("ledger: %w", err)
 			}
-			rows, err := pool.Query(ctx, `SELECT status, count(*) FROM keel_jobs GROUP BY status`)
+			if st.Rows, err = ledger.JobsByStatus(ctx, pool); err != nil {
+				return err
+			}
+			unpublished, oldest, err := ledger.RelayBacklog(ctx, pool, nil)
 			if err != nil {
 				return err
 			}
-			var status string
-			var n int64
-			if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error { st.Rows[status] = n; return nil }); err != nil {
+			st.Unpublished, st.OldestUnpubSecs = unpublished, oldest.Seconds()
+			if st.Prunable, err = ledger.Prunable(ctx, pool, retention, nil); err != nil {
 				return err
 			}
-			err = pool.QueryRow(ctx, idempotency.RelayBacklogSQL).Scan(&st.Unpublished, &st.OldestUnpubSecs)
-			if err != nil {
-				return err
-			}
-			err = pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded', 'cancelled')
-				AND finished_at < now() - $1 * interval '1 millisecond'`, retention.Milliseconds()).Scan(&st.Prunable)
-			if err != nil {
-				return err
-			}
-			// Older rows go only after a prune that removed something.
-			err = pool.QueryRow(ctx, `SELECT coalesce(sum(rows) FILTER (WHERE at > now() - interval '1 day'), 0),
-				coalesce(sum(rows), 0) FROM keel_prune_log WHERE at > now() - interval '7 days'`).Scan(&st.Pruned24h, &st.Pruned7d)
-			if err != nil {
+			if st.Pruned24h, st.Pruned7d, err = ledger.Pruned(ctx, pool, nil); err != nil {
 				return err
 			}
 			// Every status, none left out for having no rows.

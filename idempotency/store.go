@@ -141,7 +141,7 @@ const insertSQL = insertRowHead + `NULL` + insertRowTail
 // insertWakeSQL is insertSQL for a row the relay publishes: a due row goes
 // in marked published with its place in the relay's work list (keel_outbox),
 // and a relay is woken in the same round trip unless one is awake (see
-// RelayAwakeLock). A row to run later goes in unpublished, for
+// ledger.RelayAwakeLock). A row to run later goes in unpublished, for
 // ClaimUnpublished at its run_at.
 const insertWakeSQL = `WITH ins AS (` + insertRowHead + `CASE WHEN coalesce($9, now()) <= now() THEN now() END` + insertRowTail + `),
 	outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE published_at IS NOT NULL),
@@ -155,36 +155,27 @@ const insertWakeSQL = `WITH ins AS (` + insertRowHead + `CASE WHEN coalesce($9, 
 // unpublished rows every few milliseconds, and writers do not notify it.
 // Two advisory locks on the ledger table say who is where:
 //
-//   - RelayAwakeLock: the awake relay holds it exclusively. A writer that
-//     can take it shared knows no relay is awake, and notifies.
-//   - RelaySettleLock: every writer takes it shared, before it looks at the
-//     awake lock, and keeps it until its transaction ends. A relay going
-//     back to sleep lets go of the awake lock (new writers notify again),
-//     then polls on until it can take this lock exclusively: every writer
-//     that may have counted on it has committed or rolled back. One last
-//     pass publishes what they wrote, and it lets go. A writer that finds
-//     this lock taken notifies.
+//   - ledger.RelayAwakeLock: the awake relay holds it exclusively. A
+//     writer that can take it shared knows no relay is awake, and notifies.
+//   - ledger.RelaySettleLock: every writer takes it shared, before it looks
+//     at the awake lock, and keeps it until its transaction ends. A relay
+//     going back to sleep lets go of the awake lock (new writers notify
+//     again), then polls on until it can take this lock exclusively: every
+//     writer that may have counted on it has committed or rolled back. One
+//     last pass publishes what they wrote, and it lets go. A writer that
+//     finds this lock taken notifies.
 //
 // Writers only ever try the locks (never wait), and shared locks do not
 // conflict with each other, so the locks serialise nothing.
 //
-// Each constant is the argument list of Postgres's advisory lock functions
-// for that lock, e.g. "SELECT pg_try_advisory_lock(" + RelayAwakeLock + ")";
-// its second key is the ledger table's oid, so ledgers in different schemas
-// of one database do not share them.
-const (
-	RelayAwakeLock  = `1801807212, ` + ledgerLockKey // 0x6b65656c, "keel"
-	RelaySettleLock = `1801807213, ` + ledgerLockKey
-)
-
-const ledgerLockKey = `('keel_jobs'::regclass::oid::int8 & 2147483647)::int4`
+// The locks are the ledger package's, which the relay takes too.
 
 // wakeNeeded is true when the writing transaction must notify: a relay is
 // settling (it holds the settle lock), or none is awake. Otherwise the
 // writer keeps the settle lock, shared, until it commits. CASE fixes the
 // order in which the locks are tried.
-const wakeNeeded = `CASE WHEN NOT pg_try_advisory_xact_lock_shared(` + RelaySettleLock + `) THEN true
-		WHEN pg_try_advisory_xact_lock_shared(` + RelayAwakeLock + `) THEN true
+const wakeNeeded = `CASE WHEN NOT pg_try_advisory_xact_lock_shared(` + ledger.RelaySettleLock + `) THEN true
+		WHEN pg_try_advisory_xact_lock_shared(` + ledger.RelayAwakeLock + `) THEN true
 		ELSE false END`
 
 // Insert records nj in db (a pool or the caller's transaction). When a row for
@@ -488,8 +479,9 @@ func Task(j Job) *asynq.Task {
 	return asynq.NewTaskWithHeaders(j.Kind, j.Payload, taskHeaders(j))
 }
 
-// RelayChannel is the Postgres notification channel that wakes relays.
-const RelayChannel = "keel_relay"
+// RelayChannel is the Postgres notification channel that wakes relays
+// (ledger.RelayChannel).
+const RelayChannel = ledger.RelayChannel
 
 // NotifyRelay wakes the relays when tx commits (NOTIFY is delivered at commit
 // and dropped on rollback).
@@ -518,78 +510,21 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 	return j, interpretError(err)
 }
 
-// outboxDueSQL tells whether the outbox holds a row: all an idle poll asks,
-// with a plan made once (claimOutboxSQL is planned for each run). Every
-// row is due: a job to run later is written unpublished instead. By the
-// index the claim reads too: a scan of the table would step over every row
-// deleted since the last vacuum. Not EXISTS: Postgres drops the ORDER BY
-// and LIMIT of an EXISTS subquery, and then scans the table.
-const outboxDueSQL = `SELECT (SELECT queued_at FROM keel_outbox ORDER BY queued_at LIMIT 1) IS NOT NULL`
-
-// claimOutboxSQL takes up to $1 rows at least $2 ms old off the outbox,
-// oldest first, and
-// reads the jobs still to publish, in one statement: a statement that fails
-// leaves the rows where they were (a caller that gives up on one that then
-// commits leaves its jobs to the reconciler, as one that dies does). By ctid: the rows are locked, so their ctids hold
-// until the commit, and a TID scan spares a second index look-up per row.
-// A job gone or no longer pending is dropped, as is one that went back to
-// unpublished since (a wait, a hand-back): that one belongs to
-// ClaimUnpublished, at its run_at, since asynq may still hold its old copy.
-// Each result row ends with how many rows were taken; when no job is left
-// to publish, one row of NULL job columns carries it. The jobs are looked
-// up by an array of ids, which the planner always answers from an index; a
-// join on the ids was answered with a scan of the whole table when it
-// expected many.
-const claimOutboxSQL = `WITH o AS (DELETE FROM keel_outbox WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM keel_outbox WHERE queued_at <= now() - $2 * interval '1 millisecond'
-	ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING job_id),
-j AS (SELECT ` + publishColumns + ` FROM keel_jobs WHERE id = ANY (ARRAY (SELECT job_id FROM o))
-	AND status = 'pending' AND published_at IS NOT NULL AND run_at <= now())
-SELECT j.*, (SELECT count(*) FROM o) FROM (SELECT) one LEFT JOIN j ON true`
-
-// ClaimOutboxSQL and ClaimUnpublishedSQL are the relay's claims, exported
-// for plan inspection.
-func ClaimOutboxSQL() string { return claimOutboxSQL }
-
-// OutboxDueSQL: see ClaimOutboxSQL.
-func OutboxDueSQL() string { return outboxDueSQL }
-
-// ClaimUnpublishedSQL: see ClaimOutboxSQL.
-func ClaimUnpublishedSQL() string { return claimUnpublishedSQL }
-
-// claimUnpublishedSQL marks up to $1 due rows written unpublished as
-// published.
-const claimUnpublishedSQL = `UPDATE keel_jobs SET published_at = now()
-	WHERE ctid = ANY (ARRAY (
-		SELECT ctid FROM keel_jobs WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= now()
-		ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING ` + publishColumns
-
-// A prepared statement's plan is made once for the connection's life,
-// after a few runs, from the table as it was then: made while the ledger
-// was nearly empty, the claim of unpublished rows settled on a plan that
-// read every open job each time (5,006 rows read to claim 2 in
-// TestClaimsReadWhatTheyClaimHoweverManyJobsAreOpen). These statements are
-// planned for every run instead, from the table as it is; they run only
-// when there are rows to take, or every 50 ms.
-const planEachRun = pgx.QueryExecModeExec
-
 // ClaimOutbox, TakeOverOutbox and ClaimUnpublished return jobs with what
-// publishing reads of their rows (publishColumns), not whole rows.
+// publishing reads of their rows (ledger.PublishColumns), not whole rows.
 
 // ClaimOutbox takes up to limit jobs off the outbox, where EnqueueTx and
 // EnqueueManyTx put them, and returns those still to publish (see
-// claimOutboxSQL). It commits before it returns: nothing is locked while
-// the caller talks to Redis, so a worker that receives a job at once can
-// claim it. The caller publishes the jobs and hands back, with Unpublish,
-// any it could not; a caller that dies in between leaves jobs the
-// reconciler republishes after its grace period (their rows are marked
+// ledger.ClaimOutbox). It commits before it returns: nothing is locked
+// while the caller talks to Redis, so a worker that receives a job at once
+// can claim it. The caller publishes the jobs and hands back, with
+// Unpublish, any it could not; a caller that dies in between leaves jobs
+// the reconciler republishes after its grace period (their rows are marked
 // published). taken is how many outbox rows it took, which can exceed
-// len(jobs).
+// len(jobs). An idle poll asks only whether the outbox holds a row.
 func (s *Store) ClaimOutbox(ctx context.Context, limit int) (jobs []Job, taken int, err error) {
-	var queued bool
-	if err := s.pool.QueryRow(ctx, outboxDueSQL).Scan(&queued); err != nil || !queued {
+	queued, err := ledger.OutboxDue(ctx, s.pool)
+	if err != nil || !queued {
 		return nil, 0, interpretError(err)
 	}
 	return s.takeOutbox(ctx, limit, 0)
@@ -602,39 +537,12 @@ func (s *Store) TakeOverOutbox(ctx context.Context, limit int, age time.Duration
 }
 
 func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (jobs []Job, taken int, err error) {
-	rows, err := s.pool.Query(ctx, claimOutboxSQL, planEachRun, limit, age.Milliseconds())
+	jobs, taken, err = ledger.ClaimOutbox(ctx, s.pool, limit, age, nil)
 	if err != nil {
-		return nil, 0, interpretError(err)
-	}
-	defer rows.Close()
-	var n int64
-	for rows.Next() {
-		if rows.RawValues()[0] == nil { // no job to publish
-			if err := rows.Scan(append(make([]any, len(rows.RawValues())-1), &n)...); err != nil {
-				return nil, 0, interpretError(err)
-			}
-			continue
-		}
-		j, err := scanPublishJob(withTaken{rows, &n})
-		if err != nil {
-			return nil, 0, interpretError(err)
-		}
-		jobs = append(jobs, j)
-	}
-	taken = int(n)
-	if err := rows.Err(); err != nil {
 		return nil, 0, interpretError(err)
 	}
 	return jobs, taken, nil
 }
-
-// withTaken scans a claimOutboxSQL row: the job, then the count taken.
-type withTaken struct {
-	pgx.Row
-	taken *int64
-}
-
-func (r withTaken) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.taken)...) }
 
 // ClaimUnpublished marks up to limit committed, unpublished jobs that are
 // due as published and returns them, in a transaction of its own, as
@@ -644,28 +552,13 @@ func (r withTaken) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.ta
 // old copy), a job enqueued to run later, a hand-back (Unpublish), a
 // replay, and rows written by a binary from before the outbox.
 func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) {
-	rows, err := s.pool.Query(ctx, claimUnpublishedSQL, planEachRun, limit)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanPublishJob(r) })
+	jobs, err := ledger.ClaimUnpublished(ctx, s.pool, limit, nil)
 	return jobs, interpretError(err)
 }
 
-// RelayBacklogSQL reads how many jobs wait for a relay and for how many
-// seconds the oldest has: the outbox, and the due pending rows written
-// unpublished (one waits from when it last became unpublished, its
-// updated_at: insert, replay, or hand-back by a worker, or from its run_at
-// when that is later). A job to run later is not the relay's yet.
-const RelayBacklogSQL = `SELECT sum(n)::bigint, coalesce(extract(epoch FROM now() - min(since)), 0)::float8 FROM (
-	SELECT count(*) AS n, min(queued_at) AS since FROM keel_outbox
-	UNION ALL SELECT count(*), min(greatest(updated_at, run_at)) FROM keel_jobs
-		WHERE published_at IS NULL AND status IN ('pending', 'failed') AND run_at <= now()) w`
-
 // InOutbox tells whether the job waits on the relay's outbox.
 func (s *Store) InOutbox(ctx context.Context, id string) (bool, error) {
-	var in bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM keel_outbox WHERE job_id = $1)`, id).Scan(&in)
+	in, err := ledger.InOutbox(ctx, s.pool, id)
 	return in, interpretError(err)
 }
 
@@ -690,7 +583,5 @@ func (s *Store) PublishClaimed(ctx context.Context, p *Publisher, jobs []Job) (r
 
 // Unpublish hands jobs a publisher could not publish back to the relay.
 func (s *Store) Unpublish(ctx context.Context, ids []string) error {
-	_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = NULL
-		WHERE id = ANY($1) AND status IN ('pending', 'failed')`, ids)
-	return interpretError(err)
+	return interpretError(ledger.Unpublish(ctx, s.pool, ids))
 }

@@ -10,11 +10,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // DefaultScrapeTimeout bounds the reads one scrape of a Ledger makes.
@@ -235,36 +234,27 @@ func ReadQueues(insp *asynq.Inspector) ([]QueueState, error) {
 	return qs, nil
 }
 
-// The queries use the ledger's partial indexes (status = 'dead';
-// published_at IS NULL; open batches) and the small outbox table, so a scrape costs little however large the table.
-const (
-	deadLettersSQL = `SELECT queue, kind, coalesce(error_class, ''), count(*)
-		FROM keel_jobs WHERE status = 'dead' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
-	outboxSQL  = idempotency.RelayBacklogSQL
-	batchesSQL = `SELECT count(*) FILTER (WHERE sealed_at IS NULL), count(*) FILTER (WHERE sealed_at IS NOT NULL)
-		FROM keel_batches WHERE completed_at IS NULL`
-)
-
+// readLedger reads the ledger's part of s: its statements use the
+// ledger's partial indexes and the small outbox table, so a scrape costs
+// little however large the table (see internal/ledger).
 func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
-	rows, err := l.cfg.Pool.Query(ctx, deadLettersSQL)
+	dead, err := ledger.DeadLetters(ctx, l.cfg.Pool)
 	if err != nil {
 		return fmt.Errorf("keel: reading dead letters: %w", err)
 	}
-	s.Dead, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadCount, error) {
-		var d DeadCount
-		err := r.Scan(&d.Queue, &d.Kind, &d.Class, &d.N)
-		return d, err
-	})
-	if err != nil {
-		return fmt.Errorf("keel: reading dead letters: %w", err)
+	s.Dead = make([]DeadCount, len(dead))
+	for i, d := range dead {
+		s.Dead[i] = DeadCount{Queue: d.Queue, Kind: d.Kind, Class: d.Class, N: int(d.N)}
 	}
-	var lag float64
-	if err := l.cfg.Pool.QueryRow(ctx, outboxSQL).Scan(&s.OutboxBacklog, &lag); err != nil {
+	backlog, lag, err := ledger.RelayBacklog(ctx, l.cfg.Pool, nil)
+	if err != nil {
 		return fmt.Errorf("keel: reading the outbox: %w", err)
 	}
-	s.OutboxLag = time.Duration(max(lag, 0) * float64(time.Second))
-	if err := l.cfg.Pool.QueryRow(ctx, batchesSQL).Scan(&s.BatchesOpen, &s.BatchesSealed); err != nil {
+	s.OutboxBacklog, s.OutboxLag = int(backlog), max(lag, 0)
+	open, sealed, err := ledger.OpenBatches(ctx, l.cfg.Pool)
+	if err != nil {
 		return fmt.Errorf("keel: reading batches: %w", err)
 	}
+	s.BatchesOpen, s.BatchesSealed = int(open), int(sealed)
 	return nil
 }

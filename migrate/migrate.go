@@ -455,6 +455,23 @@ func indexValid(ctx context.Context, conn *pgx.Conn, index string) (valid, exist
 	return valid, err == nil, err
 }
 
+// Script is the SQL a DBA runs to apply ms by hand (`keel migrate
+// --print`): each migration's statements, under a comment that says how to
+// run them, then the row that records it in keel_schema_migrations, as Up
+// records it.
+func Script(ms []Migration) string {
+	var b strings.Builder
+	for _, m := range ms {
+		how := "in one transaction, recorded in it"
+		if m.NoTransaction {
+			how = "statement by statement, outside a transaction (CREATE INDEX CONCURRENTLY)"
+		}
+		fmt.Fprintf(&b, "-- %s: run %s\n%s\nINSERT INTO keel_schema_migrations (version, name, additive) VALUES (%d, '%s', %t);\n\n",
+			m.Name, how, strings.TrimSpace(m.SQL), m.Version, m.Name, m.Additive)
+	}
+	return b.String()
+}
+
 type execer interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 }

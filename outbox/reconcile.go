@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/asynqwire"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
 )
 
@@ -206,41 +206,12 @@ func (r *Reconciler) every(ctx context.Context, d time.Duration, what string, fn
 	}
 }
 
-const (
-	reconcileLock      = 736543490
-	reconcileLockSQL   = `SELECT pg_try_advisory_lock($1::int4, hashtext(current_schema()))`
-	reconcileUnlockSQL = `SELECT pg_advisory_unlock($1::int4, hashtext(current_schema()))`
-)
-
-// reconcileSQL pages through open, published jobs left alone for longer
-// than the grace, by keyset on keel_jobs_open. It reads no payload: most
-// jobs turn out to be in Redis. held: a live lease, so a worker runs it.
-// A job on the relay's outbox is the relay's to publish, or, past
-// OutboxTakeover, the reconciler's takeover (see takeOverOutbox).
-const reconcileSQL = `SELECT id, queue, coalesce(lease_until > now(), false) FROM keel_jobs
-	WHERE status IN ('pending', 'running', 'failed') AND published_at IS NOT NULL
-	  AND updated_at < now() - $1 * interval '1 millisecond' AND id > $2
-	  AND NOT EXISTS (SELECT 1 FROM keel_outbox o WHERE o.job_id = keel_jobs.id)
-	ORDER BY id LIMIT $3`
-
 // OutboxTakeover is how long a job may wait on the relay's outbox before a
 // reconciler takes it off and publishes it: that long, no relay reads the
 // outbox (only older binaries' relays run, mid-deploy, or none), or the
 // relays are that far behind, and taking rows as they do, the reconciler
 // only helps them.
 const OutboxTakeover = time.Minute
-
-// ReconcileSQL and RescueSQL are the statements a pass and a rescue page
-// with, exported for plan inspection.
-func ReconcileSQL() string { return reconcileSQL }
-
-// RescueSQL: see ReconcileSQL.
-func RescueSQL() string { return rescueSQL }
-
-type openJob struct {
-	ID, Queue string
-	Held      bool
-}
 
 // Reconcile runs one full pass over the open jobs and returns how many it
 // published again. It returns 0 without work when another pass holds the
@@ -253,13 +224,12 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	defer conn.Release()
-	var got bool
 	// One lock per ledger: keyed by schema, so ledgers in other schemas of
 	// the same database do not wait for each other.
-	if err := conn.QueryRow(ctx, reconcileLockSQL, reconcileLock).Scan(&got); err != nil || !got {
+	if got, err := ledger.TryReconcileLock(ctx, conn); err != nil || !got {
 		return 0, err
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), reconcileUnlockSQL, reconcileLock) //nolint:errcheck // dropped with the session anyway
+	defer ledger.ReconcileUnlock(context.WithoutCancel(ctx), conn) //nolint:errcheck // dropped with the session anyway
 
 	repaired, err := r.takeOverOutbox(ctx)
 	if err != nil {
@@ -267,11 +237,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	}
 	cursor := ""
 	for {
-		rows, err := conn.Query(ctx, reconcileSQL, r.cfg.Grace.Milliseconds(), cursor, r.cfg.BatchSize)
-		if err != nil {
-			return repaired, err
-		}
-		page, err := pgx.CollectRows(rows, pgx.RowToStructByPos[openJob])
+		page, err := ledger.ReconcilePage(ctx, conn, r.cfg.Grace, cursor, r.cfg.BatchSize, nil)
 		if err != nil || len(page) == 0 {
 			return repaired, err
 		}
@@ -319,7 +285,7 @@ func (r *Reconciler) takeOverOutbox(ctx context.Context) (int, error) {
 	}
 }
 
-func (r *Reconciler) reconcilePage(ctx context.Context, page []openJob) (int, error) {
+func (r *Reconciler) reconcilePage(ctx context.Context, page []ledger.OpenJob) (int, error) {
 	ids, queues := make([]string, 0, len(page)), make([]string, 0, len(page))
 	for _, j := range page {
 		if !j.Held { // a live worker runs it; its Redis copy may be gone already
@@ -469,11 +435,10 @@ func (r *Reconciler) Prune(ctx context.Context) (int, error) {
 	}
 	total := 0
 	for {
-		tag, err := r.pool.Exec(ctx, pruneSQL, r.cfg.Retention.Milliseconds(), r.cfg.PruneBatch)
+		n, err := ledger.Prune(ctx, r.pool, r.cfg.Retention, r.cfg.PruneBatch, nil)
 		if err != nil {
 			return total, err
 		}
-		n := int(tag.RowsAffected())
 		total += n
 		if n < r.cfg.PruneBatch || ctx.Err() != nil {
 			break
@@ -482,47 +447,22 @@ func (r *Reconciler) Prune(ctx context.Context) (int, error) {
 	// The jobs are gone whatever happens to the batches: count them first.
 	if total > 0 {
 		r.pruned.Add(uint64(total))
-		if _, err := r.pool.Exec(ctx, `INSERT INTO keel_prune_log (rows) VALUES ($1)`, total); err != nil {
+		if err := ledger.LogPrune(ctx, r.pool, total, nil); err != nil {
 			return total, err
 		}
-		if _, err := r.pool.Exec(ctx, `DELETE FROM keel_prune_log WHERE at < now() - interval '7 days'`); err != nil {
+		if err := ledger.TrimPruneLog(ctx, r.pool, nil); err != nil {
 			return total, err
 		}
 	}
 	for ctx.Err() == nil {
-		tag, err := r.pool.Exec(ctx, pruneBatchesSQL, r.cfg.Retention.Milliseconds(), r.cfg.PruneBatch)
+		n, err := ledger.PruneBatches(ctx, r.pool, r.cfg.Retention, r.cfg.PruneBatch, nil)
 		if err != nil {
 			return total, fmt.Errorf("prune batches: %w", err)
 		}
-		r.prunedBatches.Add(uint64(tag.RowsAffected()))
-		if int(tag.RowsAffected()) < r.cfg.PruneBatch {
+		r.prunedBatches.Add(uint64(n))
+		if n < r.cfg.PruneBatch {
 			break
 		}
 	}
 	return total, nil
 }
-
-// pruneSQL stays on keel_jobs_finished: see TestPruneUsesIndex.
-// ANY(ARRAY(…)) makes the delete probe the primary key per row; with IN
-// (subquery) the planner hashes the batch and scans the whole table.
-const pruneSQL = `DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
-	SELECT id FROM keel_jobs
-	WHERE status IN ('succeeded', 'discarded', 'cancelled') AND finished_at < now() - $1 * interval '1 millisecond'
-	ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
-
-// pruneBatchesSQL deletes batches that completed longer than the retention
-// ago and have no member left: pruning took the members that ended, and a
-// dead one keeps its batch, which its replay would reopen. Batches with a
-// dead member are skipped, not stopped at: the scan goes on past them.
-const pruneBatchesSQL = `DELETE FROM keel_batches WHERE id = ANY (ARRAY (
-	SELECT b.id FROM keel_batches b
-	WHERE b.completed_at < now() - $1 * interval '1 millisecond'
-	  AND NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.batch_id = b.id)
-	LIMIT $2 FOR UPDATE SKIP LOCKED))`
-
-// PruneSQL is the statement Prune runs, exported for plan inspection.
-func PruneSQL() string { return pruneSQL }
-
-// PruneBatchesSQL is the statement Prune runs for batches, exported for plan
-// inspection.
-func PruneBatchesSQL() string { return pruneBatchesSQL }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
 )
 
@@ -78,7 +79,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 // A relay sleeps until a writer's notification (or its poll) finds rows;
 // then one relay stays awake, polling every AwakePoll while rows keep
 // coming, and writers skip the notification that would serialise their
-// commits (idempotency.RelayAwakeLock tells how).
+// commits (ledger.RelayAwakeLock tells how).
 type Relay struct {
 	pool  *pgxpool.Pool
 	store *idempotency.Store
@@ -161,7 +162,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case state == asleep && n > 0, state == settling && n > 0:
 			state = r.wakeUp(ctx, locks)
 		case state == awake && time.Since(lastWork) >= r.cfg.IdleAfter:
-			if err := locks.unlock(ctx, idempotency.RelayAwakeLock); err != nil {
+			if err := locks.unlock(ctx, ledger.RelayAwakeLock); err != nil {
 				locks.close() // lets go of every lock
 			}
 			state = settling
@@ -295,7 +296,7 @@ func (r *Relay) wakeUp(ctx context.Context, locks *relayLocks) relayState {
 // settle returns asleep once every writer that did not notify has ended and
 // one last pass has published what they wrote.
 func (r *Relay) settle(ctx context.Context, locks *relayLocks) relayState {
-	got, err := locks.try(ctx, idempotency.RelaySettleLock)
+	got, err := locks.try(ctx, ledger.RelaySettleLock)
 	if err != nil {
 		locks.close()
 		return settling
@@ -304,7 +305,7 @@ func (r *Relay) settle(ctx context.Context, locks *relayLocks) relayState {
 		return settling
 	}
 	defer func() {
-		if err := locks.unlock(ctx, idempotency.RelaySettleLock); err != nil {
+		if err := locks.unlock(ctx, ledger.RelaySettleLock); err != nil {
 			locks.close()
 		}
 	}()
@@ -351,7 +352,7 @@ func (l *relayLocks) lockAwake(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	_, err = conn.Exec(ctx, "SELECT pg_advisory_lock("+idempotency.RelayAwakeLock+")")
+	err = ledger.LockRelayAwake(ctx, conn)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
 		return false, nil
@@ -365,24 +366,16 @@ func (l *relayLocks) awakeHeld(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var held bool
-	err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks,
-			(VALUES (`+idempotency.RelayAwakeLock+`)) AS k (k1, k2)
-		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
-			AND mode = 'ExclusiveLock' AND granted AND pid <> pg_backend_pid())`).Scan(&held)
-	return held, err
+	return ledger.RelayAwakeHeld(ctx, conn)
 }
 
-// try takes lock (an idempotency.Relay…Lock) exclusively if it is free.
+// try takes lock (a ledger.Relay…Lock) exclusively if it is free.
 func (l *relayLocks) try(ctx context.Context, lock string) (bool, error) {
 	conn, err := l.get(ctx)
 	if err != nil {
 		return false, err
 	}
-	var got bool
-	err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+lock+")").Scan(&got)
-	return got, err
+	return ledger.TryRelayLock(ctx, conn, lock)
 }
 
 // unlock lets go of lock.
@@ -390,8 +383,8 @@ func (l *relayLocks) unlock(ctx context.Context, lock string) error {
 	if l.conn == nil {
 		return errors.New("keel relay: no lock connection")
 	}
-	var held bool
-	if err := l.conn.QueryRow(ctx, "SELECT pg_advisory_unlock("+lock+")").Scan(&held); err != nil {
+	held, err := ledger.UnlockRelay(ctx, l.conn, lock)
+	if err != nil {
 		return err
 	}
 	if !held {
@@ -432,7 +425,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	// A LISTENing connection must not go back to the pool.
 	conn := pc.Hijack()
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+idempotency.RelayChannel); err != nil {
+	if err := ledger.ListenRelay(ctx, conn); err != nil {
 		return err
 	}
 	r.listening.Store(true)

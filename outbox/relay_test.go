@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
@@ -57,7 +57,7 @@ func relayLocksHeld(t *testing.T, tx pgx.Tx) (settle, awake bool) {
 			AND objsubid = 2 AND granted`).Scan(&n))
 		return n > 0
 	}
-	return held(idempotency.RelaySettleLock), held(idempotency.RelayAwakeLock)
+	return held(ledger.RelaySettleLock), held(ledger.RelayAwakeLock)
 }
 
 // inRedis tells whether asynq holds the task of job id.
@@ -192,7 +192,7 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	// The relay lets go of the awake lock after IdleAfter but cannot
 	// settle while the writer is open.
 	testenv.Eventually(t, 5*time.Second, func() bool {
-		return b.count(t, `SELECT count(*) FROM pg_locks, (VALUES (`+idempotency.RelayAwakeLock+`)) AS k (k1, k2)
+		return b.count(t, `SELECT count(*) FROM pg_locks, (VALUES (`+ledger.RelayAwakeLock+`)) AS k (k1, k2)
 			WHERE locktype = 'advisory' AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
 			AND mode = 'ExclusiveLock' AND granted`) == 0
 	}, "the relay kept the awake lock")

@@ -7,11 +7,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/asynqwire"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // DefaultRescueInterval is how often a reconciler looks for jobs whose
@@ -100,13 +100,6 @@ func runningOnLiveServer(ctx context.Context, rdb redis.UniversalClient, ids []s
 	return live, nil
 }
 
-// rescueSQL finds jobs whose worker stopped renewing its lease: it died, or
-// lost the ledger. It runs every second in every worker, so it stays on
-// keel_jobs_running_lease (running rows only: a few per worker slot).
-const rescueSQL = `SELECT id, queue, coalesce(lease_holder, '') FROM keel_jobs
-	WHERE status = 'running' AND lease_until < now() AND id > $1
-	ORDER BY id LIMIT $2`
-
 // Rescue hands the jobs of workers that are gone back to Redis so that
 // another worker starts them now, instead of after asynq's own recovery
 // (a 30s task lease, a recoverer every minute and a retry delay). It finds
@@ -129,11 +122,7 @@ func (r *Reconciler) Rescue(ctx context.Context) (int, error) {
 	rescued := 0
 	cursor := ""
 	for {
-		rows, err := r.pool.Query(ctx, rescueSQL, cursor, r.cfg.BatchSize)
-		if err != nil {
-			return rescued, err
-		}
-		cands, err := pgx.CollectRows(rows, pgx.RowToStructByPos[orphan])
+		cands, err := ledger.RescuePage(ctx, r.pool, cursor, r.cfg.BatchSize, nil)
 		if err != nil || len(cands) == 0 {
 			return rescued, err
 		}
@@ -147,12 +136,7 @@ func (r *Reconciler) Rescue(ctx context.Context) (int, error) {
 	}
 }
 
-// orphan is a running job whose ledger lease ran out.
-type orphan struct {
-	ID, Queue, Holder string
-}
-
-func (r *Reconciler) rescueBatch(ctx context.Context, jobs []orphan) (int, error) {
+func (r *Reconciler) rescueBatch(ctx context.Context, jobs []ledger.Orphan) (int, error) {
 	ids, queues := make([]string, len(jobs)), make([]string, len(jobs))
 	for i, j := range jobs {
 		ids[i], queues[i] = j.ID, j.Queue

@@ -14,9 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // statusInDoubt is the jobs list's filter for jobs waiting on a person's
@@ -115,85 +114,23 @@ func (r listRow) ErrorIsCurrent() bool {
 	return r.Status == idempotency.StatusFailed || r.Status == idempotency.StatusDead
 }
 
-// listJobs reads a page of the ledger, newest (or oldest) job id first —
-// keel's job ids are time-ordered — after the cursor. It reads one row
-// more than the page to know whether another page follows.
-//
-// Plans: with no status, or an open one (pending, running, failed), the
-// scan walks the primary key (or keel_jobs_open) in id order and stops
-// after the page; dead, succeeded and discarded read the partial indexes
-// keel_jobs_dead and keel_jobs_finished; kind with a business-key prefix
-// can use the (kind, business_key) unique index.
-func listJobs(ctx context.Context, db interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, f jobFilter, limit int) ([]listRow, bool, error) {
-	var conds []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	switch f.Status {
-	case "":
-	case statusInDoubt:
-		conds = append(conds, `j.status IN ('pending', 'failed', 'dead') AND (EXISTS (SELECT 1 FROM keel_steps s
-			WHERE s.job_id = j.id AND s.status = 'started' AND NOT s.verifiable) OR (j.status = 'dead' AND j.in_doubt))`)
-	default:
-		conds = append(conds, "j.status = "+arg(f.Status))
-	}
-	if f.Kind != "" {
-		conds = append(conds, "j.kind = "+arg(f.Kind))
-	}
-	if f.Queue != "" {
-		conds = append(conds, "j.queue = "+arg(f.Queue))
-	}
-	if f.Prefix != "" {
-		p := arg(f.Prefix)
-		conds = append(conds, "left(j.business_key, char_length("+p+")) = "+p)
-	}
-	if f.Error != "" {
-		conds = append(conds, "position(lower("+arg(f.Error)+") in lower(coalesce(j.last_error, ''))) > 0")
-	}
-	if f.Batch != "" {
-		conds = append(conds, "j.batch_id = "+arg(f.Batch)) // keel_jobs_batch
-	}
-	order := "DESC"
-	if f.From != "" {
-		op := "<"
-		if f.Oldest {
-			op = ">"
-		}
-		conds = append(conds, "j.id "+op+" "+arg(f.From))
-	}
-	if f.Oldest {
-		order = "ASC"
-	}
-	where := ""
-	if len(conds) > 0 {
-		where = "WHERE " + strings.Join(conds, " AND ")
-	}
-	rows, err := db.Query(ctx, `SELECT j.id, j.kind, j.business_key, j.queue, j.status, j.attempts, j.max_retry,
-		coalesce(j.last_error, ''), coalesce(j.error_class, ''), j.created_at, j.updated_at, j.finished_at,
-		j.superseded_at IS NOT NULL
-		FROM keel_jobs j `+where+` ORDER BY j.id `+order+` LIMIT `+arg(limit+1), args...)
+// listJobs reads a page of the ledger after the cursor (ledger.ListJobs).
+func listJobs(ctx context.Context, db ledger.DB, f jobFilter, limit int) ([]listRow, bool, error) {
+	lf := ledger.JobFilter{Status: ledger.Status(f.Status), InDoubt: f.Status == statusInDoubt, Kind: f.Kind, Queue: f.Queue,
+		Prefix: f.Prefix, Error: f.Error, Batch: f.Batch, Oldest: f.Oldest, After: f.From}
+	jobs, more, err := ledger.ListJobs(ctx, db, lf, limit)
 	if err != nil {
 		return nil, false, err
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (listRow, error) {
-		var l listRow
-		err := r.Scan(&l.ID, &l.Kind, &l.BusinessKey, &l.Queue, &l.Status, &l.Attempts, &l.MaxRetry,
-			&l.LastError, &l.ErrorClass, &l.CreatedAt, &l.UpdatedAt, &l.FinishedAt, &l.Superseded)
-		if l.Superseded {
-			l.BusinessKey = idempotency.OriginalKey(l.BusinessKey, l.ID)
+	out := make([]listRow, len(jobs))
+	for i, j := range jobs {
+		out[i] = listRow{ID: j.ID, Kind: j.Kind, BusinessKey: j.BusinessKey, Queue: j.Queue,
+			Status: j.Status, Attempts: j.Attempts, MaxRetry: j.MaxRetry,
+			LastError: j.LastError, ErrorClass: j.ErrorClass, CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt,
+			FinishedAt: j.FinishedAt, Superseded: j.Superseded}
+		if j.Superseded {
+			out[i].BusinessKey = idempotency.OriginalKey(j.BusinessKey, j.ID)
 		}
-		return l, err
-	})
-	if err != nil {
-		return nil, false, err
-	}
-	more := len(out) > limit
-	if more {
-		out = out[:limit]
 	}
 	return out, more, nil
 }

@@ -499,11 +499,26 @@ func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
 	}{
 		{"guard round: 50 claims + 50 completions", ledger.RoundSQL,
 			[]any{scaleHolder, int64(10000), claim, done, runs}},
-		{"relay claim (200)", idempotency.ClaimOutboxSQL(), []any{200, 0}},
-		{"relay claim, rows written unpublished (200)", idempotency.ClaimUnpublishedSQL(), []any{200}},
-		{"reconciler page (1,000)", outbox.ReconcileSQL(), []any{outbox.DefaultGrace.Milliseconds(), "", outbox.DefaultReconcileBatch}},
-		{"rescue page (1,000)", outbox.RescueSQL(), []any{"", outbox.DefaultReconcileBatch}},
-		{"prune batch (1,000)", outbox.PruneSQL(), []any{outbox.DefaultRetention.Milliseconds(), outbox.DefaultPruneBatch}},
+	}
+	for _, st := range []struct {
+		name string
+		call func(db ledger.DB)
+	}{
+		{"relay claim (200)", func(db ledger.DB) { ledger.ClaimOutbox(ctx, db, 200, 0, nil) }},                             //nolint:errcheck
+		{"relay claim, rows written unpublished (200)", func(db ledger.DB) { ledger.ClaimUnpublished(ctx, db, 200, nil) }}, //nolint:errcheck
+		{"reconciler page (1,000)", func(db ledger.DB) {
+			ledger.ReconcilePage(ctx, db, outbox.DefaultGrace, "", outbox.DefaultReconcileBatch, nil) //nolint:errcheck
+		}},
+		{"rescue page (1,000)", func(db ledger.DB) { ledger.RescuePage(ctx, db, "", outbox.DefaultReconcileBatch, nil) }}, //nolint:errcheck
+		{"prune batch (1,000)", func(db ledger.DB) {
+			ledger.Prune(ctx, db, outbox.DefaultRetention, outbox.DefaultPruneBatch, nil) //nolint:errcheck
+		}},
+	} {
+		sql, args := ledger.Statement(st.call)
+		stmts = append(stmts, struct {
+			name, sql string
+			args      []any
+		}{st.name, sql, args})
 	}
 	var plans []Plan
 	for _, st := range stmts {

@@ -2,14 +2,12 @@ package ledger_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/internal/ledger"
@@ -65,7 +63,8 @@ func run(m *testing.M) int {
 }
 
 // fill is a ledger of 60,000 jobs in every status and shape (steps,
-// batches, outbox rows, deadlines, strays, audit, prune log, sessions).
+// batches, outbox rows, rows written unpublished, deadlines, strays, audit,
+// prune log, schedule, sessions).
 const fill = `
 INSERT INTO keel_batches (id, description, created_at)
 SELECT 'b' || g, '', now() - g * interval '1 minute' FROM generate_series(1, 20000) g;
@@ -75,7 +74,7 @@ INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status
 	batch_id, deadline, in_doubt, stray_until, effects_committed_at, created_at, updated_at)
 SELECT 'j' || lpad(g::text, 8, '0'), 'kind' || (g % 7), 'key' || g, (ARRAY['default', 'critical', 'low'])[1 + g % 3],
 	'\x7b7d', 3, s.status, CASE WHEN s.status IN ('pending', 'running') THEN 0 ELSE 1 END,
-	now() - (g % 90) * interval '1 hour', CASE WHEN g % 50 <> 0 THEN now() END,
+	now() - (g % 90) * interval '1 hour', CASE WHEN g % 500 <> 7 OR s.status NOT IN ('pending', 'failed') THEN now() END,
 	CASE WHEN s.status IN ('succeeded', 'dead', 'discarded', 'cancelled') THEN now() - (g % 90) * interval '1 day' END,
 	CASE WHEN s.status = 'running' THEN 'worker-' || (g % 4) END,
 	CASE WHEN s.status = 'running' THEN now() + interval '10 seconds' END,
@@ -101,68 +100,36 @@ SELECT id, 'charge', CASE WHEN status = 'succeeded' THEN 'done' ELSE 'started' E
 FROM keel_jobs WHERE id LIKE '%0' OR id LIKE '%3';
 
 INSERT INTO keel_outbox (job_id, queued_at)
-SELECT id, now() - interval '1 second' FROM keel_jobs WHERE published_at IS NULL AND status = 'pending' LIMIT 500;
+SELECT id, now() - interval '1 second' FROM keel_jobs WHERE published_at IS NOT NULL AND status = 'pending' LIMIT 500;
 
 INSERT INTO keel_audit (job_id, action, actor, note)
 SELECT id, 'replay', 'ops', 'checked' FROM keel_jobs WHERE status = 'dead' LIMIT 2000;
 
 INSERT INTO keel_prune_log (at, rows) SELECT now() - g * interval '1 hour', 1000 FROM generate_series(1, 500) g;
 
+INSERT INTO keel_schedule (entry, last_tick)
+SELECT 'entry' || g, now() - g * interval '1 minute' FROM generate_series(1, 2000) g;
+
 INSERT INTO keel_web_sessions_ended (session_id, expires_at)
 SELECT 's' || g, now() + (g % 50 - 1) * interval '1 hour' FROM generate_series(1, 5000) g;
 
 `
 
-// errCaptured stops a ledger function at its first statement: plan runs
-// the function for the statement and arguments it would send.
-var errCaptured = errors.New("statement captured")
-
-type capture struct {
-	sql  string
-	args []any
-}
-
-func (c *capture) keep(sql string, args []any) {
-	if c.sql == "" {
-		c.sql, c.args = sql, args
-	}
-}
-
-func (c *capture) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c.keep(sql, args)
-	return pgconn.CommandTag{}, errCaptured
-}
-
-func (c *capture) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
-	c.keep(sql, args)
-	return nil, errCaptured
-}
-
-func (c *capture) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
-	c.keep(sql, args)
-	return errRow{}
-}
-
-type errRow struct{}
-
-func (errRow) Scan(...any) error { return errCaptured }
-
 // plan returns Postgres's plan, on the big ledger, for the first statement
 // call sends through the DB it is given.
 func plan(t *testing.T, call func(db ledger.DB)) string {
 	t.Helper()
-	var c capture
-	call(&c)
-	if c.sql == "" {
+	sql, args := ledger.Statement(call)
+	if sql == "" {
 		t.Fatal("plan: the function sent no statement")
 	}
-	rows, err := big.Query(context.Background(), "EXPLAIN "+c.sql, c.args...)
+	rows, err := big.Query(context.Background(), "EXPLAIN "+sql, args...)
 	if err != nil {
-		t.Fatalf("plan: EXPLAIN %s: %v", c.sql, err)
+		t.Fatalf("plan: EXPLAIN %s: %v", sql, err)
 	}
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		t.Fatalf("plan: EXPLAIN %s: %v", c.sql, err)
+		t.Fatalf("plan: EXPLAIN %s: %v", sql, err)
 	}
 	return strings.Join(lines, "\n")
 }
@@ -179,6 +146,16 @@ func usesIndex(t *testing.T, p string, indexes []string, noSeqScan ...string) {
 	for _, tbl := range noSeqScan {
 		if strings.Contains(p, "Seq Scan on "+tbl) {
 			t.Errorf("plan scans %s whole:\n%s", tbl, p)
+		}
+	}
+}
+
+// lacks fails if the plan mentions any of words (a node, an index).
+func lacks(t *testing.T, p string, words ...string) {
+	t.Helper()
+	for _, w := range words {
+		if strings.Contains(p, w) {
+			t.Errorf("plan has %s:\n%s", w, p)
 		}
 	}
 }

@@ -1,0 +1,110 @@
+package ledger
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The statements of keel's reports: `keel ledger`, the metrics collector
+// and the CLI's hints. They use the ledger's partial indexes (status =
+// 'dead'; published_at IS NULL; open batches) and small tables, so a
+// scrape costs little however large the ledger.
+
+const ledgerSizeSQL = `SELECT pg_total_relation_size('keel_jobs') + pg_total_relation_size('keel_steps')`
+
+// LedgerSize returns the bytes the jobs and their steps take, with their
+// indexes and TOAST.
+func LedgerSize(ctx context.Context, db DB) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, ledgerSizeSQL).Scan(&n)
+	return n, err
+}
+
+const jobsByStatusSQL = `SELECT status, count(*) FROM keel_jobs GROUP BY status`
+
+// JobsByStatus counts the jobs of each status that has any.
+func JobsByStatus(ctx context.Context, db DB) (map[string]int64, error) {
+	rows, err := db.Query(ctx, jobsByStatusSQL)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	var status string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&status, &n}, func() error { out[status] = n; return nil })
+	return out, err
+}
+
+const prunableSQL = `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded', 'cancelled')
+				AND finished_at < coalesce($2::timestamptz, now()) - $1 * interval '1 millisecond'`
+
+// Prunable counts the jobs a prune with retention would delete.
+func Prunable(ctx context.Context, db DB, retention time.Duration, now Now) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, prunableSQL, retention.Milliseconds(), now).Scan(&n)
+	return n, err
+}
+
+// prunedSQL: older rows go only after a prune that removed something.
+const prunedSQL = `SELECT coalesce(sum(rows) FILTER (WHERE at > coalesce($1::timestamptz, now()) - interval '1 day'), 0),
+				coalesce(sum(rows), 0) FROM keel_prune_log WHERE at > coalesce($1::timestamptz, now()) - interval '7 days'`
+
+// Pruned returns how many jobs were pruned in the last day and in the last
+// 7 days.
+func Pruned(ctx context.Context, db DB, now Now) (day, week int64, err error) {
+	err = db.QueryRow(ctx, prunedSQL, now).Scan(&day, &week)
+	return day, week, err
+}
+
+// DeadCount is the number of dead letters of one queue, kind and error
+// class.
+type DeadCount struct {
+	Queue, Kind, Class string
+	N                  int64
+}
+
+const deadLettersSQL = `SELECT queue, kind, coalesce(error_class, ''), count(*)
+		FROM keel_jobs WHERE status = 'dead' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
+
+// DeadLetters counts the dead letters by queue, kind and error class, in
+// that order.
+func DeadLetters(ctx context.Context, db DB) ([]DeadCount, error) {
+	rows, err := db.Query(ctx, deadLettersSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadCount])
+}
+
+const openBatchesSQL = `SELECT count(*) FILTER (WHERE sealed_at IS NULL), count(*) FILTER (WHERE sealed_at IS NOT NULL)
+		FROM keel_batches WHERE completed_at IS NULL`
+
+// OpenBatches counts the batches not yet complete: those still open to
+// new members, and those sealed.
+func OpenBatches(ctx context.Context, db DB) (open, sealed int64, err error) {
+	err = db.QueryRow(ctx, openBatchesSQL).Scan(&open, &sealed)
+	return open, sealed, err
+}
+
+const newestKeyOfKindSQL = `SELECT business_key FROM keel_jobs WHERE kind = $1 ORDER BY id DESC LIMIT 1`
+
+// NewestKeyOfKind returns the business key of the newest job of kind,
+// pgx.ErrNoRows when the ledger has none.
+func NewestKeyOfKind(ctx context.Context, db DB, kind string) (string, error) {
+	var key string
+	err := db.QueryRow(ctx, newestKeyOfKindSQL, kind).Scan(&key)
+	return key, err
+}
+
+const kindsSQL = `SELECT DISTINCT kind FROM keel_jobs ORDER BY kind LIMIT 20`
+
+// Kinds returns the first 20 kinds, in order, the ledger holds jobs of.
+func Kinds(ctx context.Context, db DB) ([]string, error) {
+	rows, err := db.Query(ctx, kindsSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

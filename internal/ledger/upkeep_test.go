@@ -1,0 +1,85 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/internal/ledger"
+)
+
+// The upkeep statements must stay on their partial indexes as the ledger
+// grows.
+func TestUpkeepPlans(t *testing.T) {
+	ctx := context.Background()
+	retention := 30 * 24 * time.Hour
+	p := plan(t, func(db ledger.DB) { ledger.PruneBatches(ctx, db, retention, 1000, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"keel_batches_completed", "keel_jobs_batch"})
+	lacks(t, p, "Seq Scan")
+	p = plan(t, func(db ledger.DB) { ledger.Prune(ctx, db, retention, 1000, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"keel_jobs_finished"}, "keel_jobs")
+	p = plan(t, func(db ledger.DB) { ledger.ReconcilePage(ctx, db, time.Second, "", 500, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"keel_jobs_open"}, "keel_jobs")
+	p = plan(t, func(db ledger.DB) { ledger.RescuePage(ctx, db, "", 500, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"keel_jobs_running_lease"})
+	// The prune log holds a week of prunes, one row each: its trim may
+	// read it whole (the fixture's log is mostly older than a week).
+	p = plan(t, func(db ledger.DB) { ledger.LogPrune(ctx, db, 10, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"Insert on keel_prune_log"})
+	p = plan(t, func(db ledger.DB) { ledger.TrimPruneLog(ctx, db, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"Delete on keel_prune_log"})
+}
+
+// The upkeep statements read the time they are given.
+func TestUpkeepTakesNow(t *testing.T) {
+	ctx := context.Background()
+	tx, err := big.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	later := ledger.At(time.Now().Add(365 * 24 * time.Hour))
+	_, err = tx.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at,
+		lease_holder, lease_until, updated_at, finished_at)
+		VALUES ('zrun', 'k', 'zrun', 'default', '\x7b7d', 3, 'running', now(), 'w', now() + interval '1 hour', now(), NULL),
+			('zdone', 'k', 'zdone', 'default', '\x7b7d', 3, 'succeeded', now(), NULL, NULL, now(), now())`)
+	require.NoError(t, err)
+
+	page, err := ledger.ReconcilePage(ctx, tx, time.Minute, "z", 10, nil)
+	require.NoError(t, err)
+	require.Empty(t, page, "updated a moment ago: within the grace")
+	page, err = ledger.ReconcilePage(ctx, tx, time.Minute, "z", 10, later)
+	require.NoError(t, err)
+	require.Equal(t, []ledger.OpenJob{{ID: "zrun", Queue: "default", Held: false}}, page, "a year on its lease ran out")
+
+	orphans, err := ledger.RescuePage(ctx, tx, "z", 10, nil)
+	require.NoError(t, err)
+	require.Empty(t, orphans, "its lease runs an hour yet")
+	orphans, err = ledger.RescuePage(ctx, tx, "z", 10, later)
+	require.NoError(t, err)
+	require.Equal(t, []ledger.Orphan{{ID: "zrun", Queue: "default", Holder: "w"}}, orphans)
+
+	var n int
+	count := func() int {
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE id = 'zdone'`).Scan(&n))
+		return n
+	}
+	// Only what finished before the retention goes: zdone and every
+	// finished job of the fixture, a year on; none of them now.
+	pruned, err := ledger.Prune(ctx, tx, 100*24*time.Hour, 100000, nil)
+	require.NoError(t, err)
+	require.Zero(t, pruned)
+	require.Equal(t, 1, count())
+	pruned, err = ledger.Prune(ctx, tx, 100*24*time.Hour, 100000, later)
+	require.NoError(t, err)
+	require.Positive(t, pruned)
+	require.Equal(t, 0, count())
+	gone, err := ledger.PruneBatches(ctx, tx, 100*24*time.Hour, 100000, later)
+	require.NoError(t, err)
+	require.Positive(t, gone, "a year on, the batches whose members were pruned go")
+
+	require.NoError(t, ledger.LogPrune(ctx, tx, 7, later))
+	require.NoError(t, ledger.TrimPruneLog(ctx, tx, later))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM keel_prune_log`).Scan(&n))
+	require.Equal(t, 1, n, "a year on, only the entry logged then is younger than 7 days")
+}
