@@ -228,12 +228,6 @@ func (s *Store) ListBatches(ctx context.Context, f BatchFilter) ([]Batch, error)
 	return bs, nil
 }
 
-// CountOpenBatches counts batches not complete (for metrics).
-func (s *Store) CountOpenBatches(ctx context.Context) (int, error) {
-	n, err := ledger.CountOpenBatches(ctx, s.pool)
-	return n, interpretError(err)
-}
-
 // BatchStatuses counts a batch's members by status, the open ones
 // (pending, running, failed) too.
 func (s *Store) BatchStatuses(ctx context.Context, id string) (map[Status]int, error) {

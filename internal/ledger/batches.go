@@ -68,15 +68,6 @@ func ListBatches(ctx context.Context, db DB, open bool, limit int) ([]BatchRow, 
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (BatchRow, error) { return scanBatch(r) })
 }
 
-const countOpenBatchesSQL = `SELECT count(*) FROM keel_batches WHERE completed_at IS NULL`
-
-// CountOpenBatches counts batches not complete.
-func CountOpenBatches(ctx context.Context, db DB) (int, error) {
-	var n int
-	err := db.QueryRow(ctx, countOpenBatchesSQL).Scan(&n)
-	return n, err
-}
-
 const batchStatusesSQL = `SELECT status, count(*) FROM keel_jobs WHERE batch_id = $1 GROUP BY status`
 
 // BatchStatuses counts batch id's members by status.

@@ -16,7 +16,6 @@ func TestBatchPlans(t *testing.T) {
 		"get":      {func(db ledger.DB) { ledger.GetBatch(ctx, db, "b10") }, []string{"keel_batches_pkey"}},            //nolint:errcheck
 		"list":     {func(db ledger.DB) { ledger.ListBatches(ctx, db, false, 100) }, []string{"keel_batches_created"}}, //nolint:errcheck
 		"open":     {func(db ledger.DB) { ledger.ListBatches(ctx, db, true, 100) }, []string{"keel_batches_"}},         //nolint:errcheck
-		"count":    {func(db ledger.DB) { ledger.CountOpenBatches(ctx, db) }, []string{"keel_batches_open"}},           //nolint:errcheck
 		"statuses": {func(db ledger.DB) { ledger.BatchStatuses(ctx, db, "b10") }, []string{"keel_jobs_batch"}},         //nolint:errcheck
 		"members":  {func(db ledger.DB) { ledger.OpenMembers(ctx, db, "b10", 100) }, []string{"keel_jobs_batch"}},      //nolint:errcheck
 		"create":   {func(db ledger.DB) { ledger.CreateBatch(ctx, db, "bx", "", nil, nil) }, nil},                      //nolint:errcheck
