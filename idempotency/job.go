@@ -34,13 +34,9 @@ type StepRecord = ledger.StepRecord
 // moved aside as key#id (supersedeSQL).
 func OriginalKey(stored, id string) string { return ledger.OriginalKey(stored, id) }
 
-const (
-	jobColumns     = ledger.JobColumns
-	publishColumns = ledger.PublishColumns
-)
+const jobColumns = ledger.JobColumns
 
-func scanJob(row pgx.Row) (Job, error)        { return ledger.ScanJob(row) }
-func scanPublishJob(row pgx.Row) (Job, error) { return ledger.ScanPublishJob(row) }
+func scanJob(row pgx.Row) (Job, error) { return ledger.ScanJob(row) }
 
 // newRowColumns are what an insert returns of a row it wrote: the values
 // Postgres chose (times are the server's, kept to the microsecond). The

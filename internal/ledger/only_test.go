@@ -12,9 +12,13 @@ import (
 	"testing"
 )
 
-// keelTable matches a statement's mention of one of keel's own tables (or
-// functions), not the keel_example_* tables of the example business code.
-var keelTable = regexp.MustCompile(`\bkeel_(jobs|steps|batches|batch_seal|outbox|audit|prune_log|schedule|schema_migrations|web_sessions_ended)\b`)
+// keelTable matches a mention of one of keel's own tables (or functions),
+// not the keel_example_* tables of the example business code; sqlWord
+// tells a statement from a message that names a table.
+var (
+	keelTable = regexp.MustCompile(`\bkeel_(jobs|steps|batches|batch_seal|outbox|audit|prune_log|schedule|schema_migrations|web_sessions_ended)\b`)
+	sqlWord   = regexp.MustCompile(`(?i)\b(select|insert|update|delete|from|join|into)\b`)
+)
 
 // notYetMoved are the files whose statements on keel's tables are still to
 // move here. The list only shrinks.
@@ -23,12 +27,9 @@ var notYetMoved = map[string]bool{
 	"internal/bench/recovery.go":   true,
 	"internal/bench/redelivery.go": true,
 	"internal/bench/relay.go":      true,
-	"internal/bench/run.go":        true,
 	"internal/bench/scale.go":      true,
 	"idempotency/bulk.go":          true,
 	"idempotency/store.go":         true,
-	// No statement left: its error for a missing table names keel_schedule.
-	"scheduler/store.go": true,
 }
 
 // Nothing outside this package (and the migrations, which own the schema,
@@ -60,7 +61,7 @@ func TestStatementsLiveHere(t *testing.T) {
 			return err
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
-			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING && keelTable.MatchString(lit.Value) {
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING && keelTable.MatchString(lit.Value) && sqlWord.MatchString(lit.Value) {
 				found = append(found, rel)
 				return false
 			}
