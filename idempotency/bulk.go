@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // Inserted is what InsertMany did with one NewJob.
@@ -41,54 +43,6 @@ const (
 	InsertChunkRows  = 1000
 	InsertChunkBytes = 8 << 20
 )
-
-// bulkInsertSQL writes the rows given as arrays, in order, skipping those
-// whose (kind, business key) exists. $13: write them claimed (published);
-// $14: make sure a relay publishes them after commit, as insertWakeSQL does
-// (due rows go in published, with an outbox row; a relay is notified unless
-// one is awake and polling). $15, $16: the rows' trace
-// contexts, empty arrays when none is traced (unnest pads them with NULLs);
-// $17: the rows' batch ids (empty strings for none); $18: whether each
-// expires at its deadline; $19: the batches of the whole call, for
-// bulkInsertBatchSQL.
-const bulkInsertSQL = bulkInsertCTEs + `
-SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
-
-// bulkInsertBatchSQL is bulkInsertSQL for a call whose jobs join batches.
-// Each new member's trigger updates its batch's row, at the end of the
-// statement, in the order the rows went in (key order): two calls meeting
-// batches A and B in opposite orders would deadlock. So once every row is
-// in (count reads all of ins first), the rows of the call's batches ($19,
-// every chunk's: a later chunk then locks no other) are locked in id
-// order, before the triggers run. Jobs outside batches do not pay for it.
-const bulkInsertBatchSQL = bulkInsertCTEs + `,
-locked AS (
-	SELECT id FROM keel_batches WHERE id = ANY ($19::text[]) AND (SELECT count(*) FROM ins) >= 0
-	ORDER BY id FOR UPDATE)
-SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0 AND (SELECT count(*) FROM locked) >= 0`
-
-const bulkInsertCTEs = `WITH ins AS (
-	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id, expire_stale)
-	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
-		coalesce(i.run_at, now()), nullif(i.summary, ''), nullif(i.trace_id, ''), i.max_wait_ms,
-		CASE WHEN $13::bool OR ($14::bool AND coalesce(i.run_at, now()) <= now()) THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, ''), nullif(i.batch_id, ''),
-		i.expire_stale
-	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::int[], $7::bigint[],
-		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[], $17::text[], $18::bool[])
-		WITH ORDINALITY AS i(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, batch_id, expire_stale, ord)
-	ORDER BY i.ord
-	ON CONFLICT (kind, business_key) DO NOTHING
-	RETURNING ` + newRowColumns + `),
-outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins
-	WHERE $14::bool AND NOT $13::bool AND published_at IS NOT NULL),
-wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one
-	WHERE $14::bool AND ` + wakeNeeded + `)`
-
-// bulkLookupSQL reads the rows of the given (kind, business key) pairs.
-const bulkLookupSQL = `SELECT ` + jobColumns + ` FROM keel_jobs
-	WHERE (kind, business_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
 
 type bulkKey struct{ kind, key string }
 
@@ -304,30 +258,18 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		expires[r] = nj.ExpireAtDeadline
 	}
 	parents, states := traceContexts(jobs, idx)
-	args := []any{ids, kinds, keys, queues, payloads, maxRetry, timeouts,
-		deadlines, runAts, summaries, traces, maxWaits, opts.Claim, opts.WakeRelay, parents, states, rowBatches, expires}
-	sql := bulkInsertSQL
-	if len(batches) > 0 {
-		sql, args = bulkInsertBatchSQL, append(args, batches)
-	}
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return interpretError(err)
-	}
-	defer rows.Close()
 	at := make(map[string]int, n)
 	for r, id := range ids {
 		at[id] = idx[r]
 	}
-	for rows.Next() {
-		var row newJobRow
-		if err := row.scan(rows); err != nil {
-			return interpretError(err)
-		}
-		nj := jobs[at[row.id]]
-		got[bulkKey{nj.Kind, nj.BusinessKey}] = Inserted{Job: row.job(nj)}
-	}
-	return interpretError(rows.Err())
+	err := ledger.InsertJobs(ctx, db, ledger.JobRows{IDs: ids, Kinds: kinds, Keys: keys, Queues: queues, Payloads: payloads,
+		MaxRetry: maxRetry, Timeouts: timeouts, MaxWaits: maxWaits, Deadlines: deadlines, RunAts: runAts,
+		Summaries: summaries, Traces: traces, TraceParents: parents, TraceStates: states, Batches: rowBatches, Expire: expires},
+		opts.Claim, opts.WakeRelay, batches, func(row ledger.NewRow) {
+			nj := jobs[at[row.ID]]
+			got[bulkKey{nj.Kind, nj.BusinessKey}] = Inserted{Job: newJob(row, nj)}
+		})
+	return interpretError(err)
 }
 
 func lookupRows(ctx context.Context, db DB, jobs []NewJob, idx []int, got map[bulkKey]Inserted) error {
@@ -335,21 +277,7 @@ func lookupRows(ctx context.Context, db DB, jobs []NewJob, idx []int, got map[bu
 	for r, i := range idx {
 		kinds[r], keys[r] = jobs[i].Kind, jobs[i].BusinessKey
 	}
-	rows, err := db.Query(ctx, bulkLookupSQL, kinds, keys)
-	if err != nil {
-		return interpretError(err)
-	}
-	return collectInto(rows, got, true)
-}
-
-func collectInto(rows pgx.Rows, got map[bulkKey]Inserted, existed bool) error {
-	defer rows.Close()
-	for rows.Next() {
-		j, err := scanJob(rows)
-		if err != nil {
-			return interpretError(err)
-		}
-		got[bulkKey{j.Kind, j.BusinessKey}] = Inserted{Job: j, Existed: existed}
-	}
-	return interpretError(rows.Err())
+	return interpretError(ledger.LookupJobs(ctx, db, kinds, keys, func(j Job) {
+		got[bulkKey{j.Kind, j.BusinessKey}] = Inserted{Job: j, Existed: true}
+	}))
 }

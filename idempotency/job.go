@@ -3,8 +3,6 @@ package idempotency
 import (
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/keeljobs/keel/internal/ledger"
 )
 
@@ -34,37 +32,15 @@ type StepRecord = ledger.StepRecord
 // moved aside as key#id (supersedeSQL).
 func OriginalKey(stored, id string) string { return ledger.OriginalKey(stored, id) }
 
-const jobColumns = ledger.JobColumns
-
-func scanJob(row pgx.Row) (Job, error) { return ledger.ScanJob(row) }
-
-// newRowColumns are what an insert returns of a row it wrote: the values
-// Postgres chose (times are the server's, kept to the microsecond). The
-// rest of the row is the NewJob as given (newJobRow), so an insert does
-// not send back every column of every row.
-const newRowColumns = `id, run_at, published_at, deadline, created_at`
-
-// newJobRow is the Job of a row just written from nj: scan fills in the
-// newRowColumns.
-type newJobRow struct {
-	id          string
-	runAt       time.Time
-	publishedAt *time.Time
-	deadline    *time.Time
-	createdAt   time.Time
-}
-
-func (r *newJobRow) scan(row pgx.Row) error {
-	return row.Scan(&r.id, &r.runAt, &r.publishedAt, &r.deadline, &r.createdAt)
-}
-
-// job is the row as stored: what insertSQL and bulkInsertSQL write of nj.
-func (r *newJobRow) job(nj NewJob) Job {
+// newJob is the Job of a row just written from nj: the values Postgres
+// chose are row's, the rest is nj as given, so an insert does not send
+// back every column of every row.
+func newJob(r ledger.NewRow, nj NewJob) Job {
 	// A copy, as a row read back would be: the caller may reuse its buffer.
 	payload := append([]byte{}, nj.Payload...)
-	return Job{ID: r.id, Kind: nj.Kind, BusinessKey: nj.BusinessKey, Queue: nj.Queue, Payload: payload,
+	return Job{ID: r.ID, Kind: nj.Kind, BusinessKey: nj.BusinessKey, Queue: nj.Queue, Payload: payload,
 		Status: StatusPending, MaxRetry: nj.MaxRetry, Timeout: time.Duration(nj.Timeout.Milliseconds()) * time.Millisecond,
-		Deadline: r.deadline, RunAt: r.runAt, PublishedAt: r.publishedAt, TraceID: nj.TraceID,
-		PayloadSummary: nj.PayloadSummary, CreatedAt: r.createdAt, UpdatedAt: r.createdAt,
+		Deadline: r.Deadline, RunAt: r.RunAt, PublishedAt: r.PublishedAt, TraceID: nj.TraceID,
+		PayloadSummary: nj.PayloadSummary, CreatedAt: r.CreatedAt, UpdatedAt: r.CreatedAt,
 		TraceParent: nj.TraceParent, TraceState: nj.TraceState, BatchID: nj.BatchID}
 }

@@ -123,61 +123,6 @@ func ValidateQueue(q string) error {
 	return nil
 }
 
-// insertRow writes one job with ON CONFLICT DO NOTHING; insertSQL and
-// insertWakeSQL differ only in its published_at.
-const (
-	insertRowHead = `INSERT INTO keel_jobs
-	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
-	 traceparent, tracestate, batch_id, expire_stale, published_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
-	 nullif($13, ''), nullif($14, ''), nullif($15, ''), $16, `
-	insertRowTail = `)
-	ON CONFLICT (kind, business_key) DO NOTHING
-	RETURNING ` + newRowColumns
-)
-
-const insertSQL = insertRowHead + `NULL` + insertRowTail
-
-// insertWakeSQL is insertSQL for a row the relay publishes: a due row goes
-// in marked published with its place in the relay's work list (keel_outbox),
-// and a relay is woken in the same round trip unless one is awake (see
-// ledger.RelayAwakeLock). A row to run later goes in unpublished, for
-// ClaimUnpublished at its run_at.
-const insertWakeSQL = `WITH ins AS (` + insertRowHead + `CASE WHEN coalesce($9, now()) <= now() THEN now() END` + insertRowTail + `),
-	outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE published_at IS NOT NULL),
-	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins WHERE ` + wakeNeeded + `)
-	SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
-
-// A transaction that commits a NOTIFY holds a database-wide lock from its
-// notify until its commit is flushed (PreCommit_Notify), so notifying
-// writers commit one at a time: 16 producers were barely faster than one.
-// While rows keep coming a relay therefore stays awake, polling the
-// unpublished rows every few milliseconds, and writers do not notify it.
-// Two advisory locks on the ledger table say who is where:
-//
-//   - ledger.RelayAwakeLock: the awake relay holds it exclusively. A
-//     writer that can take it shared knows no relay is awake, and notifies.
-//   - ledger.RelaySettleLock: every writer takes it shared, before it looks
-//     at the awake lock, and keeps it until its transaction ends. A relay
-//     going back to sleep lets go of the awake lock (new writers notify
-//     again), then polls on until it can take this lock exclusively: every
-//     writer that may have counted on it has committed or rolled back. One
-//     last pass publishes what they wrote, and it lets go. A writer that
-//     finds this lock taken notifies.
-//
-// Writers only ever try the locks (never wait), and shared locks do not
-// conflict with each other, so the locks serialise nothing.
-//
-// The locks are the ledger package's, which the relay takes too.
-
-// wakeNeeded is true when the writing transaction must notify: a relay is
-// settling (it holds the settle lock), or none is awake. Otherwise the
-// writer keeps the settle lock, shared, until it commits. CASE fixes the
-// order in which the locks are tried.
-const wakeNeeded = `CASE WHEN NOT pg_try_advisory_xact_lock_shared(` + ledger.RelaySettleLock + `) THEN true
-		WHEN pg_try_advisory_xact_lock_shared(` + ledger.RelayAwakeLock + `) THEN true
-		ELSE false END`
-
 // Insert records nj in db (a pool or the caller's transaction). When a row for
 // (kind, business key) already exists it is returned with existed = true and
 // nothing is written: one business action, one job.
@@ -216,16 +161,13 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	// Two tries: the conflicting row can vanish between the insert and the
 	// read (pruned, or the other transaction rolled back).
 	for range 2 {
-		sql := insertSQL
-		if nj.WakeRelay {
-			sql = insertWakeSQL
-		}
-		var row newJobRow
-		err = row.scan(db.QueryRow(ctx, sql, id.String(), nj.Kind, nj.BusinessKey, nj.Queue, nj.Payload,
-			nj.MaxRetry, nj.Timeout.Milliseconds(), deadline, runAt, nj.PayloadSummary, nj.TraceID, nj.MaxWait.Milliseconds(),
-			nj.TraceParent, nj.TraceState, nj.BatchID, nj.ExpireAtDeadline))
+		row, err := ledger.InsertJob(ctx, db, ledger.JobInsert{ID: id.String(), Kind: nj.Kind, BusinessKey: nj.BusinessKey,
+			Queue: nj.Queue, Payload: nj.Payload, MaxRetry: nj.MaxRetry, TimeoutMS: nj.Timeout.Milliseconds(),
+			Deadline: deadline, RunAt: runAt, PayloadSummary: nj.PayloadSummary, TraceID: nj.TraceID,
+			MaxWaitMS: nj.MaxWait.Milliseconds(), TraceParent: nj.TraceParent, TraceState: nj.TraceState,
+			BatchID: nj.BatchID, ExpireStale: nj.ExpireAtDeadline}, nj.WakeRelay)
 		if err == nil {
-			return row.job(nj), false, nil
+			return newJob(row, nj), false, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Job{}, false, interpretError(err)
@@ -241,24 +183,8 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	return Job{}, false, fmt.Errorf("keel: could not insert or find job %s/%s", nj.Kind, nj.BusinessKey)
 }
 
-// supersedeSQL moves aside the finished jobs of the given keys that are
-// older than their key's window, so the insert that follows makes a new
-// job. The rows are locked in key order (as InsertMany writes), so calls
-// with overlapping keys cannot deadlock; a row another caller moved aside
-// meanwhile no longer matches once its lock is granted.
-const supersedeSQL = `UPDATE keel_jobs SET business_key = business_key || '#' || id,
-		superseded_at = now(), updated_at = now()
-	WHERE id IN (SELECT k.id FROM keel_jobs k
-		JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS u(kind, key, window_ms)
-			ON k.kind = u.kind AND k.business_key = u.key
-		WHERE u.window_ms > 0 AND k.status IN ('succeeded', 'discarded', 'dead', 'cancelled')
-			AND k.created_at < now() - u.window_ms * interval '1 millisecond'
-		ORDER BY k.kind, k.business_key
-		FOR UPDATE OF k)`
-
 func supersede(ctx context.Context, db DB, kinds, keys []string, windowsMS []int64) error {
-	_, err := db.Exec(ctx, supersedeSQL, kinds, keys, windowsMS)
-	return interpretError(err)
+	return interpretError(ledger.Supersede(ctx, db, kinds, keys, windowsMS))
 }
 
 // Get returns the job with id.
@@ -266,19 +192,14 @@ func (s *Store) Get(ctx context.Context, id string) (Job, error) {
 	if !utf8.ValidString(id) || id == "" {
 		return Job{}, ErrNotFound
 	}
-	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE id = $1`, id))
+	j, err := ledger.GetJob(ctx, s.pool, id)
 	return j, interpretError(err)
 }
 
 // FinishedAmong returns which of ids are jobs that finished for good
 // (succeeded, discarded, cancelled): nothing runs them again.
 func (s *Store) FinishedAmong(ctx context.Context, ids []string) (map[string]bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id FROM keel_jobs WHERE id = ANY($1)
-		AND status IN ('succeeded', 'discarded', 'cancelled')`, ids)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	found, err := ledger.FinishedAmong(ctx, s.pool, ids)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -303,16 +224,7 @@ func (s *Store) Steps(ctx context.Context, jobID string) ([]StepRecord, error) {
 // StepsOf returns the recorded steps of each of the jobs, in the order
 // they started, in one statement.
 func (s *Store) StepsOf(ctx context.Context, jobIDs []string) (map[string][]StepRecord, error) {
-	rows, err := s.pool.Query(ctx, `SELECT job_id, name, status, result, calls, started_at, finished_at, verifiable
-		FROM keel_steps WHERE job_id = ANY($1) ORDER BY job_id, started_at, name`, jobIDs)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	steps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRecord, error) {
-		var st StepRecord
-		err := r.Scan(&st.JobID, &st.Name, &st.Status, &st.Result, &st.Calls, &st.StartedAt, &st.FinishedAt, &st.Verifiable)
-		return st, err
-	})
+	steps, err := ledger.StepsOf(ctx, s.pool, jobIDs)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -415,9 +327,7 @@ func (s *Store) PublishMany(ctx context.Context, p *Publisher, jobs []Job) (res 
 		}
 	}
 	if len(mark) > 0 {
-		_, err := s.pool.Exec(ctx, `UPDATE keel_jobs SET published_at = now()
-			WHERE id = ANY($1) AND published_at IS NULL`, mark)
-		markErr = interpretError(err)
+		markErr = interpretError(ledger.MarkPublished(ctx, s.pool, mark))
 	}
 	return res, markErr
 }
@@ -479,24 +389,15 @@ func Task(j Job) *asynq.Task {
 	return asynq.NewTaskWithHeaders(j.Kind, j.Payload, taskHeaders(j))
 }
 
-// RelayChannel is the Postgres notification channel that wakes relays
-// (ledger.RelayChannel).
-const RelayChannel = ledger.RelayChannel
-
 // NotifyRelay wakes the relays when tx commits (NOTIFY is delivered at commit
 // and dropped on rollback).
 func NotifyRelay(ctx context.Context, tx DB) error {
-	_, err := tx.Exec(ctx, `SELECT pg_notify('`+RelayChannel+`', '')`)
-	return interpretError(err)
+	return interpretError(ledger.NotifyRelay(ctx, tx))
 }
 
 // GetMany returns the jobs with the given ids, in no particular order.
 func (s *Store) GetMany(ctx context.Context, db DB, ids []string) ([]Job, error) {
-	rows, err := db.Query(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE id = ANY($1)`, ids)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+	jobs, err := ledger.GetJobs(ctx, db, ids)
 	return jobs, interpretError(err)
 }
 
@@ -506,7 +407,7 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 	if ValidateKey("kind", kind) != nil || ValidateKey("business key", businessKey) != nil {
 		return Job{}, ErrNotFound
 	}
-	j, err := scanJob(db.QueryRow(ctx, `SELECT `+jobColumns+` FROM keel_jobs WHERE kind = $1 AND business_key = $2`, kind, businessKey))
+	j, err := ledger.LookupJob(ctx, db, kind, businessKey)
 	return j, interpretError(err)
 }
 

@@ -28,8 +28,6 @@ var notYetMoved = map[string]bool{
 	"internal/bench/redelivery.go": true,
 	"internal/bench/relay.go":      true,
 	"internal/bench/scale.go":      true,
-	"idempotency/bulk.go":          true,
-	"idempotency/store.go":         true,
 }
 
 // Nothing outside this package (and the migrations, which own the schema,

@@ -14,7 +14,7 @@ const RelayChannel = "keel_relay"
 // notify until its commit is flushed (PreCommit_Notify), so notifying
 // writers commit one at a time. While rows keep coming a relay therefore
 // stays awake and writers do not notify it. Two advisory locks on the
-// ledger table say who is where (see idempotency's insert):
+// ledger table say who is where (see insertWakeSQL):
 //
 //   - RelayAwakeLock: the awake relay holds it exclusively. A writer that
 //     can take it shared knows no relay is awake, and notifies.
