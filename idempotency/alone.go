@@ -121,6 +121,12 @@ func (g *aloneGate) await(ctx context.Context, timer <-chan time.Time, ready fun
 		}
 		g.mu.Lock()
 		g.waiting--
+		if err == nil && g.shut {
+			// Woken by the close, or after it: whatever else changed
+			// meanwhile (a run that gave the gate up as it closed), a
+			// closed gate lets nobody in.
+			err = ErrGuardClosed
+		}
 		if err != nil {
 			return err
 		}
