@@ -14,6 +14,7 @@ import (
 	"github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/keeltest"
 	"github.com/keeljobs/keel/retry"
 )
@@ -191,7 +192,7 @@ func TestReplayAfterTheMailboxIsFixed(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
-	_, err = opsOf(t, a.h.Store, nil).Replay(context.Background(), j.ID, "test", "mailbox fixed")
+	_, err = testworker.Ops(t, a.h.Store, nil).Replay(context.Background(), j.ID, "test", "mailbox fixed")
 	require.NoError(t, err)
 	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
 	require.Equal(t, 1, a.mail.Stats().Mails)

@@ -297,7 +297,7 @@ func TestBatchReplayOfADeadMemberReopensIt(t *testing.T) {
 	require.NoError(t, err)
 	insp := asynq.NewInspector(b.redis)
 	defer insp.Close()
-	_, err = opsOf(t, b.store, insp).Replay(ctx, dead.ID, "ops", "fixed")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, dead.ID, "ops", "fixed")
 	require.NoError(t, err)
 	reopened, err := b.store.GetBatch(ctx, batch.ID)
 	require.NoError(t, err)

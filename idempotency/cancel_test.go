@@ -16,6 +16,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -38,7 +39,7 @@ func TestCancelScheduledJobRemovesItsTaskAndAnyCopyIsAcknowledged(t *testing.T) 
 	_, err = insp.GetTaskInfo(res.Job.Queue, res.Job.ID)
 	require.NoError(t, err, "the scheduled task is in Redis before the cancel")
 
-	out, err := opsOf(t, b.store, insp).Cancel(ctx, res.Job.ID, "alice", "customer withdrew")
+	out, err := testworker.Ops(t, b.store, insp).Cancel(ctx, res.Job.ID, "alice", "customer withdrew")
 	require.NoError(t, err)
 	require.NoError(t, out.RedisErr)
 	require.False(t, out.AlreadyCancelled)
@@ -49,7 +50,7 @@ func TestCancelScheduledJobRemovesItsTaskAndAnyCopyIsAcknowledged(t *testing.T) 
 	require.NotNil(t, out.Job.FinishedAt)
 	_, err = insp.GetTaskInfo(res.Job.Queue, res.Job.ID)
 	require.ErrorIs(t, err, asynq.ErrTaskNotFound, "the cancel removes the task from Redis")
-	entries, err := opsOf(t, b.store, nil).Audit(ctx, res.Job.ID)
+	entries, err := testworker.Ops(t, b.store, nil).Audit(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "cancel", entries[0].Action)
@@ -99,7 +100,7 @@ func TestCancelJobWaitingForItsRetry(t *testing.T) {
 		return err == nil && info.State == asynq.TaskStateRetry
 	}, "the failed attempt never reached asynq's retry set")
 
-	out, err := opsOf(t, b.store, insp).Cancel(ctx, res.Job.ID, "bob", "")
+	out, err := testworker.Ops(t, b.store, insp).Cancel(ctx, res.Job.ID, "bob", "")
 	require.NoError(t, err)
 	require.NoError(t, out.RedisErr)
 	require.Equal(t, idempotency.StatusCancelled, out.Job.Status)
@@ -152,7 +153,7 @@ func TestCancelRunningJobStopsItsHandlerAndNothingLateCommits(t *testing.T) {
 	require.Equal(t, res.Job.ID, <-h.started)
 	b.waitStatus(t, res.Job.ID, idempotency.StatusRunning, 5*time.Second)
 
-	out, err := opsOf(t, b.store, insp).Cancel(ctx, res.Job.ID, "carol", "wrong address")
+	out, err := testworker.Ops(t, b.store, insp).Cancel(ctx, res.Job.ID, "carol", "wrong address")
 	require.NoError(t, err)
 	require.True(t, out.WasRunning)
 	require.NoError(t, out.RedisErr)
@@ -190,7 +191,7 @@ func TestCancelRunningJobHoldsWithoutAsynqsMessage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, res.Job.ID, <-h.started)
 
-	out, err := opsOf(t, b.store, nil).Cancel(ctx, res.Job.ID, "dave", "")
+	out, err := testworker.Ops(t, b.store, nil).Cancel(ctx, res.Job.ID, "dave", "")
 	require.NoError(t, err)
 	require.True(t, out.WasRunning)
 
@@ -239,7 +240,7 @@ func TestCancelRacingCompletionHasOneWinner(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, cancelErrs[i] = opsOf(t, b.store, insp).Cancel(ctx, id, "race", "")
+			_, cancelErrs[i] = testworker.Ops(t, b.store, insp).Cancel(ctx, id, "race", "")
 		}()
 	}
 	close(release)
@@ -279,7 +280,7 @@ func TestCancelRefusalsAndRepeats(t *testing.T) {
 	}
 	for _, st := range []idempotency.Status{idempotency.StatusSucceeded, idempotency.StatusDead, idempotency.StatusDiscarded} {
 		id := mk(string(st), st)
-		_, err := opsOf(t, b.store, insp).Cancel(ctx, id, "erin", "")
+		_, err := testworker.Ops(t, b.store, insp).Cancel(ctx, id, "erin", "")
 		require.ErrorIs(t, err, inspect.ErrNotCancellable, "%s", st)
 		require.ErrorContains(t, err, string(st))
 		j, err := b.store.Get(ctx, id)
@@ -287,32 +288,32 @@ func TestCancelRefusalsAndRepeats(t *testing.T) {
 		require.Equal(t, st, j.Status, "a refused cancel changed the job")
 	}
 
-	_, err := opsOf(t, b.store, insp).Cancel(ctx, "0193aaaa-0000-7000-8000-000000000000", "erin", "")
+	_, err := testworker.Ops(t, b.store, insp).Cancel(ctx, "0193aaaa-0000-7000-8000-000000000000", "erin", "")
 	require.ErrorIs(t, err, idempotency.ErrNotFound)
 	id := mk("twice", idempotency.StatusPending)
-	_, err = opsOf(t, b.store, insp).Cancel(ctx, id, " ", "")
+	_, err = testworker.Ops(t, b.store, insp).Cancel(ctx, id, " ", "")
 	require.ErrorIs(t, err, inspect.ErrActorRequired)
 
-	first, err := opsOf(t, b.store, insp).Cancel(ctx, id, "erin", "first")
+	first, err := testworker.Ops(t, b.store, insp).Cancel(ctx, id, "erin", "first")
 	require.NoError(t, err)
 	require.False(t, first.AlreadyCancelled)
-	second, err := opsOf(t, b.store, insp).Cancel(ctx, id, "frank", "second")
+	second, err := testworker.Ops(t, b.store, insp).Cancel(ctx, id, "frank", "second")
 	require.NoError(t, err)
 	require.True(t, second.AlreadyCancelled)
 	require.Equal(t, "erin", second.Job.ResolvedBy, "the first cancel's record stands")
-	entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
+	entries, err := testworker.Ops(t, b.store, nil).Audit(ctx, id)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 
-	_, err = opsOf(t, b.store, insp).Replay(ctx, id, "erin", "")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, id, "erin", "")
 	require.ErrorIs(t, err, inspect.ErrNotDead, "a cancelled job is not replayed")
-	_, err = opsOf(t, b.store, insp).Discard(ctx, id, "erin", "why")
+	_, err = testworker.Ops(t, b.store, insp).Discard(ctx, id, "erin", "why")
 	require.ErrorIs(t, err, inspect.ErrNotDead)
 
 	byKey := mk("by-key", idempotency.StatusPending)
-	out, err := opsOf(t, b.store, insp).CancelByKey(ctx, stoppable.Name(), "by-key", "erin", "")
+	out, err := testworker.Ops(t, b.store, insp).CancelByKey(ctx, stoppable.Name(), "by-key", "erin", "")
 	require.NoError(t, err)
 	require.Equal(t, byKey, out.Job.ID)
-	_, err = opsOf(t, b.store, insp).CancelByKey(ctx, stoppable.Name(), "no-such-key", "erin", "")
+	_, err = testworker.Ops(t, b.store, insp).CancelByKey(ctx, stoppable.Name(), "no-such-key", "erin", "")
 	require.ErrorIs(t, err, idempotency.ErrNotFound)
 }

@@ -256,11 +256,11 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 	require.Equal(t, 1, waitArchived(t, insp, "default", id).Retried)
 	require.EqualValues(t, 2, runs.Load())
 
-	_, err = opsOf(t, b.store, insp).Replay(ctx, id, " ", "no actor")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, id, " ", "no actor")
 	require.ErrorIs(t, err, inspect.ErrActorRequired)
 
 	fixed.Store(true)
-	rr, err := opsOf(t, b.store, insp).Replay(ctx, id, "alice", "inventory service is back")
+	rr, err := testworker.Ops(t, b.store, insp).Replay(ctx, id, "alice", "inventory service is back")
 	require.NoError(t, err)
 	require.False(t, rr.AlreadyReplayed)
 	require.Equal(t, idempotency.StatusPending, rr.Job.Status)
@@ -274,7 +274,7 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 		require.ErrorIs(t, err, asynq.ErrTaskNotFound)
 	}
 
-	again, err := opsOf(t, b.store, insp).Replay(ctx, id, "bob", "double click")
+	again, err := testworker.Ops(t, b.store, insp).Replay(ctx, id, "bob", "double click")
 	require.NoError(t, err)
 	require.True(t, again.AlreadyReplayed)
 
@@ -284,7 +284,7 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 	testenv.WaitAsynqIdle(t, b.redis, 10*time.Second, "critical", "default", "low")
 	require.EqualValues(t, 3, runs.Load(), "a replay must run the handler exactly once more")
 
-	entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
+	entries, err := testworker.Ops(t, b.store, nil).Audit(ctx, id)
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "only the replay that did something is audited")
 	require.Equal(t, "replay", entries[0].Action)
@@ -314,17 +314,17 @@ func TestReplayWithStepInDoubtNeedsResolution(t *testing.T) {
 			b.waitStatus(t, id, idempotency.StatusDead, 10*time.Second)
 			waitArchived(t, insp, "default", id)
 
-			_, err = opsOf(t, b.store, insp).Replay(ctx, id, "alice", "try again")
+			_, err = testworker.Ops(t, b.store, insp).Replay(ctx, id, "alice", "try again")
 			require.ErrorIs(t, err, inspect.ErrStepsInDoubt)
 			require.ErrorContains(t, err, "mail")
 			j, err := b.store.Get(ctx, id)
 			require.NoError(t, err)
 			require.Equal(t, idempotency.StatusDead, j.Status, "a refused replay changed the job")
 
-			require.ErrorIs(t, opsOf(t, b.store, nil).ResolveStep(ctx, id, "mail", happened, "", "x"), inspect.ErrActorRequired)
-			require.ErrorIs(t, opsOf(t, b.store, nil).ResolveStep(ctx, id, "sms", happened, "alice", "x"), idempotency.ErrNotFound)
-			require.NoError(t, opsOf(t, b.store, nil).ResolveStep(ctx, id, "mail", happened, "alice", "checked the provider's log"))
-			_, err = opsOf(t, b.store, insp).Replay(ctx, id, "alice", "step resolved")
+			require.ErrorIs(t, testworker.Ops(t, b.store, nil).ResolveStep(ctx, id, "mail", happened, "", "x"), inspect.ErrActorRequired)
+			require.ErrorIs(t, testworker.Ops(t, b.store, nil).ResolveStep(ctx, id, "sms", happened, "alice", "x"), idempotency.ErrNotFound)
+			require.NoError(t, testworker.Ops(t, b.store, nil).ResolveStep(ctx, id, "mail", happened, "alice", "checked the provider's log"))
+			_, err = testworker.Ops(t, b.store, insp).Replay(ctx, id, "alice", "step resolved")
 			require.NoError(t, err)
 
 			b.waitStatus(t, id, idempotency.StatusSucceeded, 10*time.Second)
@@ -338,7 +338,7 @@ func TestReplayWithStepInDoubtNeedsResolution(t *testing.T) {
 			require.Len(t, steps, 1)
 			require.Equal(t, "done", steps[0].Status)
 
-			entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
+			entries, err := testworker.Ops(t, b.store, nil).Audit(ctx, id)
 			require.NoError(t, err)
 			var actions []string
 			for _, e := range entries {
@@ -370,13 +370,13 @@ func TestDiscardClosesJobForGood(t *testing.T) {
 	b.waitStatus(t, id, idempotency.StatusDead, 10*time.Second)
 	waitArchived(t, insp, "default", id)
 
-	_, err = opsOf(t, b.store, insp).Discard(ctx, id, "carol", " ")
+	_, err = testworker.Ops(t, b.store, insp).Discard(ctx, id, "carol", " ")
 	require.ErrorIs(t, err, inspect.ErrNoteRequired)
-	_, err = opsOf(t, b.store, insp).Discard(ctx, id, "", "closed account")
+	_, err = testworker.Ops(t, b.store, insp).Discard(ctx, id, "", "closed account")
 	require.ErrorIs(t, err, inspect.ErrActorRequired)
 
 	const note = "account closed; refunded by hand"
-	dr, err := opsOf(t, b.store, insp).Discard(ctx, id, "carol", note)
+	dr, err := testworker.Ops(t, b.store, insp).Discard(ctx, id, "carol", note)
 	require.NoError(t, err)
 	require.False(t, dr.AlreadyDiscarded)
 	j := dr.Job
@@ -399,21 +399,21 @@ func TestDiscardClosesJobForGood(t *testing.T) {
 	}, "the stale delivery should be acknowledged")
 	require.EqualValues(t, 1, runs.Load(), "a discarded job ran again")
 
-	dr, err = opsOf(t, b.store, insp).Discard(ctx, id, "dave", "me too")
+	dr, err = testworker.Ops(t, b.store, insp).Discard(ctx, id, "dave", "me too")
 	require.NoError(t, err, "discarding twice is a no-op")
 	require.True(t, dr.AlreadyDiscarded)
 	again := dr.Job
 	require.Equal(t, idempotency.StatusDiscarded, again.Status)
 	require.Equal(t, note, again.ResolutionNote)
 	require.Equal(t, "carol", again.ResolvedBy)
-	entries, err := opsOf(t, b.store, nil).Audit(ctx, id)
+	entries, err := testworker.Ops(t, b.store, nil).Audit(ctx, id)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "discard", entries[0].Action)
 	require.Equal(t, "carol", entries[0].Actor)
 	require.Equal(t, note, entries[0].Note)
 
-	_, err = opsOf(t, b.store, insp).Replay(ctx, id, "dave", "undo")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, id, "dave", "undo")
 	require.ErrorIs(t, err, inspect.ErrNotDead)
 }
 
@@ -443,10 +443,10 @@ func TestDeadJobOutlivesAsynqArchive(t *testing.T) {
 	_, err = insp.GetTaskInfo("critical", id)
 	require.ErrorIs(t, err, asynq.ErrTaskNotFound)
 
-	n, err := opsOf(t, b.store, nil).Count(ctx, inspect.Filter{Kind: charge.Name()})
+	n, err := testworker.Ops(t, b.store, nil).Count(ctx, inspect.Filter{Kind: charge.Name()})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	list, err := opsOf(t, b.store, nil).List(ctx, inspect.Filter{Queue: "critical"}, 10, 0)
+	list, err := testworker.Ops(t, b.store, nil).List(ctx, inspect.Filter{Queue: "critical"}, 10, 0)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.Equal(t, id, list[0].ID)
@@ -454,7 +454,7 @@ func TestDeadJobOutlivesAsynqArchive(t *testing.T) {
 	require.Equal(t, `{"order_id":"archive"}`, list[0].PayloadSummary)
 
 	fixed.Store(true)
-	_, err = opsOf(t, b.store, insp).Replay(ctx, id, "erin", "card updated")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, id, "erin", "card updated")
 	require.NoError(t, err)
 	j := b.waitStatus(t, id, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 1, j.Attempts)
@@ -502,24 +502,24 @@ func TestBulkActionsNeedTheConfirmedCount(t *testing.T) {
 	}
 
 	permanentReceipts := inspect.Filter{Kind: receipt.Name(), Class: string(retry.ClassPermanent)}
-	n, err := opsOf(t, b.store, nil).Count(ctx, permanentReceipts)
+	n, err := testworker.Ops(t, b.store, nil).Count(ctx, permanentReceipts)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 
-	res, err := opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 3, "dave", "bad import")
+	res, err := testworker.Ops(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 3, "dave", "bad import")
 	require.ErrorIs(t, err, inspect.ErrCountChanged)
 	require.Equal(t, 2, res.Matched)
 	require.Zero(t, res.Done)
-	_, err = opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "dave", "")
+	_, err = testworker.Ops(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "dave", "")
 	require.ErrorIs(t, err, inspect.ErrNoteRequired)
-	_, err = opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "", "bad import")
+	_, err = testworker.Ops(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "", "bad import")
 	require.ErrorIs(t, err, inspect.ErrActorRequired)
-	all, err := opsOf(t, b.store, nil).Count(ctx, inspect.Filter{})
+	all, err := testworker.Ops(t, b.store, nil).Count(ctx, inspect.Filter{})
 	require.NoError(t, err)
 	require.Equal(t, 4, all, "a refused bulk action changed something")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM keel_audit`))
 
-	res, err = opsOf(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "dave", "bad import")
+	res, err = testworker.Ops(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "dave", "bad import")
 	require.NoError(t, err)
 	require.Equal(t, inspect.BulkResult{Matched: 2, Done: 2, Unchanged: map[string]string{}, Failed: map[string]string{}}, res)
 	require.Equal(t, idempotency.StatusDiscarded, status(p1))
@@ -528,12 +528,12 @@ func TestBulkActionsNeedTheConfirmedCount(t *testing.T) {
 	require.Equal(t, idempotency.StatusDead, status(p3))
 
 	unknown := inspect.Filter{Class: string(retry.ClassUnknown)}
-	_, err = opsOf(t, b.store, insp).ReplayMatching(ctx, unknown, 2, "dave", "fixed")
+	_, err = testworker.Ops(t, b.store, insp).ReplayMatching(ctx, unknown, 2, "dave", "fixed")
 	require.ErrorIs(t, err, inspect.ErrCountChanged)
 	require.Equal(t, idempotency.StatusDead, status(odd))
 
 	fixed.Store(true)
-	res, err = opsOf(t, b.store, insp).ReplayMatching(ctx, unknown, 1, "dave", "odd error fixed in v1.2.3")
+	res, err = testworker.Ops(t, b.store, insp).ReplayMatching(ctx, unknown, 1, "dave", "odd error fixed in v1.2.3")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Done)
 	b.waitStatus(t, odd, idempotency.StatusSucceeded, 10*time.Second)
@@ -603,14 +603,14 @@ func TestReplayOfAJobAsynqHoldsAsRunningSaysToWait(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', attempts = 3, error_class = 'crashed', finished_at = now() WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
 
-	_, err = opsOf(t, b.store, insp).Replay(ctx, res.Job.ID, "alice", "")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, res.Job.ID, "alice", "")
 	require.ErrorIs(t, err, inspect.ErrTaskActive)
 	require.NotContains(t, err.Error(), "CancelProcessing")
 	require.Contains(t, err.Error(), "again")
 	j, err := b.store.Get(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusDead, j.Status)
-	entries, err := opsOf(t, b.store, nil).Audit(ctx, res.Job.ID)
+	entries, err := testworker.Ops(t, b.store, nil).Audit(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Empty(t, entries)
 }

@@ -524,14 +524,14 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 15*time.Second)
 
-	_, err = opsOf(t, b.store, nil).Replay(ctx, res.Job.ID, "ops", "try again")
+	_, err = testworker.Ops(t, b.store, nil).Replay(ctx, res.Job.ID, "ops", "try again")
 	require.ErrorIs(t, err, inspect.ErrEffectsCommitted)
 	require.Contains(t, err.Error(), res.Job.ID)
 	f := inspect.Filter{Kind: late.Name()}
-	n, err := opsOf(t, b.store, nil).Count(ctx, f)
+	n, err := testworker.Ops(t, b.store, nil).Count(ctx, f)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	bulk, err := opsOf(t, b.store, nil).ReplayMatching(ctx, f, n, "ops", "all of them")
+	bulk, err := testworker.Ops(t, b.store, nil).ReplayMatching(ctx, f, n, "ops", "all of them")
 	require.NoError(t, err)
 	require.Equal(t, 0, bulk.Done)
 	require.Contains(t, bulk.Failed[res.Job.ID], "local effects")
@@ -544,7 +544,7 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the committed effect must stay, once")
 
 	// Discarding it, with a note, is how a person closes it.
-	_, err = opsOf(t, b.store, nil).Discard(ctx, res.Job.ID, "ops", "mailed by hand")
+	_, err = testworker.Ops(t, b.store, nil).Discard(ctx, res.Job.ID, "ops", "mailed by hand")
 	require.NoError(t, err)
 }
 
@@ -567,7 +567,7 @@ func TestReplayAfterCompletingInTxIsRefusedWithoutTheColumn(t *testing.T) {
 	got, err := b.store.Get(ctx, j.ID)
 	require.NoError(t, err)
 	require.NotNil(t, got.EffectsCommittedAt)
-	_, err = opsOf(t, b.store, nil).Replay(ctx, j.ID, "ops", "try again")
+	_, err = testworker.Ops(t, b.store, nil).Replay(ctx, j.ID, "ops", "try again")
 	require.ErrorIs(t, err, inspect.ErrEffectsCommitted)
 	got, err = b.store.Get(ctx, j.ID)
 	require.NoError(t, err)
@@ -698,7 +698,7 @@ func TestReplayStartsWaitsAndCrashesAfresh(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'waited_too_long', attempts = 3,
 		waited_ms = 90000000, crashes = 2, finished_at = now() WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
-	_, err = opsOf(t, b.store, inspector(t, b)).Replay(ctx, res.Job.ID, "test", "fixed")
+	_, err = testworker.Ops(t, b.store, inspector(t, b)).Replay(ctx, res.Job.ID, "test", "fixed")
 	require.NoError(t, err)
 	require.Equal(t, 0, b.count(t, `SELECT waited_ms + crashes + attempts FROM keel_jobs WHERE id = $1`, res.Job.ID))
 }
@@ -804,7 +804,7 @@ func TestPanickingHooksDoNotUndoADeathOrStopTheWorker(t *testing.T) {
 	require.NoError(t, err)
 	<-started
 	// The ledger only, without asynq's cancel: the renewal finds it.
-	_, err = opsOf(t, b.store, nil).Cancel(ctx, blocked.Job.ID, "tester", "hook test")
+	_, err = testworker.Ops(t, b.store, nil).Cancel(ctx, blocked.Job.ID, "tester", "hook test")
 	require.NoError(t, err)
 	testenv.Eventually(t, 10*time.Second, func() bool { return cancels.Load() == 1 }, "the renewal never stopped the cancelled run")
 	after, err := b.client.Enqueue(ctx, hookAfterOK.New(order{OrderID: "hook-3"}))
@@ -854,7 +854,7 @@ func TestAStepInDoubtWithVerifyOnTheLastAttemptIsSettledByAReplay(t *testing.T) 
 
 	// With asynq's archived copy removed, as the CLI and dashboard do; without
 	// it the replay waits for the reconciler (up to 15 s).
-	_, err = opsOf(t, b.store, insp).Replay(ctx, res.Job.ID, "ops", "Verify settles it")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, res.Job.ID, "ops", "Verify settles it")
 	require.NoError(t, err, "a replay of a job whose step in doubt has Verify")
 	j = b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	require.EqualValues(t, 1, calls.Load(), "the call was made again")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -229,13 +230,13 @@ func TestAJobWhoseDeadlinePassedBeforeItRanEnds(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return deaths.n.Load() == 1 }, "the dead one raised no alert, or the expired one did")
 	require.EqualValues(t, 1, srv.Guard().Stats().Expired)
 	require.EqualValues(t, 1, expiries.n.Load(), "the expiry was not reported (metrics count it)")
-	_, err = opsOf(t, b.store, nil).Replay(ctx, stale.Job.ID, "ops", "")
+	_, err = testworker.Ops(t, b.store, nil).Replay(ctx, stale.Job.ID, "ops", "")
 	require.Error(t, err, "an expired job was replayable")
 	// A person who replays the dead one wants it run: its passed deadline
 	// goes with the replay.
 	insp := asynq.NewInspector(b.redis)
 	defer insp.Close()
-	_, err = opsOf(t, b.store, insp).Replay(ctx, dead.Job.ID, "ops", "the partner is back")
+	_, err = testworker.Ops(t, b.store, insp).Replay(ctx, dead.Job.ID, "ops", "the partner is back")
 	require.NoError(t, err)
 	j = b.waitStatus(t, dead.Job.ID, idempotency.StatusSucceeded, 15*time.Second)
 	require.Nil(t, j.Deadline)

@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
@@ -495,7 +496,7 @@ func TestResolveStepOnlyOnDeadJobs(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', lease_holder = 'w', lease_until = now() + interval '1 minute' WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
 	startedStep(t, b.pool, res.Job.ID, "mail")
-	err = opsOf(t, b.store, nil).ResolveStep(ctx, res.Job.ID, "mail", false, "ops", "")
+	err = testworker.Ops(t, b.store, nil).ResolveStep(ctx, res.Job.ID, "mail", false, "ops", "")
 	require.ErrorIs(t, err, inspect.ErrNotDead)
 	steps, err := b.store.Steps(ctx, res.Job.ID)
 	require.NoError(t, err)

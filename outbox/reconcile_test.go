@@ -147,7 +147,7 @@ func TestCancelledJobsAreNotPublishedAgain(t *testing.T) {
 	require.NoError(t, err)
 	store := idempotency.NewStore(b.pool)
 	for _, id := range []string{"was-published", "never-published"} {
-		_, err := opsOf(t, store, nil).Cancel(ctx, id, "test", "")
+		_, err := testworker.Ops(t, store, nil).Cancel(ctx, id, "test", "")
 		require.NoError(t, err)
 	}
 	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{})

@@ -447,7 +447,7 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	cancelled, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "cancelled"}))
 	require.NoError(t, err)
 	require.Equal(t, cancelled.Job.ID, <-started)
-	_, err = opsOf(t, b.store, nil).Cancel(ctx, cancelled.Job.ID, "tester", "log line")
+	_, err = testworker.Ops(t, b.store, nil).Cancel(ctx, cancelled.Job.ID, "tester", "log line")
 	require.NoError(t, err)
 	testenv.Eventually(t, 10*time.Second, func() bool { _, ok := attemptLine(log, cancelled.Job.ID, 1); return ok }, "no line for the cancelled run")
 	msg, _ := attemptLine(log, cancelled.Job.ID, 1)

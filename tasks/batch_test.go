@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -248,7 +249,7 @@ func TestBatchCountsMoveBetweenTerminalStatusesWithoutFiring(t *testing.T) {
 	b.end(t, res[1].Job.ID, idempotency.StatusSucceeded)
 	require.Len(t, b.callbacks(t, batch.ID), 1)
 
-	_, err = opsOf(t, b.store, nil).Discard(ctx, res[0].Job.ID, "ops", "customer left")
+	_, err = testworker.Ops(t, b.store, nil).Discard(ctx, res[0].Job.ID, "ops", "customer left")
 	require.NoError(t, err)
 	b.end(t, res[1].Job.ID, idempotency.StatusDead)
 	got, err := b.store.GetBatch(ctx, batch.ID)

@@ -15,6 +15,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -35,7 +36,7 @@ func TestClientCancelsByIDAndByKeyWithAnAuditNote(t *testing.T) {
 	out, err = b.client.CancelByKey(ctx, keyedKind.Name(), "by-key", tasks.CancelBy("billing-service"), tasks.CancelNote("refunded"))
 	require.NoError(t, err)
 	require.Equal(t, res2.Job.ID, out.Job.ID)
-	entries, err := opsOf(t, b.store, nil).Audit(ctx, res2.Job.ID)
+	entries, err := testworker.Ops(t, b.store, nil).Audit(ctx, res2.Job.ID)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 	require.Equal(t, "cancel", entries[0].Action)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -169,7 +170,7 @@ func TestUniqueWindowInBulkAndInTx(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, one.Job.ID, got.ID)
 
-	_, err = opsOf(t, b.store, nil).Replay(ctx, first[0].Job.ID, "operator", "")
+	_, err = testworker.Ops(t, b.store, nil).Replay(ctx, first[0].Job.ID, "operator", "")
 	require.ErrorIs(t, err, inspect.ErrNotDead, "a superseded dead job is not replayed beside its key's new job")
 	require.ErrorContains(t, err, "superseded")
 }

@@ -1,20 +1,21 @@
-package server_test
+package testworker
 
 import (
 	"testing"
 
 	"github.com/hibiken/asynq"
-	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 )
 
-// opsOf is the operator API on store's ledger, and on Redis through insp
+// Ops is the operator API on store's ledger, and on Redis through insp
 // when it is not nil.
-func opsOf(t testing.TB, store *idempotency.Store, insp *asynq.Inspector) *inspect.Inspector {
+func Ops(t testing.TB, store *idempotency.Store, insp *asynq.Inspector) *inspect.Inspector {
 	t.Helper()
 	ops, err := inspect.New(inspect.Config{Pool: store.Pool(), Asynq: insp})
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return ops
 }
