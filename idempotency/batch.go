@@ -67,10 +67,10 @@ func (c *BatchCallback) encode() ([]byte, error) {
 	if c == nil {
 		return nil, nil
 	}
-	if err := ValidateKey("callback kind", c.Kind); err != nil {
+	if err := ledger.ValidateKey("callback kind", c.Kind); err != nil {
 		return nil, err
 	}
-	if err := ValidateQueue(c.Queue); err != nil {
+	if err := ledger.ValidateQueue(c.Queue); err != nil {
 		return nil, fmt.Errorf("callback %w", err)
 	}
 	if len(c.Data) > 0 && !json.Valid(c.Data) {

@@ -140,10 +140,10 @@ func supersedeChunk(ctx context.Context, db DB, jobs []NewJob, idx []int) error 
 // write anything: its kind and business key, UTF-8 text, its retry budget
 // and trace context.
 func ValidateNewJob(nj NewJob) error {
-	if err := ValidateKey("kind", nj.Kind); err != nil {
+	if err := ledger.ValidateKey("kind", nj.Kind); err != nil {
 		return err
 	}
-	if err := ValidateKey("business key", nj.BusinessKey); err != nil {
+	if err := ledger.ValidateKey("business key", nj.BusinessKey); err != nil {
 		return err
 	}
 	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {

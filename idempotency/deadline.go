@@ -50,7 +50,7 @@ func (g *Guard) HandleError(ctx context.Context, t *asynq.Task, err error) {
 		return
 	}
 	id := taskID(ctx, t)
-	if ValidateKey("task id", id) != nil {
+	if ledger.ValidateKey("task id", id) != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

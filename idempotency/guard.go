@@ -791,7 +791,7 @@ func (g *Guard) renew(ctx context.Context, ids []string, runs []int32) ([]string
 func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 	return g.traceHandle(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		id := taskID(ctx, t)
-		if ValidateKey("task id", id) != nil {
+		if ledger.ValidateKey("task id", id) != nil {
 			// Not a ledger id, and one Postgres cannot even hold: it must not
 			// share (and fail) a round with the others.
 			return fmt.Errorf("%w: task id %q: %w", ErrUnknownJob, id, asynq.SkipRetry)

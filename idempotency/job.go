@@ -28,10 +28,6 @@ type Job = ledger.Job
 // StepRecord is one recorded external side effect of a job.
 type StepRecord = ledger.StepRecord
 
-// OriginalKey is the business key of a superseded job whose row stores it
-// moved aside as key#id (supersedeSQL).
-func OriginalKey(stored, id string) string { return ledger.OriginalKey(stored, id) }
-
 // newJob is the Job of a row just written from nj: the values Postgres
 // chose are row's, the rest is nj as given, so an insert does not send
 // back every column of every row.

@@ -81,7 +81,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	if err := jc.usable(); err != nil {
 		return zero, err
 	}
-	if err := ValidateKey("step name", name); err != nil {
+	if err := ledger.ValidateKey("step name", name); err != nil {
 		return zero, retry.Permanent(fmt.Errorf("keel: %w", err))
 	}
 	var cfg stepConfig

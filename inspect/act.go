@@ -45,7 +45,7 @@ func judged(a Action, v ledger.Verdict) outcome {
 		}
 	case ledger.VerdictSuperseded:
 		o.err = fmt.Errorf("%w: job %s was superseded by a newer job of key %q (its kind's tasks.Unique window had passed); enqueue anew instead",
-			ErrNotDead, v.ID, idempotency.OriginalKey(v.BusinessKey, v.ID))
+			ErrNotDead, v.ID, ledger.OriginalKey(v.BusinessKey, v.ID))
 	case ledger.VerdictEffects:
 		o.err = fmt.Errorf("%w (job %s)", ErrEffectsCommitted, v.ID)
 	case ledger.VerdictDoubt:

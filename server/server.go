@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/outcome"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/wake"
@@ -205,7 +206,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("keel: shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
 	}
 	for q, w := range c.Queues {
-		if err := idempotency.ValidateQueue(q); err != nil {
+		if err := ledger.ValidateQueue(q); err != nil {
 			return fmt.Errorf("keel: bad queue name: %w", err)
 		}
 		if w < 1 {

@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/batch"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/tracing"
 )
@@ -120,7 +121,7 @@ func queueSet(qs []string) (map[string]bool, error) {
 	}
 	set := make(map[string]bool, len(qs))
 	for _, q := range qs {
-		if err := idempotency.ValidateQueue(q); err != nil {
+		if err := ledger.ValidateQueue(q); err != nil {
 			return nil, fmt.Errorf("keel: tasks.ClientConfig.Queues: %w", err)
 		}
 		set[q] = true
@@ -227,7 +228,7 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if t == nil {
 		return idempotency.NewJob{}, fmt.Errorf("%w: nil task", ErrInvalidTask)
 	}
-	if err := idempotency.ValidateKey("kind", t.kind); err != nil {
+	if err := ledger.ValidateKey("kind", t.kind); err != nil {
 		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidTask, err)
 	}
 	if t.err != nil {
@@ -236,10 +237,10 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	if n := len(t.payload); n > MaxPayloadBytes {
 		return idempotency.NewJob{}, fmt.Errorf("%w: %d bytes, limit %d (pass large data by id)", ErrPayloadTooLarge, n, MaxPayloadBytes)
 	}
-	if err := idempotency.ValidateKey("business key", t.s.key); err != nil {
+	if err := ledger.ValidateKey("business key", t.s.key); err != nil {
 		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
-	if err := idempotency.ValidateQueue(t.s.queue); err != nil {
+	if err := ledger.ValidateQueue(t.s.queue); err != nil {
 		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrUnknownQueue, err)
 	}
 	if q := t.s.queue; !c.queues[q] && q != t.kindQueue {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -126,7 +127,7 @@ func TestEnqueueRefusesBadBusinessKeys(t *testing.T) {
 		{"empty", "", "empty"},
 		{"NUL byte", "order:\x00:1", "NUL"},
 		{"invalid UTF-8", "order:\xff\xfe", "UTF-8"},
-		{"too long", strings.Repeat("k", idempotency.MaxBusinessKeyBytes+1), strconv.Itoa(idempotency.MaxBusinessKeyBytes + 1)},
+		{"too long", strings.Repeat("k", ledger.MaxBusinessKeyBytes+1), strconv.Itoa(ledger.MaxBusinessKeyBytes + 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := b.client.Enqueue(ctx, keyedKind.New(keyed{Key: tc.key}))
@@ -142,7 +143,7 @@ func TestEnqueueRefusesBadBusinessKeys(t *testing.T) {
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs`))
 
 	// The longest key allowed, and keys with quotes and the like, round-trip.
-	for _, key := range []string{strings.Repeat("k", idempotency.MaxBusinessKeyBytes), `o'rder "1" \ ; DROP TABLE keel_jobs; --`, "заказ:🧾"} {
+	for _, key := range []string{strings.Repeat("k", ledger.MaxBusinessKeyBytes), `o'rder "1" \ ; DROP TABLE keel_jobs; --`, "заказ:🧾"} {
 		res, err := b.client.Enqueue(ctx, keyedKind.New(keyed{Key: key}))
 		require.NoError(t, err)
 		got, err := b.store.Lookup(ctx, "test:keyed", key)

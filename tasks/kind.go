@@ -9,7 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -175,7 +175,7 @@ func Define[P any](name string, opts ...Option) *Kind[P] {
 		panic(fmt.Sprintf("keel: kind %q has no tasks.Key[%T] option", name, p))
 	}
 	if q := k.defaults.queue; q != "" {
-		if err := idempotency.ValidateQueue(q); err != nil {
+		if err := ledger.ValidateQueue(q); err != nil {
 			panic(fmt.Sprintf("keel: kind %q: tasks.Queue: %v", name, err))
 		}
 	}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -18,7 +18,7 @@ func TestQueueNamesFollowTheWorkersRule(t *testing.T) {
 	bad := []string{`q"><img src=x onerror=alert(1)>`, `q"><img`, "has space", "a:b", "a,b", "{tag}", "tab\tq", "",
 		"ü-nicode", string(make([]byte, 101))}
 	for _, q := range bad {
-		require.Error(t, idempotency.ValidateQueue(q), "%q", q)
+		require.Error(t, ledger.ValidateQueue(q), "%q", q)
 		worker := server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 1, Queues: map[string]int{q: 1}}
 		require.ErrorContains(t, worker.Validate(), "queue", "the worker refuses %q", q)
 		c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool, Queues: []string{q}})
@@ -36,7 +36,7 @@ func TestQueueNamesFollowTheWorkersRule(t *testing.T) {
 	}
 	require.False(t, tasks.Known("test:bad_queue"))
 	for _, q := range []string{"critical", "emails-eu.west_2", "Q1"} {
-		require.NoError(t, idempotency.ValidateQueue(q))
+		require.NoError(t, ledger.ValidateQueue(q))
 		worker := server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 1, Queues: map[string]int{q: 1}}
 		require.NoError(t, worker.Validate())
 	}

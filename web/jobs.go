@@ -129,7 +129,7 @@ func listJobs(ctx context.Context, db ledger.DB, f jobFilter, limit int) ([]list
 			LastError: j.LastError, ErrorClass: j.ErrorClass, CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt,
 			FinishedAt: j.FinishedAt, Superseded: j.Superseded}
 		if j.Superseded {
-			out[i].BusinessKey = idempotency.OriginalKey(j.BusinessKey, j.ID)
+			out[i].BusinessKey = ledger.OriginalKey(j.BusinessKey, j.ID)
 		}
 	}
 	return out, more, nil
