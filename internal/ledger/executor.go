@@ -127,8 +127,8 @@ func Round(ctx context.Context, db DB, a RoundArgs, fn func(Claimed)) error {
 		return err
 	}
 	defer rows.Close()
-	var c Claimed
 	for rows.Next() {
+		var c Claimed // its own Deadline pointer: fn may keep it
 		if err := rows.Scan(&c.ID, &c.Attempts, &c.Budget, &c.WaitedMS, &c.MaxWaitMS, &c.BatchID, &c.Run, &c.Alone, &c.Deadline); err != nil {
 			return err
 		}
@@ -171,8 +171,8 @@ func ReadUnclaimed(ctx context.Context, db DB, ids []string, fn func(Unclaimed))
 		return err
 	}
 	defer rows.Close()
-	var u Unclaimed
 	for rows.Next() {
+		var u Unclaimed
 		if err := rows.Scan(&u.ID, &u.Status, &u.Attempts, &u.LeaseUntil, &u.Exhausted); err != nil {
 			return err
 		}

@@ -3,8 +3,10 @@ package ledger_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/stretchr/testify/require"
 )
 
 // The guard's statements touch the rows of the jobs at hand, by primary
@@ -39,4 +41,24 @@ func TestExecutorPlans(t *testing.T) {
 			usesIndex(t, plan(t, call), []string{"Index Cond: (id = "}, "keel_jobs")
 		})
 	}
+}
+
+// Each claim of a round carries its own job's deadline, however many
+// jobs with deadlines one round claims.
+func TestRoundClaimsKeepTheirOwnDeadlines(t *testing.T) {
+	ctx := context.Background()
+	tx, err := big.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)                    //nolint:errcheck
+	ids := []string{"j00000679", "j00001843"} // pending, with deadlines (see fill)
+	_, err = tx.Exec(ctx, `UPDATE keel_jobs SET deadline = now() + (CASE id WHEN $1 THEN 1 ELSE 2 END) * interval '1 hour'
+		WHERE id = ANY($2)`, ids[0], ids)
+	require.NoError(t, err)
+	got := map[string]*time.Time{}
+	require.NoError(t, ledger.Round(ctx, tx, ledger.RoundArgs{Holder: "w", LeaseMS: 10000, Claim: ids, Done: []string{}, DoneRuns: []int32{}},
+		func(c ledger.Claimed) { got[c.ID] = c.Deadline }))
+	require.Len(t, got, 2)
+	require.NotNil(t, got[ids[0]])
+	require.NotNil(t, got[ids[1]])
+	require.Equal(t, time.Hour, got[ids[1]].Sub(*got[ids[0]]).Round(time.Minute), "each claim's deadline is its own")
 }
