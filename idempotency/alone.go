@@ -343,7 +343,7 @@ func (g *Guard) runAlone(ctx context.Context, jc *jobContext, res claimResult) e
 		}
 		return err
 	}
-	held, err := ledger.MarkSolo(ctx, g.store.pool, jc.id, g.cfg.Holder, jc.run)
+	held, err := ledger.MarkSolo(ctx, g.store.Pool(), jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		if err = jc.refused(ctx, interpretError(err)); !errors.Is(err, ErrRunGivenUp) && !errors.Is(err, ErrCancelled) {
 			// Not the job's failure: its last run must not be spent on it.
@@ -371,7 +371,7 @@ func (g *Guard) watchReservation(id string) {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		status, holder, err := ledger.Holder(ctx, g.store.pool, id)
+		status, holder, err := ledger.Holder(ctx, g.store.Pool(), id)
 		cancel()
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && reservationMoot(status, holder, g.cfg.Holder)) {
 			g.gate.unreserve(id)

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -11,34 +10,6 @@ import (
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/retry"
 )
-
-// endPastDeadline ends the jobs ids whose deadline comes within margin
-// (see ledger.EndPastDeadline) and returns the deaths and the expired among
-// them.
-func (s *Store) endPastDeadline(ctx context.Context, ids []string, margin time.Duration, summary string) (deaths, expired []DeadEvent, err error) {
-	ended, err := ledger.EndPastDeadline(ctx, s.pool, ids, margin, storableText(summary, maxErrorBytes), nil)
-	if err != nil {
-		return nil, nil, interpretError(err)
-	}
-	for _, j := range ended {
-		e := DeadEvent{JobID: j.ID, Kind: j.Kind, Queue: j.Queue, BusinessKey: j.BusinessKey, Class: j.Class,
-			Error: j.Error, TraceID: j.TraceID, Attempts: j.Attempts}
-		if j.Status == StatusDead {
-			deaths = append(deaths, e)
-		} else {
-			expired = append(expired, e)
-		}
-	}
-	return deaths, expired, nil
-}
-
-// EndPastDeadline ends those of jobs ids whose deadline has passed while
-// no run holds them (the reconciler calls it before it would publish them
-// again: asynq would only fail them unrun). It returns the deaths, for the
-// caller's alerts, and the jobs that expired (class expired).
-func (s *Store) EndPastDeadline(ctx context.Context, ids []string) (deaths, expired []DeadEvent, err error) {
-	return s.endPastDeadline(ctx, ids, 0, "")
-}
 
 // HandleError is for asynq.Config.ErrorHandler (server.New installs it).
 // asynq fails a delivery whose deadline has passed before any middleware
@@ -62,7 +33,7 @@ func (g *Guard) HandleError(ctx context.Context, t *asynq.Task, err error) {
 // run holds it, with the alerts and counters of any death; it reports
 // whether it did, and whether the job died (else it expired).
 func (g *Guard) endAtDeadline(ctx context.Context, t *asynq.Task, id string, margin time.Duration) (ended, dead bool) {
-	deaths, expired, err := g.store.endPastDeadline(ctx, []string{id}, margin, g.summarize(t))
+	deaths, expired, err := g.store.EndPastDeadlineWithin(ctx, []string{id}, margin, g.summarize(t))
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not end a job past its deadline; the reconciler tries again", "job_id", id, "err", err)
@@ -86,16 +57,6 @@ func (g *Guard) endAtDeadline(ctx context.Context, t *asynq.Task, id string, mar
 		}
 	}
 	return len(deaths) > 0, len(deaths) > 0
-}
-
-// checkRunAt refuses a run time after a deadline: such a job could never
-// run (asynq fails a delivery past its deadline unrun).
-func checkRunAt(runAt time.Time, deadline time.Time) error {
-	if deadline.IsZero() || runAt.IsZero() || runAt.Before(deadline) {
-		return nil
-	}
-	return fmt.Errorf("%w: it would run at %s, not before its deadline %s", ErrPastDeadline,
-		runAt.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339))
 }
 
 func (g *Guard) onExpired(ctx context.Context, e DeadEvent) {

@@ -2,18 +2,15 @@ package idempotency
 
 import (
 	"errors"
-	"fmt"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/pgerr"
-	"github.com/keeljobs/keel/retry"
 )
 
 var (
 	// ErrNotFound means no ledger row matches.
-	ErrNotFound = errors.New("keel: job not found")
+	ErrNotFound = jobstore.ErrNotFound
 	// ErrNoJob means a ledger helper (Step, InTx) was called outside a handler
 	// run by the ledger middleware.
 	ErrNoJob = errors.New("keel: no ledger job in context (is the idempotency middleware installed?)")
@@ -35,7 +32,7 @@ var (
 	// ErrPastDeadline refuses a job that would run at or after its
 	// deadline (a delay or run time past it, or a deadline already gone):
 	// it could never run.
-	ErrPastDeadline = errors.New("keel: past its deadline")
+	ErrPastDeadline = jobstore.ErrPastDeadline
 	// ErrGuardClosed means the worker's ledger guard has stopped (the worker
 	// shut down) while a handler was still running; its outcome is left to
 	// the lease and the next delivery.
@@ -57,25 +54,11 @@ var (
 	// the connection (a restart, a failover, a cut connection). Such errors
 	// are marked retry.Wait: a job that meets one in InTx or Step waits and
 	// runs again, without using up an attempt.
-	ErrLedgerUnavailable = pgerr.ErrUnavailable
+	ErrLedgerUnavailable = jobstore.ErrLedgerUnavailable
 )
 
 // interpretError is the one place pgx errors become keel's.
-func interpretError(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotFound
-	}
-	if ledgerUnreachable(err) {
-		return retry.Wait(0, fmt.Errorf("%w: %w", ErrLedgerUnavailable, err))
-	}
-	if berr := batchError(err); berr != nil {
-		return berr
-	}
-	return fmt.Errorf("keel ledger: %w", err)
-}
+func interpretError(err error) error { return jobstore.Interpret(err) }
 
 func ledgerUnreachable(err error) bool { return pgerr.Unreachable(err) }
 
@@ -84,3 +67,7 @@ func lockConflict(err error) bool { return pgerr.LockConflict(err) }
 func isUndefinedTable(err error) bool { return pgerr.UndefinedTable(err) }
 
 func utf8Valid(s string) bool { return utf8.ValidString(s) }
+
+func storableText(s string, max int) string { return jobstore.StorableText(s, max) }
+
+const maxErrorBytes = jobstore.MaxErrorBytes

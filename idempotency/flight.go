@@ -54,7 +54,7 @@ func (g *Guard) renewFlights(ctx context.Context) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
 	defer cancel()
-	if err := ledger.RenewFlights(rctx, g.store.pool, g.cfg.Holder, g.cfg.Lease.Milliseconds(), ids, names, runs); err != nil && ctx.Err() == nil {
+	if err := ledger.RenewFlights(rctx, g.store.Pool(), g.cfg.Holder, g.cfg.Lease.Milliseconds(), ids, names, runs); err != nil && ctx.Err() == nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not renew steps' calls in flight", "calls", len(ids), "err", err)
 	}

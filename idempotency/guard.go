@@ -7,11 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
@@ -122,21 +120,6 @@ type GuardConfig struct {
 type CancelEvent struct {
 	JobID, Kind, Queue string
 	Attempt            int
-}
-
-// DeadEvent describes a job that has just died.
-type DeadEvent struct {
-	JobID, Kind, Queue, BusinessKey, Class, Error, TraceID string
-	Attempts                                               int
-}
-
-// LogDied logs e at Error level as "keel: job died": the one line a death
-// gets, from server.New's default OnDead or from an alerter.
-func (e DeadEvent) LogDied(ctx context.Context, log *slog.Logger) {
-	log.LogAttrs(ctx, slog.LevelError, "keel: job died",
-		slog.String("job_id", e.JobID), slog.String("kind", e.Kind), slog.String("queue", e.Queue),
-		slog.String("business_key", e.BusinessKey), slog.String("class", e.Class),
-		slog.Int("attempts", e.Attempts), slog.String("err", e.Error))
 }
 
 func (c GuardConfig) withDefaults() GuardConfig {
@@ -574,7 +557,7 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 func (g *Guard) round(ctx context.Context, a ledger.RoundArgs, completing map[string]bool) (map[string]claimResult, map[string]bool, error) {
 	results := make(map[string]claimResult, len(a.Claim))
 	done := make(map[string]bool, len(a.Done))
-	err := ledger.Round(ctx, g.store.pool, a, func(c ledger.Claimed) {
+	err := ledger.Round(ctx, g.store.Pool(), a, func(c ledger.Claimed) {
 		if completing[c.ID] {
 			done[c.ID] = true
 			return
@@ -598,7 +581,7 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 			rest = append(rest, id)
 		}
 	}
-	return ledger.ReadUnclaimed(ctx, g.store.pool, rest, func(u ledger.Unclaimed) {
+	return ledger.ReadUnclaimed(ctx, g.store.Pool(), rest, func(u ledger.Unclaimed) {
 		res := claimResult{status: u.Status, attempts: u.Attempts, leaseUntil: u.LeaseUntil}
 		switch {
 		case u.Exhausted:
@@ -783,7 +766,7 @@ func (g *Guard) renewRunning(ctx context.Context) {
 // renew extends the leases of the runs ids (with their run numbers) and
 // returns the ids still theirs (renewSQL).
 func (g *Guard) renew(ctx context.Context, ids []string, runs []int32) ([]string, error) {
-	return ledger.Renew(ctx, g.store.pool, g.cfg.Holder, g.cfg.Lease.Milliseconds(), ids, runs)
+	return ledger.Renew(ctx, g.store.Pool(), g.cfg.Holder, g.cfg.Lease.Milliseconds(), ids, runs)
 }
 
 // Middleware returns the asynq middleware. Install it before the handler and
@@ -965,7 +948,7 @@ func asynqLastTry(ctx context.Context) bool {
 func (g *Guard) release(ctx context.Context, jc *jobContext) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	err := ledger.Release(ctx, g.store.pool, jc.id, g.cfg.Holder, jc.run)
+	err := ledger.Release(ctx, g.store.Pool(), jc.id, g.cfg.Holder, jc.run)
 	if err != nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not release an interrupted job; its lease expires on its own", "job_id", jc.id, "err", err)
@@ -1015,7 +998,7 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) error {
 	ctx = context.WithoutCancel(ctx)
 	summary := storableText(g.summarize(t), maxErrorBytes)
-	r, err := ledger.RetireCrashed(ctx, g.store.pool, id, summary)
+	r, err := ledger.RetireCrashed(ctx, g.store.Pool(), id, summary)
 	businessKey, traceID, msg, attempts := r.BusinessKey, r.TraceID, r.Error, r.Attempts
 	if errors.Is(err, pgx.ErrNoRows) {
 		return retry.Wait(time.Second, ErrLeaseHeld) // it changed hands meanwhile: look again
@@ -1055,7 +1038,7 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 	// stay succeeded, the failure and its alert lost.
 	err := g.untilLedgerAnswers(jc.id, func() error {
 		var err error
-		businessKey, traceID, err = ledger.DeadAfterComplete(ctx, g.store.pool, jc.id, msg, summary)
+		businessKey, traceID, err = ledger.DeadAfterComplete(ctx, g.store.Pool(), jc.id, msg, summary)
 		return interpretError(err)
 	})
 	if err != nil {
@@ -1145,26 +1128,6 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 	}
 }
 
-// maxErrorBytes bounds the error text and summary kept with a job.
-const maxErrorBytes = 8 << 10
-
-// storableText makes s fit a Postgres text column: valid UTF-8, no NUL
-// bytes (which Postgres refuses), at most max bytes.
-func storableText(s string, max int) string {
-	if !utf8Valid(s) {
-		s = string([]rune(s))
-	}
-	s = strings.ReplaceAll(s, "\x00", `\0`)
-	if len(s) > max {
-		cut := max
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + " …(truncated)"
-	}
-	return s
-}
-
 // waitCeiling is the most a claimed job may wait in all: its kind's
 // MaxWait, or the guard's.
 func (g *Guard) waitCeiling(res claimResult) time.Duration {
@@ -1248,7 +1211,7 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	var businessKey, storedTrace string
 	err := g.untilLedgerAnswers(id, func() error {
 		var err error
-		businessKey, storedTrace, err = ledger.Fail(ctx, g.store.pool, ledger.Failure{ID: id, Holder: g.cfg.Holder, Run: jc.run,
+		businessKey, storedTrace, err = ledger.Fail(ctx, g.store.Pool(), ledger.Failure{ID: id, Holder: g.cfg.Holder, Run: jc.run,
 			Status: status, Error: msg, Class: string(class), Uncount: uncount, Unpublish: unpublish,
 			RunInMS: runIn.Milliseconds(), Summary: summary, TraceID: traceID, SpanTraceID: spanTraceID(ctx),
 			WaitedMS: waited.Milliseconds(), InDoubt: errors.Is(herr, ErrInDoubt)})
@@ -1517,7 +1480,7 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return err
 	}
 	g := jc.guard
-	conn, err := g.store.pool.Acquire(ctx)
+	conn, err := g.store.Pool().Acquire(ctx)
 	if err != nil {
 		return jc.refused(ctx, interpretError(err))
 	}

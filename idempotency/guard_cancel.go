@@ -33,7 +33,7 @@ func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobCont
 	}
 	ctx, cancel := context.WithTimeout(ctx, cancelCheckTimeout)
 	defer cancel()
-	found, err := ledger.RunFates(ctx, g.store.pool, ids)
+	found, err := ledger.RunFates(ctx, g.store.Pool(), ids)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +61,7 @@ func (g *Guard) leaseFates(ctx context.Context, jcs []*jobContext) (map[*jobCont
 func (g *Guard) isCancelled(ctx context.Context, id string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelCheckTimeout)
 	defer cancel()
-	cancelled, err := ledger.Cancelled(ctx, g.store.pool, id)
+	cancelled, err := ledger.Cancelled(ctx, g.store.Pool(), id)
 	return err == nil && cancelled
 }
 

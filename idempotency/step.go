@@ -89,7 +89,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 		o(&cfg)
 	}
 	g := jc.guard
-	pool := g.store.pool
+	pool := g.store.Pool()
 	key := StepKey(jc.id, name)
 
 	// "started" commits on its own before the call: if the process dies
@@ -179,7 +179,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 func resumeStep[T any](ctx context.Context, jc *jobContext, name, key string, cfg stepConfig) (T, bool, error) {
 	var zero T
 	g := jc.guard
-	pool := g.store.pool
+	pool := g.store.Pool()
 	st, err := ledger.ReadStep(ctx, pool, jc.id, name)
 	status, result, inFlight, leftMS := st.Status, st.Result, st.InFlight, st.LeftMS
 	if err != nil {

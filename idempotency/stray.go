@@ -63,7 +63,7 @@ func (g *Guard) markStray(jc *jobContext) {
 	g.strays.add(jc.id)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := ledger.MarkStrays(ctx, g.store.pool, []string{jc.id}, g.cfg.Lease.Milliseconds()); err != nil {
+	if err := ledger.MarkStrays(ctx, g.store.Pool(), []string{jc.id}, g.cfg.Lease.Milliseconds()); err != nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not record a given-up handler that may still act", "job_id", jc.id, "err", err)
 	}
@@ -81,7 +81,7 @@ func (g *Guard) strayReturned(jc *jobContext) {
 func (g *Guard) clearStray(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := ledger.ClearStray(ctx, g.store.pool, id); err != nil {
+	if err := ledger.ClearStray(ctx, g.store.Pool(), id); err != nil {
 		g.cfg.Logger.Warn("keel: could not clear a returned handler's mark; it runs out on its own", "job_id", id, "err", err)
 	}
 }
@@ -94,7 +94,7 @@ func (g *Guard) renewStrays(ctx context.Context) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
 	defer cancel()
-	if err := ledger.MarkStrays(rctx, g.store.pool, ids, g.cfg.Lease.Milliseconds()); err != nil && ctx.Err() == nil {
+	if err := ledger.MarkStrays(rctx, g.store.Pool(), ids, g.cfg.Lease.Milliseconds()); err != nil && ctx.Err() == nil {
 		g.stats.ledgerErrs.Add(1)
 		g.cfg.Logger.Warn("keel: could not renew the marks of given-up handlers", "jobs", len(ids), "err", err)
 	}

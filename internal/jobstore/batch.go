@@ -1,4 +1,4 @@
-package idempotency
+package jobstore
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -161,7 +162,7 @@ func batchOf(r ledger.BatchRow, err error) (Batch, error) {
 // transaction, so that the batch and its first members commit with the
 // caller's own writes).
 func (s *Store) CreateBatch(ctx context.Context, db DB, nb NewBatch) (Batch, error) {
-	if !utf8Valid(nb.Description) || strings.ContainsRune(nb.Description, 0) {
+	if !utf8.ValidString(nb.Description) || strings.ContainsRune(nb.Description, 0) {
 		return Batch{}, errors.New("keel: batch description must be valid UTF-8 without NUL bytes")
 	}
 	onComplete, err := nb.OnComplete.encode()
@@ -177,7 +178,7 @@ func (s *Store) CreateBatch(ctx context.Context, db DB, nb NewBatch) (Batch, err
 		return Batch{}, err
 	}
 	b, err := batchOf(ledger.CreateBatch(ctx, db, id.String(), nb.Description, onComplete, onSuccess))
-	return b, interpretError(err)
+	return b, Interpret(err)
 }
 
 // SealBatch says every member has been enqueued: nothing joins the batch
@@ -185,23 +186,23 @@ func (s *Store) CreateBatch(ctx context.Context, db DB, nb NewBatch) (Batch, err
 // its callbacks are enqueued, in the same transaction. Sealing a sealed
 // batch changes nothing.
 func (s *Store) SealBatch(ctx context.Context, db DB, id string) (Batch, error) {
-	if !utf8Valid(id) || id == "" {
+	if !utf8.ValidString(id) || id == "" {
 		return Batch{}, fmt.Errorf("%w: %q", ErrBatchNotFound, id)
 	}
 	b, err := batchOf(ledger.SealBatch(ctx, db, id))
-	return b, interpretError(err)
+	return b, Interpret(err)
 }
 
 // GetBatch returns the batch with id.
 func (s *Store) GetBatch(ctx context.Context, id string) (Batch, error) {
-	if !utf8Valid(id) || id == "" {
+	if !utf8.ValidString(id) || id == "" {
 		return Batch{}, fmt.Errorf("%w: %q", ErrBatchNotFound, id)
 	}
 	b, err := batchOf(ledger.GetBatch(ctx, s.pool, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Batch{}, fmt.Errorf("%w: %s", ErrBatchNotFound, id)
 	}
-	return b, interpretError(err)
+	return b, Interpret(err)
 }
 
 // BatchFilter selects batches for ListBatches.
@@ -219,7 +220,7 @@ func (s *Store) ListBatches(ctx context.Context, f BatchFilter) ([]Batch, error)
 	}
 	rows, err := ledger.ListBatches(ctx, s.pool, f.Open, f.Limit)
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, Interpret(err)
 	}
 	bs := make([]Batch, len(rows))
 	for i, r := range rows {
@@ -232,7 +233,7 @@ func (s *Store) ListBatches(ctx context.Context, f BatchFilter) ([]Batch, error)
 // (pending, running, failed) too.
 func (s *Store) BatchStatuses(ctx context.Context, id string) (map[Status]int, error) {
 	out, err := ledger.BatchStatuses(ctx, s.pool, id)
-	return out, interpretError(err)
+	return out, Interpret(err)
 }
 
 // OpenMembers returns up to limit members of a batch that have not ended
@@ -242,5 +243,5 @@ func (s *Store) OpenMembers(ctx context.Context, id string, limit int) ([]Job, e
 		limit = 100
 	}
 	js, err := ledger.OpenMembers(ctx, s.pool, id, limit)
-	return js, interpretError(err)
+	return js, Interpret(err)
 }

@@ -1,4 +1,4 @@
-package idempotency
+package jobstore
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package idempotency
+package jobstore
 
 import (
 	"context"
@@ -19,10 +19,6 @@ import (
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/tracing"
 )
-
-// DB is what the ledger needs from a pool or a transaction, so that every
-// write can join the caller's transaction.
-type DB = ledger.DB
 
 // Store reads and writes the ledger.
 type Store struct {
@@ -123,7 +119,7 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 			return newJob(row, nj), false, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return Job{}, false, interpretError(err)
+			return Job{}, false, Interpret(err)
 		}
 		job, err = LookupIn(ctx, db, nj.Kind, nj.BusinessKey)
 		if err == nil {
@@ -137,7 +133,7 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 }
 
 func supersede(ctx context.Context, db DB, kinds, keys []string, windowsMS []int64) error {
-	return interpretError(ledger.Supersede(ctx, db, kinds, keys, windowsMS))
+	return Interpret(ledger.Supersede(ctx, db, kinds, keys, windowsMS))
 }
 
 // Get returns the job with id.
@@ -146,7 +142,7 @@ func (s *Store) Get(ctx context.Context, id string) (Job, error) {
 		return Job{}, ErrNotFound
 	}
 	j, err := ledger.GetJob(ctx, s.pool, id)
-	return j, interpretError(err)
+	return j, Interpret(err)
 }
 
 // FinishedAmong returns which of ids are jobs that finished for good
@@ -154,7 +150,7 @@ func (s *Store) Get(ctx context.Context, id string) (Job, error) {
 func (s *Store) FinishedAmong(ctx context.Context, ids []string) (map[string]bool, error) {
 	found, err := ledger.FinishedAmong(ctx, s.pool, ids)
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, Interpret(err)
 	}
 	finished := make(map[string]bool, len(found))
 	for _, id := range found {
@@ -179,7 +175,7 @@ func (s *Store) Steps(ctx context.Context, jobID string) ([]StepRecord, error) {
 func (s *Store) StepsOf(ctx context.Context, jobIDs []string) (map[string][]StepRecord, error) {
 	steps, err := ledger.StepsOf(ctx, s.pool, jobIDs)
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, Interpret(err)
 	}
 	out := make(map[string][]StepRecord, len(jobIDs))
 	for _, st := range steps {
@@ -280,7 +276,7 @@ func (s *Store) PublishMany(ctx context.Context, p *Publisher, jobs []Job) (res 
 		}
 	}
 	if len(mark) > 0 {
-		markErr = interpretError(ledger.MarkPublished(ctx, s.pool, mark))
+		markErr = Interpret(ledger.MarkPublished(ctx, s.pool, mark))
 	}
 	return res, markErr
 }
@@ -345,13 +341,13 @@ func Task(j Job) *asynq.Task {
 // NotifyRelay wakes the relays when tx commits (NOTIFY is delivered at commit
 // and dropped on rollback).
 func NotifyRelay(ctx context.Context, tx DB) error {
-	return interpretError(ledger.NotifyRelay(ctx, tx))
+	return Interpret(ledger.NotifyRelay(ctx, tx))
 }
 
 // GetMany returns the jobs with the given ids, in no particular order.
 func (s *Store) GetMany(ctx context.Context, db DB, ids []string) ([]Job, error) {
 	jobs, err := ledger.GetJobs(ctx, db, ids)
-	return jobs, interpretError(err)
+	return jobs, Interpret(err)
 }
 
 // LookupIn returns the job of one business action as db sees it: pass a
@@ -361,7 +357,7 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 		return Job{}, ErrNotFound
 	}
 	j, err := ledger.LookupJob(ctx, db, kind, businessKey)
-	return j, interpretError(err)
+	return j, Interpret(err)
 }
 
 // ClaimOutbox, TakeOverOutbox and ClaimUnpublished return jobs with what
@@ -379,7 +375,7 @@ func LookupIn(ctx context.Context, db DB, kind, businessKey string) (Job, error)
 func (s *Store) ClaimOutbox(ctx context.Context, limit int) (jobs []Job, taken int, err error) {
 	queued, err := ledger.OutboxDue(ctx, s.pool)
 	if err != nil || !queued {
-		return nil, 0, interpretError(err)
+		return nil, 0, Interpret(err)
 	}
 	return s.takeOutbox(ctx, limit, 0)
 }
@@ -393,7 +389,7 @@ func (s *Store) TakeOverOutbox(ctx context.Context, limit int, age time.Duration
 func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (jobs []Job, taken int, err error) {
 	jobs, taken, err = ledger.ClaimOutbox(ctx, s.pool, limit, age, nil)
 	if err != nil {
-		return nil, 0, interpretError(err)
+		return nil, 0, Interpret(err)
 	}
 	return jobs, taken, nil
 }
@@ -407,13 +403,13 @@ func (s *Store) takeOutbox(ctx context.Context, limit int, age time.Duration) (j
 // replay, and rows written by a binary from before the outbox.
 func (s *Store) ClaimUnpublished(ctx context.Context, limit int) ([]Job, error) {
 	jobs, err := ledger.ClaimUnpublished(ctx, s.pool, limit, nil)
-	return jobs, interpretError(err)
+	return jobs, Interpret(err)
 }
 
 // InOutbox tells whether the job waits on the relay's outbox.
 func (s *Store) InOutbox(ctx context.Context, id string) (bool, error) {
 	in, err := ledger.InOutbox(ctx, s.pool, id)
-	return in, interpretError(err)
+	return in, Interpret(err)
 }
 
 // PublishClaimed publishes jobs a relay or reconciler took to publish (off
@@ -437,5 +433,5 @@ func (s *Store) PublishClaimed(ctx context.Context, p *Publisher, jobs []Job) (r
 
 // Unpublish hands jobs a publisher could not publish back to the relay.
 func (s *Store) Unpublish(ctx context.Context, ids []string) error {
-	return interpretError(ledger.Unpublish(ctx, s.pool, ids))
+	return Interpret(ledger.Unpublish(ctx, s.pool, ids))
 }

@@ -1,4 +1,4 @@
-package idempotency
+package jobstore
 
 import (
 	"cmp"
@@ -156,7 +156,7 @@ func ValidateNewJob(nj NewJob) error {
 	if runAt.IsZero() {
 		runAt = time.Now()
 	}
-	if err := checkRunAt(runAt, nj.Deadline); err != nil {
+	if err := CheckRunAt(runAt, nj.Deadline); err != nil {
 		return err
 	}
 	return validateTraceContext(nj)
@@ -269,7 +269,7 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 			nj := jobs[at[row.ID]]
 			got[bulkKey{nj.Kind, nj.BusinessKey}] = Inserted{Job: newJob(row, nj)}
 		})
-	return interpretError(err)
+	return Interpret(err)
 }
 
 func lookupRows(ctx context.Context, db DB, jobs []NewJob, idx []int, got map[bulkKey]Inserted) error {
@@ -277,7 +277,7 @@ func lookupRows(ctx context.Context, db DB, jobs []NewJob, idx []int, got map[bu
 	for r, i := range idx {
 		kinds[r], keys[r] = jobs[i].Kind, jobs[i].BusinessKey
 	}
-	return interpretError(ledger.LookupJobs(ctx, db, kinds, keys, func(j Job) {
+	return Interpret(ledger.LookupJobs(ctx, db, kinds, keys, func(j Job) {
 		got[bulkKey{j.Kind, j.BusinessKey}] = Inserted{Job: j, Existed: true}
 	}))
 }
