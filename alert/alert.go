@@ -177,7 +177,7 @@ func withoutURL(err error) error {
 }
 
 // Alerter reports dead jobs: a log line and a metric at once, and a webhook
-// call per window. Wire JobDied as idempotency.GuardConfig.OnDead and run
+// call per window. Wire JobDied as server.GuardConfig.OnDead and run
 // Run for the webhook.
 type Alerter struct {
 	cfg  Config
@@ -221,7 +221,7 @@ func New(cfg Config) (*Alerter, error) {
 
 // JobDied reports one death: it logs it, counts it and queues it for the
 // webhook. It never waits for the webhook, so it is safe to call from the
-// worker's hot path: it has the shape of idempotency.GuardConfig.OnDead.
+// worker's hot path: it has the shape of server.GuardConfig.OnDead.
 func (a *Alerter) JobDied(ctx context.Context, e idempotency.DeadEvent) {
 	e.LogDied(ctx, a.cfg.Logger)
 	a.dead.WithLabelValues(e.Kind, e.Queue, e.Class).Inc()

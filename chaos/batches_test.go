@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -107,7 +108,7 @@ func (d *driver) checkBatches(ctx context.Context) []string {
 	fail := func(format string, args ...any) {
 		failures = append(failures, fmt.Sprintf("batches: "+format, args...))
 	}
-	store := d.client.Store()
+	store := jobstore.NewStore(d.client.Pool())
 	var members, successes int
 	for _, id := range d.batches {
 		b, err := store.GetBatch(ctx, id)

@@ -440,7 +440,7 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		return writeEffect(ctx, pool, crashOnceKind.Name(), o.Key)
 	})
 	mux.HandleTask(tickKind.Name(), asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-		key := t.Headers()[idempotency.HeaderBusinessKey]
+		key := t.Headers()[tasks.HeaderBusinessKey]
 		if key == "" {
 			return retry.Permanent(errors.New("chaos: tick without a business key header"))
 		}

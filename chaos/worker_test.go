@@ -50,7 +50,7 @@ func workerConfig(opt asynq.RedisConnOpt, pool *pgxpool.Pool, limits *flow.Contr
 		Retry:           retry.Policy{Base: time.Second, Cap: 3 * time.Second},
 		// The holder names the worker, so the parent can tell whose job is whose.
 		// A hung handler is given up a second after its deadline.
-		Guard: idempotency.GuardConfig{Holder: os.Getenv(envWorker), Lease: 3 * time.Second, LedgerRetry: 2 * time.Second,
+		Guard: server.GuardConfig{Holder: os.Getenv(envWorker), Lease: 3 * time.Second, LedgerRetry: 2 * time.Second,
 			TimeoutGrace: time.Second},
 		Relay: outbox.RelayConfig{PollInterval: 500 * time.Millisecond},
 		// Pruning stays off: the final check reads every row.

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 )
 
 func batchCmd(e *Env) *cobra.Command {
@@ -62,7 +63,7 @@ type batchMemberJS struct {
 	LastError   string `json:"last_error,omitempty"`
 }
 
-func toBatchJSON(b idempotency.Batch) batchJSON {
+func toBatchJSON(b jobstore.Batch) batchJSON {
 	return batchJSON{ID: b.ID, Description: b.Description, State: b.State(), Total: b.Total, Succeeded: b.Succeeded,
 		Dead: b.Dead, Discarded: b.Discarded, Cancelled: b.Cancelled, Generation: b.Generation,
 		CreatedAt: b.CreatedAt, SealedAt: b.SealedAt, CompletedAt: b.CompletedAt}
@@ -85,7 +86,7 @@ func batchLsCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			bs, err := idempotency.NewStore(pool).ListBatches(ctx, idempotency.BatchFilter{Open: open, Limit: limit})
+			bs, err := jobstore.NewStore(pool).ListBatches(ctx, jobstore.BatchFilter{Open: open, Limit: limit})
 			if err != nil {
 				return err
 			}
@@ -129,8 +130,8 @@ func batchShowCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			v, err := loadBatch(ctx, idempotency.NewStore(pool), args[0], limit)
-			if errors.Is(err, idempotency.ErrBatchNotFound) {
+			v, err := loadBatch(ctx, jobstore.NewStore(pool), args[0], limit)
+			if errors.Is(err, jobstore.ErrBatchNotFound) {
 				return fmt.Errorf("no batch with id %s", args[0])
 			}
 			if err != nil {
@@ -147,7 +148,7 @@ func batchShowCmd(e *Env) *cobra.Command {
 	return cmd
 }
 
-func loadBatch(ctx context.Context, store *idempotency.Store, id string, limit int) (batchJSON, error) {
+func loadBatch(ctx context.Context, store *jobstore.Store, id string, limit int) (batchJSON, error) {
 	b, err := store.GetBatch(ctx, id)
 	if err != nil {
 		return batchJSON{}, err
@@ -173,7 +174,7 @@ func loadBatch(ctx context.Context, store *idempotency.Store, id string, limit i
 	v.OpenShown = len(members)
 	for _, cb := range []struct {
 		event string
-		spec  *idempotency.BatchCallback
+		spec  *jobstore.BatchCallback
 		jobID string
 	}{{"complete", b.OnComplete, b.CompleteJobID}, {"success", b.OnSuccess, b.SuccessJobID}} {
 		if cb.spec == nil {

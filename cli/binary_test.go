@@ -21,6 +21,7 @@ import (
 
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/migrate"
 )
@@ -181,7 +182,7 @@ func TestYourOwnBinary(t *testing.T) {
 	var werr testenv.SyncBuffer
 	worker.Stderr = &werr
 	require.NoError(t, worker.Start())
-	store := idempotency.NewStore(pool)
+	store := jobstore.NewStore(pool)
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		j, err := store.Get(context.Background(), res.ID)
 		return err == nil && j.Status == idempotency.StatusSucceeded

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 )
 
@@ -20,7 +21,7 @@ func TestCancelCommand(t *testing.T) {
 	const schema = "keel_test_cli_cancel"
 	pool := testenv.Pool(t, schema)
 	env := []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL(schema)}
-	store := idempotency.NewStore(pool)
+	store := jobstore.NewStore(pool)
 	ctx := context.Background()
 	insp := asynq.NewInspector(redis)
 	defer insp.Close()
@@ -115,7 +116,7 @@ func TestCancelCommand(t *testing.T) {
 }
 
 // auditOf is job id's audit log, as the operator API reads it.
-func auditOf(t *testing.T, store *idempotency.Store, id string) ([]inspect.AuditEntry, error) {
+func auditOf(t *testing.T, store *jobstore.Store, id string) ([]inspect.AuditEntry, error) {
 	t.Helper()
 	ops, err := inspect.New(inspect.Config{Pool: store.Pool()})
 	require.NoError(t, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/keeljobs/keel/cli"
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/tasks"
@@ -106,7 +107,7 @@ func TestEnqueueInputs(t *testing.T) {
 	testenv.Redis(t, testenv.DBCmd)
 	pool := testenv.Pool(t, schema)
 	ctx := context.Background()
-	store := idempotency.NewStore(pool)
+	store := jobstore.NewStore(pool)
 
 	// --payload-file, and - for stdin.
 	file := filepath.Join(t.TempDir(), "p.json")
@@ -504,7 +505,7 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	testenv.Redis(t, testenv.DBCmd)
 	pool := testenv.Pool(t, schema)
 	ctx := context.Background()
-	store := idempotency.NewStore(pool)
+	store := jobstore.NewStore(pool)
 	var ids []string
 	for _, name := range []string{"doubt1", "doubt2"} {
 		j := enqueueGreet(t, name)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/migrate"
@@ -455,7 +456,7 @@ func statusCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			store := idempotency.NewStore(pool)
+			store := jobstore.NewStore(pool)
 			var job idempotency.Job
 			if id != "" {
 				job, err = store.Get(ctx, id)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/retry"
@@ -208,7 +209,7 @@ func deadLsCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			store := idempotency.NewStore(pool)
+			store := jobstore.NewStore(pool)
 			ops, err := inspect.New(inspect.Config{Pool: pool})
 			if err != nil {
 				return err
@@ -280,7 +281,7 @@ func deadShowCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			store := idempotency.NewStore(pool)
+			store := jobstore.NewStore(pool)
 			j, err := store.Get(ctx, args[0])
 			if errors.Is(err, idempotency.ErrNotFound) {
 				return fmt.Errorf("no job with id %s: %w", args[0], err)

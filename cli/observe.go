@@ -77,11 +77,11 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 			}
 			return ob.srv.Guard().Stats().DuplicatesSkipped
 		},
-		Guard: func() idempotency.GuardStats {
+		Guard: func() server.GuardStats {
 			ob.mu.Lock()
 			defer ob.mu.Unlock()
 			if ob.srv == nil {
-				return idempotency.GuardStats{}
+				return server.GuardStats{}
 			}
 			return ob.srv.Guard().Stats()
 		}})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
@@ -95,7 +96,7 @@ type bundle struct {
 	rdb    *redis.Client
 	pool   *pgxpool.Pool
 	client *tasks.Client
-	store  *idempotency.Store
+	store  *jobstore.Store
 }
 
 // setupMu serialises the package's tests: they share one Redis DB and schema.
@@ -125,7 +126,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	b.client = c
-	b.store = c.Store()
+	b.store = jobstore.NewStore(c.Pool())
 	return b
 }
 

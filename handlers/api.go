@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -148,7 +149,7 @@ func (a *API) getOrder(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	jobs, err := OrderJobs(ctx, a.Client.Store(), id)
+	jobs, err := OrderJobs(ctx, a.Client.Inspector(), id)
 	if err != nil {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
@@ -158,10 +159,10 @@ func (a *API) getOrder(w http.ResponseWriter, r *http.Request) {
 }
 
 // OrderJobs answers "what state are this order's jobs in?" from the ledger.
-func OrderJobs(ctx context.Context, store *idempotency.Store, orderID string) ([]JobState, error) {
+func OrderJobs(ctx context.Context, insp *inspect.Inspector, orderID string) ([]JobState, error) {
 	var out []JobState
 	for _, kind := range []string{SendReceipt.Name(), GenerateInvoice.Name(), SyncAnalytics.Name()} {
-		j, err := store.Lookup(ctx, kind, "order:"+orderID)
+		j, err := insp.Lookup(ctx, kind, "order:"+orderID)
 		if errors.Is(err, idempotency.ErrNotFound) {
 			out = append(out, JobState{Kind: kind, Status: "none"})
 			continue

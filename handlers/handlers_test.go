@@ -13,6 +13,7 @@ import (
 
 	"github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/keeltest"
@@ -127,7 +128,7 @@ func TestOrderJobsCompleteWithEffectsOnce(t *testing.T) {
 	}
 	a.h.Drain(t, 20*time.Second) // the redeliveries have run
 	receipt := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
-	steps, err := a.h.Store.Steps(context.Background(), receipt.ID)
+	steps, err := a.h.Client.Inspector().Steps(context.Background(), receipt.ID)
 	require.NoError(t, err)
 	require.Len(t, steps, 1)
 	require.Equal(t, "done", steps[0].Status)
@@ -168,7 +169,7 @@ func TestReceiptRetriesThroughServerErrors(t *testing.T) {
 	a.mux()
 	j := keeltest.Enqueued(t, a.h.Pool, "order:send_receipt", "order:"+o.ID)
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		j, _ = a.h.Store.Get(context.Background(), j.ID)
+		j, _ = a.h.Client.Inspector().Get(context.Background(), j.ID)
 		return j.Attempts >= 2
 	}, "the receipt was not retried")
 	require.Equal(t, string(retry.ClassTransient), j.ErrorClass)
@@ -192,7 +193,7 @@ func TestReplayAfterTheMailboxIsFixed(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
-	_, err = testworker.Ops(t, a.h.Store, nil).Replay(context.Background(), j.ID, "test", "mailbox fixed")
+	_, err = testworker.Ops(t, jobstore.NewStore(a.h.Pool), nil).Replay(context.Background(), j.ID, "test", "mailbox fixed")
 	require.NoError(t, err)
 	a.h.Wait(t, j.ID, 30*time.Second, idempotency.StatusSucceeded)
 	require.Equal(t, 1, a.mail.Stats().Mails)

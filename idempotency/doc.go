@@ -1,10 +1,7 @@
-// Package idempotency is keel's ledger: the Postgres table that remembers
-// every business action (one row per kind and business key), its embedded
-// migrations, and the asynq middleware (Guard) that makes deliveries of a
-// job run its handler at most once at a time and never again after it
-// finished.
-//
-// Inside a handler run by the Guard:
+// Package idempotency is the API a keel handler uses to run its side
+// effects once: the job a handler runs is claimed in keel's Postgres
+// ledger (one row per kind and business key) by the worker's guard, and
+// inside that run:
 //
 //   - InTx commits the handler's local writes in the same transaction as the
 //     job's "succeeded" mark, and refuses if this worker lost the job's lease;
@@ -16,10 +13,14 @@
 //     request and tell a call that never left from one in doubt; NotSent
 //     marks what other clients know. Steps come before the completing InTx.
 //
-// The Store reads jobs (Get, Lookup, Steps). What a person does to jobs
-// (replay, discard, cancel, step resolution) is the inspect package's.
+// JobID and Attempt say which job and run a handler is; Job, Status and
+// StepRecord are the ledger's rows; the errors are those a handler sees.
+// Reading jobs and acting on them (replay, discard, cancel, step
+// resolution) is the inspect package's; the guard itself is configured
+// through server.Config.Guard.
 //
-// With an OpenTelemetry tracer provider (GuardConfig.TracerProvider, or the
-// global one) each run is a keel.handle span continuing the trace its job
-// was enqueued in, with keel.claim, keel.step and keel.intx spans under it.
+// With an OpenTelemetry tracer provider (server.GuardConfig.TracerProvider,
+// or the global one) each run is a keel.handle span continuing the trace
+// its job was enqueued in, with keel.claim, keel.step and keel.intx spans
+// under it.
 package idempotency

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"github.com/keeljobs/keel/internal/executor"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 )
 
@@ -25,3 +27,12 @@ type Job = ledger.Job
 
 // StepRecord is one recorded external side effect of a job.
 type StepRecord = ledger.StepRecord
+
+// DeadEvent describes a job that has just died (or expired at its
+// deadline): what server.GuardConfig.OnDead and OnExpired, and the
+// reconciler's OnDead, are called with.
+type DeadEvent = jobstore.DeadEvent
+
+// CancelEvent describes a run the guard stopped because its job was
+// cancelled (server.GuardConfig.OnCancelled).
+type CancelEvent = executor.CancelEvent

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 )
 
@@ -149,7 +150,7 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 			}
 		}
 		if a == ActionReplay {
-			return idempotency.NotifyRelay(ctx, tx)
+			return jobstore.NotifyRelay(ctx, tx)
 		}
 		return nil
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/pgerr"
 	"github.com/keeljobs/keel/retry"
@@ -78,7 +79,7 @@ func (c Config) Validate() error {
 // It is safe for concurrent use.
 type Inspector struct {
 	pool  *pgxpool.Pool
-	store *idempotency.Store
+	store *jobstore.Store
 	insp  *asynq.Inspector
 	owned bool
 	poll  time.Duration
@@ -89,7 +90,7 @@ func New(cfg Config) (*Inspector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	in := &Inspector{pool: cfg.Pool, store: idempotency.NewStore(cfg.Pool), insp: cfg.Asynq, poll: cfg.Poll}
+	in := &Inspector{pool: cfg.Pool, store: jobstore.NewStore(cfg.Pool), insp: cfg.Asynq, poll: cfg.Poll}
 	if in.poll == 0 {
 		in.poll = 500 * time.Millisecond
 	}
@@ -137,6 +138,11 @@ func (in *Inspector) Get(ctx context.Context, id string) (idempotency.Job, error
 // Lookup returns the job of kind with business key.
 func (in *Inspector) Lookup(ctx context.Context, kind, key string) (idempotency.Job, error) {
 	return in.store.Lookup(ctx, kind, key)
+}
+
+// Steps returns the recorded steps of job id, in the order they started.
+func (in *Inspector) Steps(ctx context.Context, id string) ([]idempotency.StepRecord, error) {
+	return in.store.Steps(ctx, id)
 }
 
 // AuditEntry is one action a person took on a job.

@@ -26,10 +26,12 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
@@ -60,7 +62,6 @@ type Options struct {
 type Harness struct {
 	Pool   *pgxpool.Pool
 	Client *tasks.Client
-	Store  *idempotency.Store
 	Redis  asynq.RedisClientOpt
 	// Schema is the Postgres schema holding this harness's ledger; put your
 	// own test tables there too (the pool's search_path points at it).
@@ -135,7 +136,6 @@ func New(t testing.TB, opts Options) *Harness {
 		t.Fatalf("keeltest: %v", err)
 	}
 	t.Cleanup(func() { h.Client.Close() })
-	h.Store = h.Client.Store()
 	return h
 }
 
@@ -155,7 +155,7 @@ func (h *Harness) Worker(t testing.TB, mux *tasks.Mux) {
 		ShutdownTimeout: 2 * time.Second,
 		Relay:           outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 		Reconciler:      outbox.ReconcilerConfig{Interval: time.Second, Grace: 5 * time.Second},
-		Guard:           idempotency.GuardConfig{Lease: 5 * time.Second, LedgerRetry: time.Second}}
+		Guard:           server.GuardConfig{Lease: 5 * time.Second, LedgerRetry: time.Second}}
 	cfg.Retry.Base, cfg.Retry.Cap, cfg.Retry.WaitDelay = time.Second, 2*time.Second, time.Second
 	if h.opts.Configure != nil {
 		h.opts.Configure(&cfg)
@@ -194,7 +194,7 @@ func (h *Harness) Wait(t testing.TB, id string, timeout time.Duration, statuses 
 	var j idempotency.Job
 	var err error
 	for time.Now().Before(deadline) {
-		j, err = h.Store.Get(context.Background(), id)
+		j, err = h.Client.Inspector().Get(context.Background(), id)
 		if err == nil && slices.Contains(statuses, j.Status) {
 			return j
 		}
@@ -210,7 +210,7 @@ func (h *Harness) Wait(t testing.TB, id string, timeout time.Duration, statuses 
 // returned), Redeliver waits up to 30 s for it to let go.
 func (h *Harness) Redeliver(t testing.TB, id string) {
 	t.Helper()
-	j, err := h.Store.Get(context.Background(), id)
+	j, err := h.Client.Inspector().Get(context.Background(), id)
 	if err != nil {
 		t.Fatalf("keeltest: %v", err)
 	}
@@ -229,7 +229,7 @@ func (h *Harness) Redeliver(t testing.TB, id string) {
 			t.Fatalf("keeltest: redeliver: asynq's copy of job %s is still there after 30 s: %v", id, err)
 		}
 	}
-	if _, err := c.Enqueue(idempotency.Task(j), idempotency.TaskOptions(j)...); err != nil {
+	if _, err := c.Enqueue(jobstore.Task(j), jobstore.TaskOptions(j)...); err != nil {
 		t.Fatalf("keeltest: redeliver: %v", err)
 	}
 }
@@ -237,7 +237,7 @@ func (h *Harness) Redeliver(t testing.TB, id string) {
 // Enqueued returns the job of (kind, key) as db sees it — pass the
 // transaction your code enqueued in to check before it commits — and fails
 // the test if there is none.
-func Enqueued(t testing.TB, db idempotency.DB, kind, key string) idempotency.Job {
+func Enqueued(t testing.TB, db DB, kind, key string) idempotency.Job {
 	t.Helper()
 	j, err := LookupIn(context.Background(), db, kind, key)
 	if err != nil {
@@ -247,7 +247,7 @@ func Enqueued(t testing.TB, db idempotency.DB, kind, key string) idempotency.Job
 }
 
 // NotEnqueued fails the test if db holds a job of (kind, key).
-func NotEnqueued(t testing.TB, db idempotency.DB, kind, key string) {
+func NotEnqueued(t testing.TB, db DB, kind, key string) {
 	t.Helper()
 	j, err := LookupIn(context.Background(), db, kind, key)
 	if err == nil {
@@ -259,8 +259,8 @@ func NotEnqueued(t testing.TB, db idempotency.DB, kind, key string) {
 }
 
 // LookupIn finds the job of (kind, key) through db (a pool or a transaction).
-func LookupIn(ctx context.Context, db idempotency.DB, kind, key string) (idempotency.Job, error) {
-	return idempotency.LookupIn(ctx, db, kind, key)
+func LookupIn(ctx context.Context, db DB, kind, key string) (idempotency.Job, error) {
+	return jobstore.LookupIn(ctx, db, kind, key)
 }
 
 // Drain waits until no task is pending, scheduled, retrying or running in
@@ -286,4 +286,11 @@ func (h *Harness) Drain(t testing.TB, timeout time.Duration) {
 		time.Sleep(25 * time.Millisecond)
 	}
 	t.Fatalf("keeltest: queues not drained within %s", timeout)
+}
+
+// DB is a pool or a transaction (pgxpool.Pool, pgx.Tx, pgx.Conn).
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }

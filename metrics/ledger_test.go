@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/metrics"
 )
@@ -21,7 +22,7 @@ const schema = "keel_test_metrics"
 
 func insertJob(t *testing.T, pool *pgxpool.Pool, queue, kind, key string) idempotency.Job {
 	t.Helper()
-	j, _, err := idempotency.NewStore(pool).Insert(context.Background(), pool, idempotency.NewJob{
+	j, _, err := jobstore.NewStore(pool).Insert(context.Background(), pool, jobstore.NewJob{
 		Kind: kind, BusinessKey: key, Queue: queue, Payload: []byte(`{}`), MaxRetry: 3})
 	require.NoError(t, err)
 	return j
@@ -47,14 +48,14 @@ func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
 	published := insertJob(t, pool, "default", "analytics:sync", "day:2")
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET published_at = now() WHERE id = $1`, published.ID)
 	require.NoError(t, err)
-	_, _, err = idempotency.NewStore(pool).Insert(ctx, pool, idempotency.NewJob{Kind: "analytics:sync", BusinessKey: "day:3",
+	_, _, err = jobstore.NewStore(pool).Insert(ctx, pool, jobstore.NewJob{Kind: "analytics:sync", BusinessKey: "day:3",
 		Queue: "default", Payload: []byte(`{}`), MaxRetry: 3, WakeRelay: true})
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes'`)
 	require.NoError(t, err)
 	// A job to run in an hour, an hour-old job handed back by a worker to
 	// run in an hour: not the relay's yet, whatever their age.
-	_, _, err = idempotency.NewStore(pool).Insert(ctx, pool, idempotency.NewJob{Kind: "analytics:sync", BusinessKey: "day:4",
+	_, _, err = jobstore.NewStore(pool).Insert(ctx, pool, jobstore.NewJob{Kind: "analytics:sync", BusinessKey: "day:4",
 		Queue: "default", Payload: []byte(`{}`), MaxRetry: 3, RunAt: time.Now().Add(time.Hour), WakeRelay: true})
 	require.NoError(t, err)
 	waits := insertJob(t, pool, "default", "analytics:sync", "day:5")
@@ -128,19 +129,19 @@ keel_collector_up{source="postgres"} 0
 func TestLedgerCountsOpenBatches(t *testing.T) {
 	pool := testenv.Pool(t, schema)
 	ctx := context.Background()
-	store := idempotency.NewStore(pool)
+	store := jobstore.NewStore(pool)
 	for range 2 {
-		_, err := store.CreateBatch(ctx, pool, idempotency.NewBatch{Description: "filling"})
+		_, err := store.CreateBatch(ctx, pool, jobstore.NewBatch{Description: "filling"})
 		require.NoError(t, err)
 	}
-	sealed, err := store.CreateBatch(ctx, pool, idempotency.NewBatch{})
+	sealed, err := store.CreateBatch(ctx, pool, jobstore.NewBatch{})
 	require.NoError(t, err)
-	_, _, err = store.Insert(ctx, pool, idempotency.NewJob{Kind: "k", BusinessKey: "m", Queue: "default",
+	_, _, err = store.Insert(ctx, pool, jobstore.NewJob{Kind: "k", BusinessKey: "m", Queue: "default",
 		Payload: []byte(`{}`), MaxRetry: 3, BatchID: sealed.ID})
 	require.NoError(t, err)
 	_, err = store.SealBatch(ctx, pool, sealed.ID)
 	require.NoError(t, err)
-	done, err := store.CreateBatch(ctx, pool, idempotency.NewBatch{})
+	done, err := store.CreateBatch(ctx, pool, jobstore.NewBatch{})
 	require.NoError(t, err)
 	_, err = store.SealBatch(ctx, pool, done.ID) // empty: complete at once
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -29,7 +30,7 @@ type WorkerOptions struct {
 	// Guard reports the ledger guard's counters (pass guard.Stats) for the
 	// runs keel gave up or released: handlers that outlived their timeout,
 	// runs interrupted by shutdown, poison jobs retired. Nil: not exported.
-	Guard func() idempotency.GuardStats
+	Guard func() server.GuardStats
 	// Buckets of the duration histogram. Default DurationBuckets.
 	Buckets []float64
 	// Kinds are the kinds the worker declares, each with the queue its jobs
@@ -133,14 +134,14 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 		gs := opts.Guard
 		for _, m := range []struct {
 			name, help string
-			read       func(idempotency.GuardStats) uint64
+			read       func(server.GuardStats) uint64
 		}{
 			{"keel_handlers_overran_total", "Handlers that outlived their deadline and grace; their attempts counted as failed (class timeout).",
-				func(s idempotency.GuardStats) uint64 { return s.Overran }},
+				func(s server.GuardStats) uint64 { return s.Overran }},
 			{"keel_runs_interrupted_total", "Runs cut short by a worker's shutdown; released without using an attempt.",
-				func(s idempotency.GuardStats) uint64 { return s.Interrupted }},
+				func(s server.GuardStats) uint64 { return s.Interrupted }},
 			{"keel_poison_jobs_retired_total", "Jobs retired because their runs kept ending without an outcome (class crashed).",
-				func(s idempotency.GuardStats) uint64 { return s.Crashed }},
+				func(s server.GuardStats) uint64 { return s.Crashed }},
 		} {
 			read := m.read
 			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help},
@@ -191,20 +192,20 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 }
 
 // OnDead counts a job that has just died. It has the shape of
-// idempotency.GuardConfig.OnDead; call it from there (chain it with any
+// server.GuardConfig.OnDead; call it from there (chain it with any
 // other hook).
 func (w *Worker) OnDead(_ context.Context, e idempotency.DeadEvent) {
 	w.dead.WithLabelValues(e.Kind, e.Queue, e.Class).Inc()
 }
 
 // OnExpired counts a job discarded at its deadline before it could run. It
-// has the shape of idempotency.GuardConfig.OnExpired.
+// has the shape of server.GuardConfig.OnExpired.
 func (w *Worker) OnExpired(_ context.Context, e idempotency.DeadEvent) {
 	w.expired.WithLabelValues(e.Kind, e.Queue).Inc()
 }
 
 // OnCancelled counts a running job the guard stopped because it was
-// cancelled. It has the shape of idempotency.GuardConfig.OnCancelled.
+// cancelled. It has the shape of server.GuardConfig.OnCancelled.
 func (w *Worker) OnCancelled(_ context.Context, e idempotency.CancelEvent) {
 	w.cancelled.WithLabelValues(e.Kind).Inc()
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/server"
 )
 
 func TestWorkerCountsAttemptsByOutcome(t *testing.T) {
@@ -126,8 +127,8 @@ func histogramCount(t *testing.T, g prometheus.Gatherer, name string) int {
 func TestWorkerExportsGivenUpRuns(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	stats := idempotency.GuardStats{Overran: 2, Interrupted: 3, Crashed: 1}
-	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{Guard: func() idempotency.GuardStats { return stats }})
+	stats := server.GuardStats{Overran: 2, Interrupted: 3, Crashed: 1}
+	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{Guard: func() server.GuardStats { return stats }})
 	require.NoError(t, err)
 	require.Equal(t, 2.0, gatherValue(t, reg, "keel_handlers_overran_total", nil))
 	require.Equal(t, 3.0, gatherValue(t, reg, "keel_runs_interrupted_total", nil))
@@ -220,7 +221,7 @@ func TestMetricsPassPromlint(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	zero := func() uint64 { return 0 }
 	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{Kinds: declared, DuplicatesSkipped: zero,
-		Guard: func() idempotency.GuardStats { return idempotency.GuardStats{} }})
+		Guard: func() server.GuardStats { return server.GuardStats{} }})
 	require.NoError(t, err)
 	require.NoError(t, metrics.RegisterOutbox(reg, metrics.OutboxOptions{Published: zero, Republished: zero,
 		LeasesReleased: zero, Pruned: zero}))

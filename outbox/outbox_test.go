@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
@@ -86,7 +87,7 @@ func (b *bundle) worker(t *testing.T, mux *tasks.Mux, mod func(*server.Config)) 
 	cfg := server.Config{Redis: b.opt, Pool: b.pool, Concurrency: 20, ShutdownTimeout: 2 * time.Second,
 		Relay:      outbox.RelayConfig{PollInterval: 200 * time.Millisecond},
 		Reconciler: outbox.ReconcilerConfig{Interval: 500 * time.Millisecond, Grace: time.Second},
-		Guard:      idempotency.GuardConfig{LedgerRetry: time.Second}}
+		Guard:      server.GuardConfig{LedgerRetry: time.Second}}
 	cfg.Retry.Base, cfg.Retry.Cap = time.Second, 2*time.Second
 	if mod != nil {
 		mod(&cfg)
@@ -206,11 +207,11 @@ func TestRedisRestartedEmptyMidRun(t *testing.T) {
 func TestRelayCrashBetweenPublishAndMark(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	var jobs []idempotency.Job
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for i := range 20 {
-			j, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("crash-", i),
+			j, _, err := store.Insert(ctx, tx, jobstore.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("crash-", i),
 				Queue: "default", Payload: []byte(fmt.Sprintf(`{"id":"crash-%d"}`, i)), MaxRetry: 3})
 			jobs = append(jobs, j)
 			if err != nil {
@@ -222,7 +223,7 @@ func TestRelayCrashBetweenPublishAndMark(t *testing.T) {
 	ac := asynq.NewClient(b.opt)
 	defer ac.Close()
 	for _, j := range jobs[:10] {
-		_, err := ac.EnqueueContext(ctx, idempotency.Task(j), idempotency.TaskOptions(j)...) // published, never marked
+		_, err := ac.EnqueueContext(ctx, jobstore.Task(j), jobstore.TaskOptions(j)...) // published, never marked
 		require.NoError(t, err)
 	}
 	require.Equal(t, 20, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
@@ -237,11 +238,11 @@ func TestRelayCrashBetweenPublishAndMark(t *testing.T) {
 func TestTwoRelaysAndTwoReconcilersPublishEachJobOnce(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	const n = 300
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for i := range n {
-			if _, _, err := store.Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("pair-", i),
+			if _, _, err := store.Insert(ctx, tx, jobstore.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("pair-", i),
 				Queue: "default", Payload: []byte(fmt.Sprintf(`{"id":"pair-%d"}`, i)), MaxRetry: 3}); err != nil {
 				return err
 			}
@@ -332,7 +333,7 @@ func TestReconcilerLeavesAGoneWorkersRowForTheGuard(t *testing.T) {
 	n, err := r.Reconcile(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 0, n, "Redis still holds the job")
-	j, err := idempotency.NewStore(b.pool).Get(ctx, res.Job.ID)
+	j, err := jobstore.NewStore(b.pool).Get(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusRunning, j.Status, "the crash must stay visible to the next claim")
 	require.Equal(t, "gone/1", j.LeaseHolder)
@@ -341,9 +342,9 @@ func TestReconcilerLeavesAGoneWorkersRowForTheGuard(t *testing.T) {
 func TestPruneRemovesOnlyExpiredTerminalRows(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	mk := func(key, status string, age time.Duration) {
-		j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
+		j, _, err := store.Insert(ctx, b.pool, jobstore.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
 			Payload: []byte(`{}`), MaxRetry: 1})
 		require.NoError(t, err)
 		_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = $2, finished_at = now() - $3 * interval '1 second' WHERE id = $1`,
@@ -386,12 +387,12 @@ func TestPruneRemovesBatchesWhoseMembersAreGone(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	day := 24 * time.Hour
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	mk := func(id string, members []string, completedAgo time.Duration) {
 		_, err := b.pool.Exec(ctx, `INSERT INTO keel_batches (id, created_at) VALUES ($1, now() - interval '60 days')`, id)
 		require.NoError(t, err)
 		for i, st := range members {
-			j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint(id, "-", i), Queue: "default",
+			j, _, err := store.Insert(ctx, b.pool, jobstore.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint(id, "-", i), Queue: "default",
 				Payload: []byte(`{}`), MaxRetry: 1, BatchID: id})
 			require.NoError(t, err)
 			_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = $2, finished_at = now() - interval '45 days' WHERE id = $1`, j.ID, st)
@@ -426,9 +427,9 @@ func TestPruneRemovesBatchesWhoseMembersAreGone(t *testing.T) {
 func TestPruneCountsJobsWhenBatchPruneFails(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	for i := range 3 {
-		j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("gone-", i), Queue: "default",
+		j, _, err := store.Insert(ctx, b.pool, jobstore.NewJob{Kind: work.Name(), BusinessKey: fmt.Sprint("gone-", i), Queue: "default",
 			Payload: []byte(`{}`), MaxRetry: 1})
 		require.NoError(t, err)
 		_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now() - interval '45 days' WHERE id = $1`, j.ID)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/outbox"
 )
@@ -81,7 +82,7 @@ func TestOutboxJobsAreTheRelaysAndTheReconcilerTakesOverWhatARelayDropped(t *tes
 	require.False(t, inRedis(t, insp, waiting))
 
 	// A relay takes it off the outbox and dies before it reaches Redis.
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	jobs, taken, err := store.ClaimOutbox(ctx, 10)
 	require.NoError(t, err)
 	require.Equal(t, 1, taken)
@@ -163,7 +164,7 @@ func TestOutboxClaimThatFailsPutsTheRowsBack(t *testing.T) {
 	impatient, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer impatient.Close()
-	_, _, err = idempotency.NewStore(impatient).ClaimOutbox(ctx, 10)
+	_, _, err = jobstore.NewStore(impatient).ClaimOutbox(ctx, 10)
 	require.ErrorContains(t, err, "lock timeout")
 	require.NoError(t, lock.Rollback(ctx))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_outbox WHERE job_id = $1`, id), "the failed claim dropped the row")
@@ -232,8 +233,8 @@ func TestReconcilerPublishesOutboxJobsNoRelayTakes(t *testing.T) {
 func TestABrokenOutboxDoesNotHoldUpRowsWrittenUnpublished(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	store := idempotency.NewStore(b.pool)
-	j, _, err := store.Insert(ctx, b.pool, idempotency.NewJob{Kind: work.Name(), BusinessKey: "unpublished", Queue: "default",
+	store := jobstore.NewStore(b.pool)
+	j, _, err := store.Insert(ctx, b.pool, jobstore.NewJob{Kind: work.Name(), BusinessKey: "unpublished", Queue: "default",
 		Payload: []byte(`{"id":"unpublished"}`), MaxRetry: 3})
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_outbox RENAME TO keel_outbox_gone`)
@@ -308,12 +309,12 @@ func writeUnpublished(t *testing.T, b *bundle, key string, notify bool) string {
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-	j, _, err := idempotency.NewStore(b.pool).Insert(ctx, tx, idempotency.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
+	j, _, err := jobstore.NewStore(b.pool).Insert(ctx, tx, jobstore.NewJob{Kind: work.Name(), BusinessKey: key, Queue: "default",
 		Payload: []byte(`{"id":"` + key + `"}`), MaxRetry: 3})
 	require.NoError(t, err)
 	require.Nil(t, j.PublishedAt)
 	if notify {
-		require.NoError(t, idempotency.NotifyRelay(ctx, tx))
+		require.NoError(t, jobstore.NotifyRelay(ctx, tx))
 	}
 	require.NoError(t, tx.Commit(ctx))
 	return j.ID

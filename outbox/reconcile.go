@@ -17,6 +17,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/asynqwire"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
 )
@@ -122,8 +123,8 @@ func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
 // pass takes an advisory lock and others skip it; rescues are idempotent.
 type Reconciler struct {
 	pool  *pgxpool.Pool
-	store *idempotency.Store
-	pub   *idempotency.Publisher
+	store *jobstore.Store
+	pub   *jobstore.Publisher
 	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
@@ -133,7 +134,7 @@ type Reconciler struct {
 // NewReconciler returns a reconciler; Run it, then Close it.
 func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
 	rdb := redisconn.Follow(redisOpt).MakeRedisClient().(redis.UniversalClient)
-	return &Reconciler{pool: pool, store: idempotency.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: idempotency.NewPublisherOn(rdb),
+	return &Reconciler{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisherOn(rdb),
 		rdb: rdb, cfg: cfg.withDefaults()}
 }
 

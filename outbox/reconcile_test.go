@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
@@ -56,7 +57,7 @@ func TestReconcilePassFindsLostJobsAmongManyWithFewRoundTrips(t *testing.T) {
 		       (ARRAY['pending', 'failed'])[1 + g % 2]::text, now() - interval '1 hour', now() - interval '1 hour'
 		FROM generate_series(1, $2::int) g`, work.Name(), n)
 	require.NoError(t, err)
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	ac := asynq.NewClient(b.opt)
 	defer ac.Close()
 	var ids []string
@@ -67,7 +68,7 @@ func TestReconcilePassFindsLostJobsAmongManyWithFewRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	for _, j := range all {
 		j.RunAt = time.Now().Add(time.Hour) // kept in Redis, not run
-		_, err := ac.EnqueueContext(ctx, idempotency.Task(j), idempotency.TaskOptions(j)...)
+		_, err := ac.EnqueueContext(ctx, jobstore.Task(j), jobstore.TaskOptions(j)...)
 		require.NoError(t, err)
 	}
 	insp := asynq.NewInspector(b.opt)
@@ -145,7 +146,7 @@ func TestCancelledJobsAreNotPublishedAgain(t *testing.T) {
 		VALUES ('was-published', $1, 'k1', 'default', '\x7b7d', 3, 'pending', now() - interval '1 hour', now() - interval '1 hour'),
 		       ('never-published', $1, 'k2', 'default', '\x7b7d', 3, 'pending', NULL, now() - interval '1 hour')`, work.Name())
 	require.NoError(t, err)
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	for _, id := range []string{"was-published", "never-published"} {
 		_, err := testworker.Ops(t, store, nil).Cancel(ctx, id, "test", "")
 		require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
 )
@@ -82,8 +83,8 @@ func (c RelayConfig) withDefaults() RelayConfig {
 // commits (ledger.RelayAwakeLock tells how).
 type Relay struct {
 	pool  *pgxpool.Pool
-	store *idempotency.Store
-	pub   *idempotency.Publisher
+	store *jobstore.Store
+	pub   *jobstore.Publisher
 	cfg   RelayConfig
 
 	published atomic.Uint64
@@ -94,7 +95,7 @@ type Relay struct {
 
 // NewRelay returns a relay; Run it, then Close it.
 func NewRelay(pool *pgxpool.Pool, redis asynq.RedisConnOpt, cfg RelayConfig) *Relay {
-	return &Relay{pool: pool, store: idempotency.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: idempotency.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}
+	return &Relay{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}
 }
 
 // Close releases the relay's Redis connections.
@@ -195,7 +196,7 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // legacyPoll is how often the awake relay also claims the rows written
-// unpublished (see idempotency.Store.ClaimUnpublished): none of them is a
+// unpublished (see jobstore.Store.ClaimUnpublished): none of them is a
 // job a caller just committed for now, so they wait up to this long, and
 // the outbox alone is read every AwakePoll.
 var legacyPoll = 50 * time.Millisecond // a variable for tests only

@@ -15,7 +15,7 @@ import (
 )
 
 // DefaultRescueInterval is how often a reconciler looks for jobs whose
-// worker died. A dead worker's ledger lease (idempotency.DefaultLease, 10s,
+// worker died. A dead worker's ledger lease (server.DefaultLease, 10s,
 // renewed every 2s) runs out 8–10s after its death; looking every second
 // puts the job back in Redis within about a second of that.
 const DefaultRescueInterval = time.Second

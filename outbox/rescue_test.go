@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
@@ -87,13 +88,13 @@ func TestRescueRequeuesADeadWorkersActiveTask(t *testing.T) {
 	n, err = r.Rescue(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 0, n, "a rescued job is not handed back twice")
-	j, err := idempotency.NewStore(b.pool).Get(ctx, dead.Job.ID)
+	j, err := jobstore.NewStore(b.pool).Get(ctx, dead.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusRunning, j.Status, "the rescuer must leave the crash for the guard to count")
 
 	var runs atomic.Int64
 	b.worker(t, b.effectMux(&runs), func(c *server.Config) { c.DisableReconciler = true })
-	testworker.WaitStatus(t, idempotency.NewStore(b.pool), dead.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	testworker.WaitStatus(t, jobstore.NewStore(b.pool), dead.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, dead.Job.ID))
 }
 
@@ -313,7 +314,7 @@ func TestKilledWorkersJobStartsAgainWithinSeconds(t *testing.T) {
 	}, "the job did not start again within 30s of the kill")
 	took := time.Since(killed)
 	t.Logf("SIGKILL → next start: %.1fs", took.Seconds())
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	j := testworker.WaitStatus(t, store, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 2, j.Attempts)
 	require.Equal(t, 1, b.count(t, `SELECT crashes FROM keel_jobs WHERE id = $1`, res.Job.ID),
@@ -356,7 +357,7 @@ func TestReconcileHandsBackATaskADeadWorkerFetchedButNeverClaimed(t *testing.T) 
 
 	var runs atomic.Int64
 	b.worker(t, b.effectMux(&runs), func(c *server.Config) { c.DisableReconciler = true })
-	store := idempotency.NewStore(b.pool)
+	store := jobstore.NewStore(b.pool)
 	testworker.WaitStatus(t, store, unclaimed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	testworker.WaitStatus(t, store, failed.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 }

@@ -57,7 +57,7 @@ func New(cfg Config) (*Scheduler, error) {
 	s := &Scheduler{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		store:   store{pool: cfg.Client.Store().Pool()},
+		store:   store{pool: cfg.Client.Pool()},
 		changed: make(chan struct{}, 1),
 	}
 	entries := cfg.Entries

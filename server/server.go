@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/executor"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/outcome"
 	"github.com/keeljobs/keel/internal/redisconn"
@@ -95,7 +97,7 @@ type Config struct {
 	// Classifier classifies errors handlers return. Default retry.Default.
 	Classifier *retry.Classifier
 	// Guard configures the ledger middleware (lease, batch size, hooks).
-	Guard idempotency.GuardConfig
+	Guard GuardConfig
 	// Middleware wraps the handler inside keel's own chain (after recovery,
 	// logging, the ledger and classification).
 	Middleware []func(asynq.Handler) asynq.Handler
@@ -273,7 +275,7 @@ func FormatQueues(qs map[string]int) string {
 type Server struct {
 	cfg   Config
 	srv   *asynq.Server
-	guard *idempotency.Guard
+	guard *executor.Guard
 	relay *outbox.Relay
 	recon *outbox.Reconciler
 
@@ -305,7 +307,7 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 		s.waiter = wake.New(cfg.IdleWait, cfg.TaskCheckInterval)
 		rc.AddHook(s.waiter)
 	}
-	s.guard = idempotency.NewGuard(idempotency.NewStore(cfg.Pool), cfg.Guard)
+	s.guard = executor.NewGuard(jobstore.NewStore(cfg.Pool), cfg.Guard)
 	// asynq fails a delivery past its deadline before any middleware runs;
 	// the guard hears of it here and ends the job in the ledger.
 	s.srv = asynq.NewServerFromRedisClient(rc, asynq.Config{
@@ -347,7 +349,7 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 }
 
 // Guard is the ledger middleware the server runs (for its stats).
-func (s *Server) Guard() *idempotency.Guard { return s.guard }
+func (s *Server) Guard() *executor.Guard { return s.guard }
 
 // IdleWaits counts the times this worker, its queues empty, waited for
 // announced work instead of polling (Config.IdleWait).
@@ -458,7 +460,7 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 			retried, _ := asynq.GetRetryCount(ctx)
 			ctx, noted := outcome.With(ctx)
 			err := next.ProcessTask(ctx, t)
-			attrs := []any{"task_id", id, "kind", t.Type(), "business_key", t.Headers()[idempotency.HeaderBusinessKey],
+			attrs := []any{"task_id", id, "kind", t.Type(), "business_key", t.Headers()[jobstore.HeaderBusinessKey],
 				"queue", q, "attempt", retried + 1, "duration", time.Since(start)}
 			withErr := func() []any {
 				if err == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
@@ -26,7 +27,7 @@ type bundle struct {
 	pool   *pgxpool.Pool
 	redis  asynq.RedisClientOpt
 	client *tasks.Client
-	store  *idempotency.Store
+	store  *jobstore.Store
 	insp   *asynq.Inspector
 }
 
@@ -42,7 +43,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	b.client = c
-	b.store = c.Store()
+	b.store = jobstore.NewStore(c.Pool())
 	b.insp = asynq.NewInspector(b.redis)
 	t.Cleanup(func() { b.insp.Close() })
 	// What handlers under test did, and which process did it.

@@ -7,14 +7,26 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 )
 
 // InBatch makes the task a member of the open batch id (Client.NewBatch).
-// Enqueueing into a sealed batch fails with idempotency.ErrBatchSealed. A
+// Enqueueing into a sealed batch fails with ErrBatchSealed. A
 // task whose (kind, business key) is in the ledger already is not added:
 // the result has Existed set and its Job.BatchID says where that job is.
 func InBatch(id string) Option { return optionFunc(func(s *settings) { s.batchID = id }) }
+
+// Batch is one batch row: its counters move in the same transaction as its
+// members' status.
+type Batch = jobstore.Batch
+
+var (
+	// ErrBatchSealed means a job was enqueued into a batch that is sealed:
+	// its members are all known, nothing joins it any more.
+	ErrBatchSealed = jobstore.ErrBatchSealed
+	// ErrBatchNotFound means no batch has the id given.
+	ErrBatchNotFound = jobstore.ErrBatchNotFound
+)
 
 // BatchCounts counts a batch's members by outcome.
 type BatchCounts struct {
@@ -47,7 +59,7 @@ type BatchDone struct {
 
 // Key is the callback job's business key: the batch, the event and the
 // generation, so the ledger holds one callback job per completion.
-func (d BatchDone) Key() string { return idempotency.CallbackKey(d.BatchID, d.Event, d.Generation) }
+func (d BatchDone) Key() string { return jobstore.CallbackKey(d.BatchID, d.Event, d.Generation) }
 
 // DefineBatchDone declares a kind of batch callback: its handlers receive a
 // BatchDone. opts are Define's (queue, retries, timeout).
@@ -87,36 +99,36 @@ type BatchSpec struct {
 // NewBatch records an open batch. Enqueue its members with InBatch(b.ID),
 // then SealBatch: its callbacks are enqueued once it is sealed and every
 // member has ended, exactly once per completion.
-func (c *Client) NewBatch(ctx context.Context, spec BatchSpec) (idempotency.Batch, error) {
+func (c *Client) NewBatch(ctx context.Context, spec BatchSpec) (Batch, error) {
 	return c.newBatch(ctx, c.store.Pool(), spec)
 }
 
 // NewBatchTx is NewBatch in the caller's transaction: the batch, its first
 // members (EnqueueTx, EnqueueManyTx) and the caller's own writes commit
 // together, or none of them.
-func (c *Client) NewBatchTx(ctx context.Context, tx pgx.Tx, spec BatchSpec) (idempotency.Batch, error) {
+func (c *Client) NewBatchTx(ctx context.Context, tx pgx.Tx, spec BatchSpec) (Batch, error) {
 	return c.newBatch(ctx, tx, spec)
 }
 
-func (c *Client) newBatch(ctx context.Context, db idempotency.DB, spec BatchSpec) (idempotency.Batch, error) {
-	var nb idempotency.NewBatch
+func (c *Client) newBatch(ctx context.Context, db jobstore.DB, spec BatchSpec) (Batch, error) {
+	var nb jobstore.NewBatch
 	nb.Description = spec.Description
 	var err error
 	if nb.OnComplete, err = c.callback(spec.OnComplete); err != nil {
-		return idempotency.Batch{}, fmt.Errorf("keel: new batch: on complete: %w", err)
+		return Batch{}, fmt.Errorf("keel: new batch: on complete: %w", err)
 	}
 	if nb.OnSuccess, err = c.callback(spec.OnSuccess); err != nil {
-		return idempotency.Batch{}, fmt.Errorf("keel: new batch: on success: %w", err)
+		return Batch{}, fmt.Errorf("keel: new batch: on success: %w", err)
 	}
 	b, err := c.store.CreateBatch(ctx, db, nb)
 	if err != nil {
-		return idempotency.Batch{}, fmt.Errorf("keel: new batch: %w", err)
+		return Batch{}, fmt.Errorf("keel: new batch: %w", err)
 	}
 	return b, nil
 }
 
 // callback checks a callback task as an enqueue would (its key aside).
-func (c *Client) callback(t *Task) (*idempotency.BatchCallback, error) {
+func (c *Client) callback(t *Task) (*jobstore.BatchCallback, error) {
 	if t == nil {
 		return nil, nil
 	}
@@ -133,31 +145,31 @@ func (c *Client) callback(t *Task) (*idempotency.BatchCallback, error) {
 	if len(data) > 0 && !json.Valid(data) {
 		return nil, fmt.Errorf("%w: %s: payload is not JSON", ErrInvalidTask, t.kind)
 	}
-	return &idempotency.BatchCallback{Kind: nj.Kind, Queue: nj.Queue, MaxRetry: nj.MaxRetry,
+	return &jobstore.BatchCallback{Kind: nj.Kind, Queue: nj.Queue, MaxRetry: nj.MaxRetry,
 		Timeout: nj.Timeout, MaxWait: nj.MaxWait, Data: data}, nil
 }
 
 // SealBatch says every member is enqueued. From then on enqueueing into the
-// batch fails with idempotency.ErrBatchSealed, and once every member has
+// batch fails with ErrBatchSealed, and once every member has
 // ended (at once, if they all have) the callbacks are enqueued. Sealing a
 // sealed batch changes nothing.
-func (c *Client) SealBatch(ctx context.Context, id string) (idempotency.Batch, error) {
+func (c *Client) SealBatch(ctx context.Context, id string) (Batch, error) {
 	return c.store.SealBatch(ctx, c.store.Pool(), id)
 }
 
 // SealBatchTx is SealBatch in the caller's transaction.
-func (c *Client) SealBatchTx(ctx context.Context, tx pgx.Tx, id string) (idempotency.Batch, error) {
+func (c *Client) SealBatchTx(ctx context.Context, tx pgx.Tx, id string) (Batch, error) {
 	return c.store.SealBatch(ctx, tx, id)
 }
 
 // enqueueMember is Enqueue for a batch member: its own statement, then a
 // publish, as EnqueueMany does for one task.
-func (c *Client) enqueueMember(ctx context.Context, nj idempotency.NewJob) (*Result, error) {
-	ins, err := c.store.InsertMany(ctx, c.store.Pool(), []idempotency.NewJob{nj}, idempotency.InsertOptions{Claim: true})
+func (c *Client) enqueueMember(ctx context.Context, nj jobstore.NewJob) (*Result, error) {
+	ins, err := c.store.InsertMany(ctx, c.store.Pool(), []jobstore.NewJob{nj}, jobstore.InsertOptions{Claim: true})
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", nj.Kind, err)
 	}
-	res := results([]idempotency.NewJob{nj}, ins)
+	res := results([]jobstore.NewJob{nj}, ins)
 	if !res[0].Existed {
 		c.publish(ctx, res)
 	}

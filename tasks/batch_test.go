@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -87,14 +88,14 @@ func TestBatchCallbackWaitsForTheSealAndEveryMember(t *testing.T) {
 	cb, err := b.store.Get(ctx, batch.CompleteJobID)
 	require.NoError(t, err)
 	require.Equal(t, batchDone.Name(), cb.Kind)
-	require.Equal(t, idempotency.CallbackKey(batch.ID, "complete", 1), cb.BusinessKey)
+	require.Equal(t, jobstore.CallbackKey(batch.ID, "complete", 1), cb.BusinessKey)
 	require.Empty(t, cb.BatchID, "a callback is not a member")
 	require.Nil(t, cb.PublishedAt, "the relay publishes the callback")
 
 	_, err = b.client.Enqueue(ctx, keyedKind.New(keyed{Key: "late"}, tasks.InBatch(batch.ID)))
-	require.ErrorIs(t, err, idempotency.ErrBatchSealed)
+	require.ErrorIs(t, err, tasks.ErrBatchSealed)
 	_, err = b.client.EnqueueMany(ctx, keyedKind.New(keyed{Key: "late"}, tasks.InBatch(batch.ID)))
-	require.ErrorIs(t, err, idempotency.ErrBatchSealed)
+	require.ErrorIs(t, err, tasks.ErrBatchSealed)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE business_key = 'late'`))
 
 	again, err := b.client.SealBatch(ctx, batch.ID)
@@ -181,11 +182,11 @@ func TestBatchRefusesBadInput(t *testing.T) {
 	ctx := context.Background()
 
 	_, err := b.client.Enqueue(ctx, keyedKind.New(keyed{Key: "x"}, tasks.InBatch("no-such-batch")))
-	require.ErrorIs(t, err, idempotency.ErrBatchNotFound)
+	require.ErrorIs(t, err, tasks.ErrBatchNotFound)
 	_, err = b.client.SealBatch(ctx, "no-such-batch")
-	require.ErrorIs(t, err, idempotency.ErrBatchNotFound)
+	require.ErrorIs(t, err, tasks.ErrBatchNotFound)
 	_, err = b.client.SealBatch(ctx, "")
-	require.ErrorIs(t, err, idempotency.ErrBatchNotFound)
+	require.ErrorIs(t, err, tasks.ErrBatchNotFound)
 
 	_, err = b.client.NewBatch(ctx, tasks.BatchSpec{OnComplete: tasks.BatchCallback(batchDone, nil, tasks.Queue("nowhere"))})
 	require.ErrorIs(t, err, tasks.ErrUnknownQueue)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 )
 
 // TaskError is why a bulk enqueue refused its tasks: the task at Index (of
@@ -29,7 +30,7 @@ func (e *TaskError) Error() string {
 func (e *TaskError) Unwrap() error { return e.Err }
 
 // EnqueueMany is Enqueue for many tasks at once: it checks every task, writes
-// them all in one transaction (one statement per idempotency.InsertChunkRows
+// them all in one transaction (one statement per jobstore.InsertChunkRows
 // tasks), commits, and publishes the new jobs to Redis with several
 // publishes in flight. The results are in the order of ts.
 //
@@ -51,7 +52,7 @@ func (c *Client) enqueueMany(ctx context.Context, ts []*Task, span enqueueSpan) 
 	if err != nil {
 		return nil, err
 	}
-	ins, err := c.store.InsertMany(ctx, c.store.Pool(), njs, idempotency.InsertOptions{Claim: true})
+	ins, err := c.store.InsertMany(ctx, c.store.Pool(), njs, jobstore.InsertOptions{Claim: true})
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue many: %w", err)
 	}
@@ -67,7 +68,7 @@ func (c *Client) enqueueMany(ctx context.Context, ts []*Task, span enqueueSpan) 
 }
 
 // EnqueueManyTx is EnqueueTx for many tasks: it writes them in the caller's
-// transaction (one statement per idempotency.InsertChunkRows tasks) and
+// transaction (one statement per jobstore.InsertChunkRows tasks) and
 // wakes the relays once, at commit, to publish them. Deduplication and
 // validation are EnqueueMany's: one invalid task and nothing is written,
 // the transaction is left as it was.
@@ -83,7 +84,7 @@ func (c *Client) enqueueManyTx(ctx context.Context, tx pgx.Tx, ts []*Task, span 
 	if err != nil {
 		return nil, err
 	}
-	ins, err := c.store.InsertMany(ctx, tx, njs, idempotency.InsertOptions{WakeRelay: true})
+	ins, err := c.store.InsertMany(ctx, tx, njs, jobstore.InsertOptions{WakeRelay: true})
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue many: %w", err)
 	}
@@ -110,8 +111,8 @@ func CheckTasks(queues []string, ts ...*Task) error {
 	return (&Client{queues: set}).Check(ts...)
 }
 
-func (c *Client) validateAll(ts []*Task, span enqueueSpan) ([]idempotency.NewJob, error) {
-	njs := make([]idempotency.NewJob, len(ts))
+func (c *Client) validateAll(ts []*Task, span enqueueSpan) ([]jobstore.NewJob, error) {
+	njs := make([]jobstore.NewJob, len(ts))
 	for i, t := range ts {
 		nj, err := c.validate(t)
 		if err != nil {
@@ -127,7 +128,7 @@ func (c *Client) validateAll(ts []*Task, span enqueueSpan) ([]idempotency.NewJob
 	return njs, nil
 }
 
-func results(njs []idempotency.NewJob, ins []idempotency.Inserted) []*Result {
+func results(njs []jobstore.NewJob, ins []jobstore.Inserted) []*Result {
 	res := make([]*Result, len(ins))
 	for i, in := range ins {
 		res[i] = &Result{Job: in.Job, Existed: in.Existed,
@@ -197,7 +198,7 @@ const (
 )
 
 type insertReq struct {
-	nj  idempotency.NewJob
+	nj  jobstore.NewJob
 	out chan insertOut
 }
 
@@ -207,7 +208,7 @@ type insertOut struct {
 }
 
 // insert writes nj through the group commit and publishes its job.
-func (c *Client) insert(ctx context.Context, nj idempotency.NewJob) (*Result, error) {
+func (c *Client) insert(ctx context.Context, nj jobstore.NewJob) (*Result, error) {
 	r := insertReq{nj: nj, out: make(chan insertOut, 1)}
 	if err := c.inserts.Submit(ctx, r); err != nil {
 		return nil, err
@@ -226,11 +227,11 @@ func (c *Client) insert(ctx context.Context, nj idempotency.NewJob) (*Result, er
 // one commit, then publishes them in the background while the loop takes
 // the next calls: a round's publish overlaps the next round's commit.
 func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) <-chan struct{} {
-	njs := make([]idempotency.NewJob, len(reqs))
+	njs := make([]jobstore.NewJob, len(reqs))
 	for i, r := range reqs {
 		njs[i] = r.nj
 	}
-	ins, err := c.store.InsertMany(ctx, c.store.Pool(), njs, idempotency.InsertOptions{Claim: true})
+	ins, err := c.store.InsertMany(ctx, c.store.Pool(), njs, jobstore.InsertOptions{Claim: true})
 	if err != nil {
 		for _, r := range reqs {
 			r.out <- insertOut{err: err}

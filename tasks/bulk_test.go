@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
@@ -57,7 +57,7 @@ func TestEnqueueManyDeduplicatesAndPublishes(t *testing.T) {
 	for _, r := range []*tasks.Result{res[0], res[2]} {
 		info, err := b.insp.GetTaskInfo("default", r.Job.ID)
 		require.NoError(t, err, "Redis holds %s under its ledger id", r.Job.BusinessKey)
-		require.Equal(t, r.Job.BusinessKey, info.Headers[idempotency.HeaderBusinessKey])
+		require.Equal(t, r.Job.BusinessKey, info.Headers[tasks.HeaderBusinessKey])
 		j, err := b.store.Get(ctx, r.Job.ID)
 		require.NoError(t, err)
 		require.NotNil(t, j.PublishedAt)
@@ -203,10 +203,10 @@ func TestRowsClaimedButNeverPublishedAreRepublished(t *testing.T) {
 	ctx := context.Background()
 
 	// What Enqueue's group commit writes, without the publish that follows.
-	got, err := b.store.InsertMany(ctx, b.pool, []idempotency.NewJob{
+	got, err := b.store.InsertMany(ctx, b.pool, []jobstore.NewJob{
 		{Kind: "test:keyed", BusinessKey: "crashed-1", Queue: "default", Payload: []byte(`{}`), MaxRetry: 3},
 		{Kind: "test:keyed", BusinessKey: "crashed-2", Queue: "default", Payload: []byte(`{}`), MaxRetry: 3},
-	}, idempotency.InsertOptions{Claim: true})
+	}, jobstore.InsertOptions{Claim: true})
 	require.NoError(t, err)
 	relay := outbox.NewRelay(b.pool, b.redis, outbox.RelayConfig{Logger: quietLogger()})
 	defer relay.Close()

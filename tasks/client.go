@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/batch"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/tracing"
@@ -63,8 +64,8 @@ type ClientConfig struct {
 
 // Client enqueues tasks: durably into the ledger first, then into Redis.
 type Client struct {
-	store   *idempotency.Store
-	pub     *idempotency.Publisher
+	store   *jobstore.Store
+	pub     *jobstore.Publisher
 	queues  map[string]bool
 	log     *slog.Logger
 	inserts *batch.Batcher[insertReq]
@@ -97,8 +98,8 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	// Every asynq.RedisConnOpt makes a go-redis universal client.
 	rdb := cfg.Redis.MakeRedisClient().(redis.UniversalClient)
 	c := &Client{
-		store:  idempotency.NewStore(cfg.Pool).WithTracerProvider(cfg.TracerProvider),
-		pub:    idempotency.NewPublisherOn(rdb),
+		store:  jobstore.NewStore(cfg.Pool).WithTracerProvider(cfg.TracerProvider),
+		pub:    jobstore.NewPublisherOn(rdb),
 		queues: queues,
 		log:    cfg.Logger,
 		rdb:    rdb,
@@ -142,8 +143,9 @@ func (c *Client) Close() error {
 // inspect package.
 func (c *Client) Inspector() *inspect.Inspector { return c.ops }
 
-// Store is the ledger the client writes to.
-func (c *Client) Store() *idempotency.Store { return c.store }
+// Pool is the ledger's pool the client writes to: share it (a scheduler
+// does) rather than open another.
+func (c *Client) Pool() *pgxpool.Pool { return c.store.Pool() }
 
 // Result is what an enqueue did.
 type Result struct {
@@ -224,45 +226,45 @@ func (c *Client) enqueueTx(ctx context.Context, tx pgx.Tx, t *Task, span enqueue
 
 // validate checks t as every enqueue does and returns the row to write. Its
 // errors name the problem but not the task; the caller adds that.
-func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
+func (c *Client) validate(t *Task) (jobstore.NewJob, error) {
 	if t == nil {
-		return idempotency.NewJob{}, fmt.Errorf("%w: nil task", ErrInvalidTask)
+		return jobstore.NewJob{}, fmt.Errorf("%w: nil task", ErrInvalidTask)
 	}
 	if err := ledger.ValidateKey("kind", t.kind); err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidTask, err)
+		return jobstore.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidTask, err)
 	}
 	if t.err != nil {
-		return idempotency.NewJob{}, t.err
+		return jobstore.NewJob{}, t.err
 	}
 	if n := len(t.payload); n > MaxPayloadBytes {
-		return idempotency.NewJob{}, fmt.Errorf("%w: %d bytes, limit %d (pass large data by id)", ErrPayloadTooLarge, n, MaxPayloadBytes)
+		return jobstore.NewJob{}, fmt.Errorf("%w: %d bytes, limit %d (pass large data by id)", ErrPayloadTooLarge, n, MaxPayloadBytes)
 	}
 	if err := ledger.ValidateKey("business key", t.s.key); err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
+		return jobstore.NewJob{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
 	if err := ledger.ValidateQueue(t.s.queue); err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("%w: %v", ErrUnknownQueue, err)
+		return jobstore.NewJob{}, fmt.Errorf("%w: %v", ErrUnknownQueue, err)
 	}
 	if q := t.s.queue; !c.queues[q] && q != t.kindQueue {
-		return idempotency.NewJob{}, fmt.Errorf("%w %q (known: %v)", ErrUnknownQueue, q, c.queueList(t))
+		return jobstore.NewJob{}, fmt.Errorf("%w %q (known: %v)", ErrUnknownQueue, q, c.queueList(t))
 	}
 	maxRetry := DefaultMaxRetry
 	if t.s.maxRetry != nil {
 		maxRetry = *t.s.maxRetry
 	}
 	if maxRetry < 0 {
-		return idempotency.NewJob{}, fmt.Errorf("%w: negative max retry %d", ErrInvalidTask, maxRetry)
+		return jobstore.NewJob{}, fmt.Errorf("%w: negative max retry %d", ErrInvalidTask, maxRetry)
 	}
 	if t.s.timeout < 0 {
-		return idempotency.NewJob{}, fmt.Errorf("%w: negative timeout %s", ErrInvalidTask, t.s.timeout)
+		return jobstore.NewJob{}, fmt.Errorf("%w: negative timeout %s", ErrInvalidTask, t.s.timeout)
 	}
 	if t.s.maxWait < 0 {
-		return idempotency.NewJob{}, fmt.Errorf("%w: negative max wait %s", ErrInvalidTask, t.s.maxWait)
+		return jobstore.NewJob{}, fmt.Errorf("%w: negative max wait %s", ErrInvalidTask, t.s.maxWait)
 	}
 	if t.s.unique < 0 {
-		return idempotency.NewJob{}, fmt.Errorf("%w: negative unique window %s", ErrInvalidTask, t.s.unique)
+		return jobstore.NewJob{}, fmt.Errorf("%w: negative unique window %s", ErrInvalidTask, t.s.unique)
 	}
-	nj := idempotency.NewJob{
+	nj := jobstore.NewJob{
 		Kind:             t.kind,
 		BusinessKey:      t.s.key,
 		Queue:            t.s.queue,
@@ -280,8 +282,8 @@ func (c *Client) validate(t *Task) (idempotency.NewJob, error) {
 	}
 	// And what the ledger checks (a summary or trace id that is not UTF-8),
 	// so that Check refuses all the insert would.
-	if err := idempotency.ValidateNewJob(nj); err != nil {
-		return idempotency.NewJob{}, fmt.Errorf("%w: %w", ErrInvalidTask, err)
+	if err := jobstore.ValidateNewJob(nj); err != nil {
+		return jobstore.NewJob{}, fmt.Errorf("%w: %w", ErrInvalidTask, err)
 	}
 	return nj, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
@@ -67,9 +68,9 @@ func TestEnqueuePublishesWithLedgerIDAsTaskID(t *testing.T) {
 	require.Equal(t, res.Job.ID, info.ID)
 	require.Equal(t, "test:send_receipt", info.Type)
 	require.Equal(t, "critical", info.Queue)
-	require.Equal(t, 4+idempotency.AsynqRetryHeadroom, info.MaxRetry, "the ledger decides the budget; asynq's last try lies beyond it")
+	require.Equal(t, 4+jobstore.AsynqRetryHeadroom, info.MaxRetry, "the ledger decides the budget; asynq's last try lies beyond it")
 	require.Equal(t, asynq.TaskStatePending, info.State)
-	require.Equal(t, "order:42", info.Headers[idempotency.HeaderBusinessKey])
+	require.Equal(t, "order:42", info.Headers[tasks.HeaderBusinessKey])
 	require.Equal(t, j.Payload, info.Payload)
 
 	// The same business action again: the existing job, nothing new in Redis.
@@ -286,7 +287,7 @@ func TestEnqueueWithRedisDownIsPublishedByRelay(t *testing.T) {
 
 	info, err := b.insp.GetTaskInfo("critical", res.Job.ID)
 	require.NoError(t, err)
-	require.Equal(t, "order:offline", info.Headers[idempotency.HeaderBusinessKey])
+	require.Equal(t, "order:offline", info.Headers[tasks.HeaderBusinessKey])
 	require.Equal(t, asynq.TaskStatePending, info.State)
 	j, err = b.store.Get(ctx, res.Job.ID)
 	require.NoError(t, err)

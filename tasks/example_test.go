@@ -8,7 +8,6 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/tasks"
@@ -74,7 +73,7 @@ func ExampleClient_Enqueue() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(info.Type, info.Headers[idempotency.HeaderBusinessKey], info.State)
+	fmt.Println(info.Type, info.Headers[tasks.HeaderBusinessKey], info.State)
 	// Output:
 	// existed: false published: true status: pending
 	// existed: true same job: true

@@ -61,7 +61,7 @@ func Timeout(d time.Duration) Option { return optionFunc(func(s *settings) { s.t
 // limits, concurrency slots, an HTTP 429/503's Retry-After: retry.Wait) —
 // waits do not use up attempts, so without a ceiling a job could wait
 // forever. Past it the job dies with class waited_too_long. Default: the
-// worker's idempotency.GuardConfig.MaxWait (24h).
+// worker's server.GuardConfig.MaxWait (24h).
 func MaxWait(d time.Duration) Option { return optionFunc(func(s *settings) { s.maxWait = d }) }
 
 // Deadline bounds every attempt to end before t. A job still waiting when

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -20,7 +20,7 @@ type bundle struct {
 	pool   *pgxpool.Pool
 	redis  asynq.RedisClientOpt
 	client *tasks.Client
-	store  *idempotency.Store
+	store  *jobstore.Store
 	insp   *asynq.Inspector
 }
 
@@ -41,7 +41,7 @@ func newBundle(t testing.TB, redis asynq.RedisClientOpt, pool *pgxpool.Pool) *bu
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	b.client = c
-	b.store = c.Store()
+	b.store = jobstore.NewStore(c.Pool())
 	b.insp = asynq.NewInspector(b.redis)
 	t.Cleanup(func() { b.insp.Close() })
 	return b

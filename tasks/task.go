@@ -1,6 +1,10 @@
 package tasks
 
-import "time"
+import (
+	"time"
+
+	"github.com/keeljobs/keel/internal/jobstore"
+)
 
 // Task is one unit of work of a kind, ready to enqueue.
 type Task struct {
@@ -58,3 +62,7 @@ func (t *Task) RunAt(now time.Time) time.Time {
 	}
 	return time.Time{}
 }
+
+// HeaderBusinessKey carries a job's business key in its asynq task's
+// headers (asynqmon shows them), so logs can name it without a ledger read.
+const HeaderBusinessKey = jobstore.HeaderBusinessKey

@@ -5,7 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/tracing"
 )
 
@@ -39,7 +39,7 @@ func (c *Client) startEnqueue(ctx context.Context, op string, t *Task, n int) (c
 
 // apply stores the call's trace context with nj; its trace id too, unless
 // the task names one (tasks.TraceID).
-func (es enqueueSpan) apply(nj *idempotency.NewJob) {
+func (es enqueueSpan) apply(nj *jobstore.NewJob) {
 	if es.tc.Parent == "" {
 		return
 	}

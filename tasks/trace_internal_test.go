@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/tracing"
 )
 
@@ -20,7 +20,7 @@ func TestEnqueueTracingOffAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(100, func() {
 		_, span := c.startEnqueue(ctx, "enqueue", task, 1)
-		var nj idempotency.NewJob
+		var nj jobstore.NewJob
 		span.apply(&nj)
 		span.end(res, nil)
 		_, span = c.startEnqueue(ctx, "enqueue_many", nil, 10)

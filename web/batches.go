@@ -8,13 +8,14 @@ import (
 	"strconv"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 )
 
 // openMembersShown bounds the open members a batch page lists.
 const openMembersShown = 100
 
 type batchRow struct {
-	idempotency.Batch
+	jobstore.Batch
 	State string
 }
 
@@ -27,7 +28,7 @@ func (s *Server) batches(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	d := batchesData{OpenOnly: r.URL.Query().Get("open") == "1"}
-	bs, err := s.store.ListBatches(ctx, idempotency.BatchFilter{Open: d.OpenOnly, Limit: 200})
+	bs, err := s.store.ListBatches(ctx, jobstore.BatchFilter{Open: d.OpenOnly, Limit: 200})
 	if err != nil {
 		s.ledgerError(w, r, err)
 		return
@@ -45,7 +46,7 @@ type batchCallbackView struct {
 }
 
 type batchData struct {
-	Batch                    idempotency.Batch
+	Batch                    jobstore.Batch
 	State                    string
 	Pending, Running, Failed int
 	Open                     []idempotency.Job
@@ -74,7 +75,7 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	id := r.PathValue("id")
 	b, err := s.store.GetBatch(ctx, id)
-	if errors.Is(err, idempotency.ErrBatchNotFound) {
+	if errors.Is(err, jobstore.ErrBatchNotFound) {
 		s.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("no batch with id %q", id))
 		return
 	}
@@ -90,7 +91,7 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, cb := range []struct {
 		event string
-		spec  *idempotency.BatchCallback
+		spec  *jobstore.BatchCallback
 		jobID string
 	}{{"complete", b.OnComplete, b.CompleteJobID}, {"success", b.OnSuccess, b.SuccessJobID}} {
 		if err != nil || cb.spec == nil {

@@ -11,12 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/tasks"
 )
 
 // batchWithMembers makes a sealed batch of three members: one succeeded,
 // one dead, one pending.
-func (b *bundle) batchWithMembers(t *testing.T, desc string) (idempotency.Batch, []idempotency.Job) {
+func (b *bundle) batchWithMembers(t *testing.T, desc string) (jobstore.Batch, []idempotency.Job) {
 	t.Helper()
 	ctx := context.Background()
 	batch, err := b.client.NewBatch(ctx, tasks.BatchSpec{Description: desc,

@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/metrics"
 )
@@ -30,7 +30,7 @@ import (
 type Server struct {
 	cfg    Config
 	origin string
-	store  *idempotency.Store
+	store  *jobstore.Store
 	insp   *asynq.Inspector
 	// ops is the operator API every action on jobs goes through: the
 	// pages', the bulk ones', asynqmon's.
@@ -68,7 +68,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	cfg.Redis = redisconn.Follow(cfg.Redis)
-	s := &Server{cfg: cfg, store: idempotency.NewStore(cfg.Pool), auth: newAuth(cfg, secret), bulks: newBulkRuns(),
+	s := &Server{cfg: cfg, store: jobstore.NewStore(cfg.Pool), auth: newAuth(cfg, secret), bulks: newBulkRuns(),
 		hidesUndeclared: hidesUndeclared}
 	if cfg.Origin != "" {
 		s.origin, _ = parseOrigin(cfg.Origin)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/tasks"
 	"github.com/keeljobs/keel/web"
@@ -57,7 +58,7 @@ type bundle struct {
 	pool   *pgxpool.Pool
 	redis  asynq.RedisClientOpt
 	client *tasks.Client
-	store  *idempotency.Store
+	store  *jobstore.Store
 	ops    *inspect.Inspector
 	srv    *web.Server
 	ts     *httptest.Server
@@ -75,7 +76,7 @@ func setup(t *testing.T, mod func(*web.Config)) *bundle {
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	b.client, b.store, b.ops = c, c.Store(), c.Inspector()
+	b.client, b.store, b.ops = c, jobstore.NewStore(c.Pool()), c.Inspector()
 	cfg := web.Config{
 		Addr:           "127.0.0.1:0",
 		Redis:          b.redis,

@@ -43,7 +43,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 )
@@ -637,7 +637,7 @@ func (e *env) prefillKeel(ctx context.Context, r asynq.RedisClientOpt, n int) er
 	}
 	err = enqueue(ctx, r, n, func(i int) (*asynq.Task, []asynq.Option) {
 		jid := fmt.Sprintf("%s%08d", prefix, i)
-		t := asynq.NewTaskWithHeaders(Kind, payload, map[string]string{idempotency.HeaderBusinessKey: jid})
+		t := asynq.NewTaskWithHeaders(Kind, payload, map[string]string{jobstore.HeaderBusinessKey: jid})
 		return t, []asynq.Option{asynq.TaskID(jid), asynq.Queue(Queue), asynq.MaxRetry(maxRetry)}
 	})
 	if err != nil {

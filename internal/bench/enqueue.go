@@ -12,7 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -162,7 +162,7 @@ func (e *env) enqueueRound(ctx context.Context) (EnqueueReport, error) {
 		}},
 		{MethodInsert, func(ctx context.Context, key string) error {
 			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				_, _, err := client.Store().Insert(ctx, tx, idempotency.NewJob{Kind: Kind, BusinessKey: key, Queue: Queue,
+				_, _, err := jobstore.NewStore(client.Pool()).Insert(ctx, tx, jobstore.NewJob{Kind: Kind, BusinessKey: key, Queue: Queue,
 					Payload: payload, MaxRetry: tasks.DefaultMaxRetry})
 				return err
 			})

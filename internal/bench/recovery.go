@@ -17,7 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/executor"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 )
@@ -165,7 +165,7 @@ func (e *env) lose(ctx context.Context, rs *redisProcess, r asynq.RedisClientOpt
 }
 
 type recoveryStats struct {
-	guard idempotency.GuardStats
+	guard executor.GuardStats
 	recon outbox.ReconcileStats
 }
 

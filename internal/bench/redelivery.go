@@ -12,7 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/executor"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 )
@@ -62,7 +62,7 @@ func (r RedeliveryReport) String() string {
 
 func (e *env) redelivery(ctx context.Context) (RedeliveryReport, error) {
 	o := e.o
-	rep := RedeliveryReport{Kills: o.RedeliveryKills, LeaseSeconds: idempotency.DefaultLease.Seconds(),
+	rep := RedeliveryReport{Kills: o.RedeliveryKills, LeaseSeconds: executor.DefaultLease.Seconds(),
 		RescueSeconds: outbox.DefaultRescueInterval.Seconds(), TargetSeconds: RedeliveryTarget.Seconds()}
 	if len(o.WorkerCommand) == 0 {
 		return rep, errors.New("no command to start a child worker with (Options.WorkerCommand)")

@@ -13,7 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -92,7 +92,7 @@ func (r RelayReport) String() string {
 	tw.Flush()
 	fmt.Fprintf(&sb, "\nA relay pass takes up to %d rows off the outbox (FOR UPDATE SKIP LOCKED, DELETE, commit), reads their jobs,\n"+
 		"then puts them into Redis with one script call per queue (the writes asynq's client makes, %d calls in flight);\n"+
-		"asynq Client.Enqueue, one producer, is the same Redis work one task at a time.\n", r.BatchSize, idempotency.PublishInFlight)
+		"asynq Client.Enqueue, one producer, is the same Redis work one task at a time.\n", r.BatchSize, jobstore.PublishInFlight)
 	if len(r.Commits) > 0 {
 		fmt.Fprintf(&sb, "\n%d producers, 1 job per transaction:\n\n", r.Producers)
 		tw = tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -202,7 +202,7 @@ func (e *env) commits(ctx context.Context, rep *RelayReport) error {
 	}
 	insert := func(ctx context.Context, key string) error {
 		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, _, err := client.Store().Insert(ctx, tx, idempotency.NewJob{Kind: Kind, BusinessKey: key, Queue: Queue,
+			_, _, err := jobstore.NewStore(client.Pool()).Insert(ctx, tx, jobstore.NewJob{Kind: Kind, BusinessKey: key, Queue: Queue,
 				Payload: payload, MaxRetry: tasks.DefaultMaxRetry})
 			return err
 		})

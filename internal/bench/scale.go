@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/pgserver"
 	"github.com/keeljobs/keel/outbox"
@@ -679,7 +679,7 @@ func (f *feeder) feed(ctx context.Context, n int) error {
 	}
 	return parallel(ctx, n, func(i int) error {
 		jid := fmt.Sprintf("%s%09d", f.prefix, from+i)
-		t := asynq.NewTaskWithHeaders(Kind, payload, map[string]string{idempotency.HeaderBusinessKey: jid})
+		t := asynq.NewTaskWithHeaders(Kind, payload, map[string]string{jobstore.HeaderBusinessKey: jid})
 		_, err := f.client.EnqueueContext(ctx, t, asynq.TaskID(jid), asynq.Queue(Queue), asynq.MaxRetry(3))
 		return err
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
@@ -68,7 +69,7 @@ type env struct {
 	redis  *testenv.RedisServer
 	pool   *pgxpool.Pool
 	client *tasks.Client
-	store  *idempotency.Store
+	store  *jobstore.Store
 }
 
 func setup(t *testing.T) *env {
@@ -77,7 +78,7 @@ func setup(t *testing.T) *env {
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redisOpt(), Pool: e.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	e.client, e.store = c, c.Store()
+	e.client, e.store = c, jobstore.NewStore(c.Pool())
 	_, err = e.pool.Exec(context.Background(), `CREATE TABLE started (job_id text, at timestamptz DEFAULT clock_timestamp());
 		CREATE TABLE effects (job_id text, at timestamptz DEFAULT clock_timestamp())`)
 	require.NoError(t, err)

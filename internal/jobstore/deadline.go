@@ -18,7 +18,7 @@ func (s *Store) EndPastDeadlineWithin(ctx context.Context, ids []string, margin 
 	for _, j := range ended {
 		e := DeadEvent{JobID: j.ID, Kind: j.Kind, Queue: j.Queue, BusinessKey: j.BusinessKey, Class: j.Class,
 			Error: j.Error, TraceID: j.TraceID, Attempts: j.Attempts}
-		if j.Status == StatusDead {
+		if j.Status == ledger.StatusDead {
 			deaths = append(deaths, e)
 		} else {
 			expired = append(expired, e)

@@ -9,13 +9,3 @@ type (
 	StepRecord = ledger.StepRecord
 	DB         = ledger.DB
 )
-
-const (
-	StatusPending   = ledger.StatusPending
-	StatusRunning   = ledger.StatusRunning
-	StatusSucceeded = ledger.StatusSucceeded
-	StatusFailed    = ledger.StatusFailed
-	StatusDead      = ledger.StatusDead
-	StatusDiscarded = ledger.StatusDiscarded
-	StatusCancelled = ledger.StatusCancelled
-)

@@ -18,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/executor"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/migrate"
@@ -111,7 +113,7 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 		})
 	})
 	tasks.Handle(mux, pgTick, func(context.Context, struct{}) error { return nil })
-	srv, client := outageWorker(t, opt, pool, mux, 8, idempotency.GuardConfig{Lease: pgLease})
+	srv, client := outageWorker(t, opt, pool, mux, 8, executor.GuardConfig{Lease: pgLease})
 	sched, err := scheduler.New(scheduler.Config{Client: client, Logger: slog.New(slog.DiscardHandler),
 		Entries: []scheduler.Entry{{Name: "pgaway", Spec: "@every 1s", Kind: pgTick.Name()}}})
 	require.NoError(t, err)
@@ -279,7 +281,7 @@ func privateLedger(t *testing.T) (*testenv.PostgresServer, asynq.RedisClientOpt,
 // outageWorker runs a keel worker on the private ledger, its relay and
 // reconciler polling fast, until the test ends, and a client for it.
 func outageWorker(t *testing.T, opt asynq.RedisClientOpt, pool *pgxpool.Pool, mux *tasks.Mux, concurrency int,
-	guard idempotency.GuardConfig) (*server.Server, *tasks.Client) {
+	guard executor.GuardConfig) (*server.Server, *tasks.Client) {
 	t.Helper()
 	srv := testworker.RunServer(t, server.Config{Redis: opt, Pool: pool, Concurrency: concurrency, ShutdownTimeout: 2 * time.Second,
 		Guard:      guard,
@@ -334,7 +336,7 @@ func TestPostgresOutageNeverRetiresAJob(t *testing.T) {
 		})
 	})
 	const lease = time.Second
-	srv, client := outageWorker(t, opt, pool, mux, 4, idempotency.GuardConfig{Lease: lease, LedgerRetry: time.Second})
+	srv, client := outageWorker(t, opt, pool, mux, 4, executor.GuardConfig{Lease: lease, LedgerRetry: time.Second})
 	plain, err := client.Enqueue(ctx, pgPlain.New(job{N: 1}))
 	require.NoError(t, err)
 	local, err := client.Enqueue(ctx, pgLocal.New(job{N: 1}))
@@ -398,8 +400,8 @@ func TestFailureAfterCompletingInTxDuringOutageIsRecorded(t *testing.T) {
 		return fmt.Errorf("the mail after the commit failed")
 	})
 	var deaths atomic.Int32
-	srv, client := outageWorker(t, opt, pool, mux, 2, idempotency.GuardConfig{Lease: time.Second, LedgerRetry: time.Second,
-		OnDead: func(context.Context, idempotency.DeadEvent) { deaths.Add(1) }})
+	srv, client := outageWorker(t, opt, pool, mux, 2, executor.GuardConfig{Lease: time.Second, LedgerRetry: time.Second,
+		OnDead: func(context.Context, jobstore.DeadEvent) { deaths.Add(1) }})
 	res, err := client.Enqueue(ctx, pgAfter.New(job{N: 1}))
 	require.NoError(t, err)
 	<-committed

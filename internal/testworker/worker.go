@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/server"
 )
@@ -44,7 +45,7 @@ func RunServer(t testing.TB, cfg server.Config, h asynq.Handler) *server.Server 
 }
 
 // WaitStatus polls the ledger until job id has status want.
-func WaitStatus(t testing.TB, store *idempotency.Store, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
+func WaitStatus(t testing.TB, store *jobstore.Store, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
 	t.Helper()
 	var j idempotency.Job
 	testenv.Eventually(t, timeout, func() bool {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/retry"
@@ -47,7 +48,7 @@ func TestAnIdleWorkerStartsAnnouncedWorkAtOnce(t *testing.T) {
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	store := idempotency.NewStore(pool)
+	store := jobstore.NewStore(pool)
 
 	testenv.Eventually(t, 10*time.Second, func() bool { return srv.IdleWaits() > 0 }, "the idle worker never waited")
 	res, err := c.Enqueue(ctx, pingKind.New(ping{ID: "announced"}))

@@ -1,0 +1,78 @@
+package executor_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/jobstore"
+	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testworker"
+	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
+)
+
+const schema = "keel_test_idempotency"
+
+type bundle struct {
+	pool   *pgxpool.Pool
+	redis  asynq.RedisClientOpt
+	client *tasks.Client
+	store  *jobstore.Store
+}
+
+// setup serialises the package's tests: they share one Redis DB and schema.
+var setupMu sync.Mutex
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	setupMu.Lock()
+	t.Cleanup(setupMu.Unlock)
+	b := &bundle{redis: testenv.Redis(t, testenv.DBIdempotency), pool: testenv.Pool(t, schema)}
+	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	b.client = c
+	b.store = jobstore.NewStore(c.Pool())
+	// Effects tables for handlers under test.
+	_, err = b.pool.Exec(context.Background(), `CREATE TABLE effects (job_id text, name text, at timestamptz DEFAULT now())`)
+	require.NoError(t, err)
+	return b
+}
+
+// startWorker runs a keel worker on mux until the test ends.
+func (b *bundle) startWorker(t *testing.T, mux *tasks.Mux, mod func(*server.Config)) *server.Server {
+	t.Helper()
+	cfg := server.Config{
+		Redis:           b.redis,
+		Pool:            b.pool,
+		Concurrency:     10,
+		ShutdownTimeout: 2 * time.Second,
+	}
+	cfg.Retry.Base = time.Second
+	cfg.Retry.Cap = 2 * time.Second
+	cfg.Relay.PollInterval = 200 * time.Millisecond
+	cfg.Guard.LedgerRetry = time.Second
+	if mod != nil {
+		mod(&cfg)
+	}
+	return testworker.RunServer(t, cfg, mux)
+}
+
+func (b *bundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func (b *bundle) waitStatus(t *testing.T, id string, want idempotency.Status, timeout time.Duration) idempotency.Job {
+	t.Helper()
+	return testworker.WaitStatus(t, b.store, id, want, timeout)
+}
