@@ -252,26 +252,6 @@ func (k *Kind[P]) Handler(fn func(ctx context.Context, p P) error) asynq.Handler
 	})
 }
 
-func (k *Kind[P]) summarize(payload []byte) (string, bool) {
-	if k.summary == nil {
-		return "", false
-	}
-	var p P
-	if err := json.Unmarshal(payload, &p); err != nil {
-		return "(payload does not decode)", true
-	}
-	return k.summary(p), true
-}
-
-type kindInfo interface {
-	Name() string
-	Queue() string
-	summarize(payload []byte) (string, bool)
-	defaultSettings() settings
-}
-
-func (k *Kind[P]) defaultSettings() settings { return k.defaults }
-
 // registry maps a kind name to its kindInfo: NewRaw takes a declared kind's
 // defaults from it and Summarize its summary function.
 var registry sync.Map
