@@ -29,6 +29,7 @@ func TestAKindIsKnownOnlyToTheSetsThatHoldIt(t *testing.T) {
 	require.False(t, none.Known("test:send_receipt"))
 	require.Empty(t, none.All())
 	require.Equal(t, tasks.DefaultQueue, none.NewRaw("test:send_receipt", nil, "k").Queue())
+	require.Equal(t, tasks.DefaultQueue, tasks.NewRaw("test:send_receipt", nil, "k").Queue(), "tasks.NewRaw takes no kind's defaults")
 }
 
 func TestNewKindsRefusesTwoKindsOfOneName(t *testing.T) {
