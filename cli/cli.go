@@ -6,7 +6,7 @@
 //	func main() {
 //		cli.Main(cli.App{
 //			Name:  "welcome",
-//			Kinds: []cli.Kind{cli.KindOf(SendWelcome)},
+//			Kinds: tasks.NewKinds(SendWelcome),
 //			Register: func(mux *tasks.Mux, _ *cli.Service) error {
 //				tasks.Handle(mux, SendWelcome, sendWelcome)
 //				return nil
@@ -16,9 +16,7 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,12 +43,14 @@ type App struct {
 	Name string
 	// Short is the one-line description shown by --help.
 	Short string
-	// Kinds are the kinds the program declares (see KindOf). When set,
-	// `enqueue` refuses any other kind and a payload that does not decode
-	// into the kind's payload type, and the scheduler refuses entries naming
-	// another kind. When empty, any kind is accepted: the program only
-	// enqueues and inspects jobs other programs handle.
-	Kinds []Kind
+	// Kinds are the kinds the program declares. When set, `enqueue`
+	// refuses any other kind and a payload that does not decode into the
+	// kind's payload type, the scheduler refuses entries naming another
+	// kind, and the worker and the dashboard show the kinds' payloads
+	// through their Summary. When empty, any kind is accepted: the program
+	// only enqueues and inspects jobs other programs handle, and the
+	// dashboard hides their payloads.
+	Kinds *tasks.Kinds
 	// Register puts the program's handlers on mux. `worker` calls it once
 	// it has connected; svc holds the connections and the logger. Nil: the
 	// program has no handlers, and `worker` refuses to start.
@@ -74,71 +74,18 @@ func (a App) name() string {
 	return "keel"
 }
 
-// kind returns the declared kind of this name.
-func (a App) kind(name string) (Kind, bool) {
-	for _, k := range a.Kinds {
-		if k.name == name {
-			return k, true
-		}
-	}
-	return Kind{}, false
-}
-
 // known reports whether name is a kind of the program; every name is, when
 // the program declares none.
 func (a App) known(name string) bool {
-	if len(a.Kinds) == 0 {
-		return true
-	}
-	_, ok := a.kind(name)
-	return ok
-}
-
-// declares reports whether the program declares the kind name.
-func (a App) declares(name string) bool {
-	_, ok := a.kind(name)
-	return ok
+	return len(a.Kinds.All()) == 0 || a.Kinds.Known(name)
 }
 
 func (a App) kindNames() []string {
-	names := make([]string, 0, len(a.Kinds))
-	for _, k := range a.Kinds {
-		names = append(names, k.name)
+	var names []string
+	for _, k := range a.Kinds.All() {
+		names = append(names, k.Name())
 	}
-	slices.Sort(names)
 	return names
-}
-
-// Kind is a kind the program declares, made by KindOf.
-type Kind struct {
-	name  string
-	queue string
-	task  func(payload []byte, key string, opts []tasks.Option) (*tasks.Task, error)
-}
-
-// Name is the kind's name.
-func (k Kind) Name() string { return k.name }
-
-// KindOf declares k to the program: `enqueue` decodes a payload given for
-// it into P (refusing fields P does not have) and takes its business key
-// from the kind's Key; a key typed that differs from it is refused.
-func KindOf[P any](k *tasks.Kind[P]) Kind {
-	return Kind{name: k.Name(), queue: k.Queue(), task: func(payload []byte, key string, opts []tasks.Option) (*tasks.Task, error) {
-		var p P
-		dec := json.NewDecoder(bytes.NewReader(payload))
-		dec.DisallowUnknownFields()
-		err := dec.Decode(&p)
-		if err == nil && dec.More() {
-			err = errors.New("more than one JSON value")
-		}
-		if err != nil {
-			return nil, fmt.Errorf("payload does not decode into %s's type %T: %v", k.Name(), p, err)
-		}
-		if key != "" {
-			opts = append(opts, tasks.BusinessKey(key))
-		}
-		return k.New(p, opts...), nil
-	}}
 }
 
 // New returns the program's root command. Run it with ExecuteContext.

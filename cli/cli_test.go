@@ -53,7 +53,7 @@ var Greet = tasks.Define[Greeting]("cli:greet",
 const schema = "keel_test_cli"
 
 func testApp() cli.App {
-	return cli.App{Name: "greeter", Kinds: []cli.Kind{cli.KindOf(Greet)}}
+	return cli.App{Name: "greeter", Kinds: tasks.NewKinds(Greet)}
 }
 
 // greeter runs the program's real root command in-process against the

@@ -314,7 +314,7 @@ func workerCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer svc.Close()
-			cfg.Redis, cfg.Pool, cfg.Logger = svc.Redis, svc.Pool, svc.Log
+			cfg.Redis, cfg.Pool, cfg.Logger, cfg.Kinds = svc.Redis, svc.Pool, svc.Log, e.app.Kinds
 			if len(rules) > 0 {
 				limits, err := flow.New(svc.Redis, flow.Config{Rules: rules, Logger: svc.Log})
 				if err != nil {
@@ -668,7 +668,7 @@ func nextRetry(j idempotency.Job) *time.Time {
 // warnUnhandled names declared kinds whose queue this worker reads but
 // for which Register put no handler on the mux: their jobs would fail here
 // as unknown kinds (and be retried until a worker that has one takes them).
-func warnUnhandled(log *slog.Logger, kinds []Kind, mux *tasks.Mux, queues map[string]int) {
+func warnUnhandled(log *slog.Logger, kinds *tasks.Kinds, mux *tasks.Mux, queues map[string]int) {
 	handled := map[string]bool{}
 	for _, k := range mux.Kinds() {
 		handled[k] = true
@@ -676,14 +676,10 @@ func warnUnhandled(log *slog.Logger, kinds []Kind, mux *tasks.Mux, queues map[st
 	if len(queues) == 0 {
 		queues = server.DefaultQueues()
 	}
-	for _, k := range kinds {
-		q := k.queue
-		if q == "" {
-			q = tasks.DefaultQueue
-		}
-		if _, reads := queues[q]; reads && !handled[k.name] {
+	for _, k := range kinds.All() {
+		if _, reads := queues[k.Queue()]; reads && !handled[k.Name()] {
 			log.Warn("keel worker: a declared kind has no handler, and this worker reads its queue: its jobs will fail here",
-				"kind", k.name, "queue", q)
+				"kind", k.Name(), "queue", k.Queue())
 		}
 	}
 }

@@ -290,7 +290,7 @@ func newTask(app App, kind string, payload []byte, key string, opts []tasks.Opti
 	if !app.known(kind) {
 		return nil, fmt.Errorf("%s does not declare the kind %q (its kinds: %s)", app.name(), kind, strings.Join(app.kindNames(), ", "))
 	}
-	k, declared := app.kind(kind)
+	declared := app.Kinds.Known(kind)
 	if declared && (len(payload) == 0 || string(payload) == "null") {
 		// The zero value would make a job for nobody ("order:" for no
 		// order) and keep its key: a forgotten --payload, or an empty
@@ -304,7 +304,7 @@ func newTask(app App, kind string, payload []byte, key string, opts []tasks.Opti
 		return nil, fmt.Errorf("the payload is not valid JSON: %q", oneLine(string(payload), 80))
 	}
 	if declared {
-		t, err := k.task(payload, "", opts)
+		t, err := app.Kinds.NewJSON(kind, payload, opts...)
 		if err != nil || key == "" || t.BusinessKey() == key {
 			return t, err
 		}
@@ -315,7 +315,7 @@ func newTask(app App, kind string, payload []byte, key string, opts []tasks.Opti
 			return nil, fmt.Errorf("the kind %s derives the business key %q from this payload, not %q: leave the key out (a second key for one action would make a second job)",
 				kind, d, key)
 		}
-		return k.task(payload, key, opts)
+		return app.Kinds.NewJSON(kind, payload, append(opts, tasks.BusinessKey(key))...)
 	}
 	if key == "" {
 		return nil, fmt.Errorf("give a business key: %s does not declare the kind %q, so it cannot derive one", app.name(), kind)

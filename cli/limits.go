@@ -44,7 +44,7 @@ func (l *limitFlags) rules(app App) ([]flow.Rule, error) {
 			r = &flow.Rule{Name: name}
 			// A kind's name limits that kind; any other name is a resource
 			// that handlers apply with Take/Acquire.
-			if app.declares(name) {
+			if app.Kinds.Known(name) {
 				r.Kinds = []string{name}
 			}
 			byName[name] = r

@@ -21,6 +21,7 @@ import (
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // observeFlags wire a worker's metrics and death alerts.
@@ -58,15 +59,15 @@ func (e *Env) Observe(cfg *server.Config, reg *prometheus.Registry) (*Observer, 
 
 // wire adds worker metrics and the death alert hook to cfg. reg may be a
 // registry another component (the dashboard) already serves.
-func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *slog.Logger, kinds []Kind) (*Observer, error) {
+func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *slog.Logger, kinds *tasks.Kinds) (*Observer, error) {
 	ob := &Observer{reg: reg, addr: o.metricsAddr}
 	if ob.reg == nil {
 		ob.reg = prometheus.NewRegistry()
 		ob.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	declared := make([]metrics.Kind, 0, len(kinds))
-	for _, k := range kinds {
-		declared = append(declared, metrics.Kind{Name: k.name, Queue: k.queue})
+	var declared []metrics.Kind
+	for _, k := range kinds.All() {
+		declared = append(declared, metrics.Kind{Name: k.Name(), Queue: k.Queue()})
 	}
 	wm, err := metrics.NewWorker(ob.reg, metrics.WorkerOptions{Classifier: cfg.Classifier, Kinds: declared,
 		DuplicatesSkipped: func() uint64 {

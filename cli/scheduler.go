@@ -78,7 +78,7 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 			}
 			defer client.Close()
 			s, err := scheduler.New(scheduler.Config{
-				Client: client, File: file, MissedTicks: policy, MaxCatchUp: maxCatchUp, KnownKind: known, Logger: log,
+				Client: client, File: file, MissedTicks: policy, MaxCatchUp: maxCatchUp, Kinds: e.app.Kinds, KnownKind: known, Logger: log,
 				CheckEntry: checkEntry,
 			})
 			if err != nil {
@@ -115,13 +115,13 @@ the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 // the kind's type when the program declares the kind.
 func entryTask(app App, en scheduler.Entry) (*tasks.Task, error) {
 	key := scheduler.TickKey(en.Name, time.Time{})
-	if k, ok := app.kind(en.Kind); ok {
+	if app.Kinds.Known(en.Kind) {
 		payload := []byte(en.Payload)
 		if len(payload) == 0 {
 			payload = []byte("{}")
 		}
 		// A tick's key is its own, not the one the kind derives.
-		return k.task(payload, key, en.Options())
+		return app.Kinds.NewJSON(en.Kind, payload, append(en.Options(), tasks.BusinessKey(key))...)
 	}
 	return tasks.NewRaw(en.Kind, en.Payload, key, en.Options()...), nil
 }

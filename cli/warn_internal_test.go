@@ -27,7 +27,7 @@ func TestWorkerWarnsOfDeclaredKindsWithoutHandler(t *testing.T) {
 
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	warnUnhandled(log, []Kind{KindOf(handled), KindOf(forgotten), KindOf(elsewhere)}, mux, map[string]int{"default": 1})
+	warnUnhandled(log, tasks.NewKinds(handled, forgotten, elsewhere), mux, map[string]int{"default": 1})
 	out := buf.String()
 	require.Contains(t, out, "kind=warn:forgotten")
 	require.NotContains(t, out, "warn:handled")

@@ -80,7 +80,7 @@ KEEL_WEB_PROXY_OPERATORS lists who among them are operators.`,
 				return err
 			}
 			defer pool.Close()
-			cfg.Redis, cfg.Pool, cfg.Logger = redis, pool, log
+			cfg.Redis, cfg.Pool, cfg.Logger, cfg.Kinds = redis, pool, log, e.app.Kinds
 			srv, err := web.New(cfg)
 			if err != nil {
 				if errors.Is(err, web.ErrNoCredentials) {

@@ -60,6 +60,10 @@ var (
 		tasks.Key(func(r DailyReport) string { return "day:" + r.Day }))
 )
 
+// Kinds are the example service's kinds, for its worker, dashboard,
+// scheduler and command line.
+var Kinds = tasks.NewKinds(SendReceipt, GenerateInvoice, SyncAnalytics, GenerateDailyReport)
+
 // Mailer sends mail. key is the send's idempotency key, to pass to the mail
 // service. An error means the mail may have gone out unless it is marked
 // idempotency.NotSent or is the service's answer (idempotency.DoHTTP marks

@@ -86,9 +86,13 @@ type Config struct {
 	// MaxCatchUp is how many missed ticks per entry CatchUp enqueues at most.
 	// Default DefaultMaxCatchUp (1); for none, use Skip.
 	MaxCatchUp int
+	// Kinds are the program's kinds: an entry of one of them takes the
+	// kind's defaults (queue, retries, timeout), as tasks the program's own
+	// code makes do. Default none.
+	Kinds *tasks.Kinds
 	// KnownKind reports whether a kind can be run; an entry naming another
-	// kind is refused at start and on reload. Default tasks.Known (the kinds
-	// declared in this program); AnyKind turns the check off.
+	// kind is refused at start and on reload. Default Kinds.Known;
+	// AnyKind turns the check off.
 	KnownKind func(kind string) bool
 	// CheckEntry checks what an entry's ticks would enqueue, at start and
 	// on reload, so that an entry every tick would fail with is refused
@@ -111,7 +115,7 @@ func (c Config) WithDefaults() Config {
 		c.MaxCatchUp = DefaultMaxCatchUp
 	}
 	if c.KnownKind == nil {
-		c.KnownKind = tasks.Known
+		c.KnownKind = c.Kinds.Known
 	}
 	if c.Clock == nil {
 		c.Clock = realClock{}
@@ -142,7 +146,7 @@ func (c Config) Validate() error {
 	}
 	known := c.KnownKind
 	if known == nil {
-		known = tasks.Known
+		known = c.Kinds.Known
 	}
 	return ValidateEntries(c.Entries, known)
 }

@@ -31,17 +31,17 @@ type Entry struct {
 	// forward, a local time that does not exist ticks an hour later by the
 	// new clock (02:30 becomes 03:30), so a nightly job never skips a night.
 	TimeZone string
-	// Kind is the task kind to enqueue (a tasks.Define name).
+	// Kind is the task kind to enqueue (one of Config.Kinds, unless
+	// Config.KnownKind says otherwise).
 	Kind string
 	// Payload is the task's JSON payload. Default {}.
 	Payload json.RawMessage
 	// Queue overrides the kind's queue.
 	Queue string
-	// MaxRetry overrides the task's retry budget; nil keeps the default that
-	// tasks.NewRaw gives the kind.
+	// MaxRetry overrides the task's retry budget; nil keeps the kind's
+	// (Config.Kinds).
 	MaxRetry *int
-	// Timeout bounds one attempt; 0 keeps the default that tasks.NewRaw gives
-	// the kind.
+	// Timeout bounds one attempt; 0 keeps the kind's (Config.Kinds).
 	Timeout time.Duration
 }
 
@@ -163,7 +163,7 @@ func compile(e Entry, knownKind func(string) bool) (compiled, error) {
 		return bad("kind", "no kind given")
 	}
 	if knownKind != nil && !knownKind(e.Kind) {
-		return bad("kind", "unknown kind %q: no tasks.Define declares it in this program", e.Kind)
+		return bad("kind", "unknown kind %q: not one of this program's kinds", e.Kind)
 	}
 	if len(e.Payload) == 0 {
 		e.Payload = json.RawMessage(`{}`)

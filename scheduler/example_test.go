@@ -12,8 +12,10 @@ import (
 // A scheduler process: run as many as you like on the same entries.
 func Example() {
 	var client *tasks.Client // tasks.NewClient(tasks.ClientConfig{Redis: ..., Pool: ...})
+	var kinds *tasks.Kinds   // tasks.NewKinds(DailyReport, ...): the program's kinds
 	s, err := scheduler.New(scheduler.Config{
 		Client: client,
+		Kinds:  kinds,
 		Entries: []scheduler.Entry{{
 			Name:    "nightly-report",
 			Spec:    "0 2 * * *",

@@ -8,19 +8,17 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	// The example schedule names the example handlers' kinds.
-	_ "github.com/keeljobs/keel/handlers"
+	"github.com/keeljobs/keel/handlers"
 	"github.com/keeljobs/keel/scheduler"
-	"github.com/keeljobs/keel/tasks"
 )
 
-// The README shows examples/schedule.yaml: it must load and name kinds keel
-// declares.
+// The README shows examples/schedule.yaml: it must load and name kinds the
+// example handlers declare.
 func TestExampleScheduleLoads(t *testing.T) {
 	entries, err := scheduler.LoadFile(filepath.Join("..", "examples", "schedule.yaml"))
 	require.NoError(t, err)
 	require.NotEmpty(t, entries)
-	require.NoError(t, scheduler.ValidateEntries(entries, tasks.Known))
+	require.NoError(t, scheduler.ValidateEntries(entries, handlers.Kinds.Known))
 
 	nightly := entries[1]
 	require.Equal(t, "nightly-analytics", nightly.Name)

@@ -7,9 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	_ "github.com/keeljobs/keel/handlers" // declares the kinds the example names
+	"github.com/keeljobs/keel/handlers" // declares the kinds the example names
 	"github.com/keeljobs/keel/scheduler"
-	"github.com/keeljobs/keel/tasks"
 )
 
 // The README's schedule example must load as written, and say what the
@@ -28,7 +27,7 @@ func TestReadmeExampleLoads(t *testing.T) {
 
 	fromReadme, err := scheduler.ParseFile("README.md", []byte(block))
 	require.NoError(t, err)
-	require.NoError(t, scheduler.ValidateEntries(fromReadme, tasks.Known))
+	require.NoError(t, scheduler.ValidateEntries(fromReadme, handlers.Kinds.Known))
 	require.Len(t, fromReadme, 2)
 
 	shipped, err := scheduler.LoadFile("../examples/schedule.yaml")

@@ -112,7 +112,7 @@ func (s *Scheduler) setEntries(entries []Entry) (entryDiff, error) {
 		return entryDiff{}, err
 	}
 	for i, c := range cs {
-		err := s.cfg.Client.Check(c.task(TickKey(c.Name, time.Time{})))
+		err := s.cfg.Client.Check(c.task(s.cfg.Kinds, TickKey(c.Name, time.Time{})))
 		if err == nil && s.cfg.CheckEntry != nil {
 			err = s.cfg.CheckEntry(c.Entry)
 		}
@@ -435,15 +435,15 @@ func (e Entry) Options() []tasks.Option {
 // sets: a scheduler catching up a tick that already ran (its keel_schedule
 // row stale, or another scheduler's) must find that job, not run the tick
 // again.
-func (e Entry) task(key string) *tasks.Task {
-	return tasks.NewRaw(e.Kind, e.Payload, key, append(e.Options(), tasks.Unique(0))...)
+func (e Entry) task(kinds *tasks.Kinds, key string) *tasks.Task {
+	return kinds.NewRaw(e.Kind, e.Payload, key, append(e.Options(), tasks.Unique(0))...)
 }
 
 func (r *run) enqueue(ctx context.Context, e compiled, tick time.Time) error {
 	key := TickKey(e.Name, tick)
 	ectx, cancel := context.WithTimeout(ctx, enqueueTimeout)
 	defer cancel()
-	res, err := r.s.cfg.Client.Enqueue(ectx, e.task(key))
+	res, err := r.s.cfg.Client.Enqueue(ectx, e.task(r.s.cfg.Kinds, key))
 	if err != nil {
 		return err
 	}

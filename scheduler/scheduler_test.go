@@ -254,6 +254,8 @@ func TestConfigRefusesBadEntriesNamingThem(t *testing.T) {
 			`schedule entry "nightly-report": bad timezone "Mars/Olympus_Mons"`},
 		{"unknown kind", entry(func(e *scheduler.Entry) { e.Kind = "report:nobody_declares_this" }), "kind",
 			`schedule entry "nightly-report": unknown kind "report:nobody_declares_this"`},
+		{"kind not the program's", entry(func(e *scheduler.Entry) { e.Kind = strayTick.Name() }), "kind",
+			`schedule entry "nightly-report": unknown kind "test:scheduler_stray_tick"`},
 		{"duplicate name", append(entry(func(*scheduler.Entry) {}), entry(func(*scheduler.Entry) {})...), "name",
 			`schedule entry "nightly-report": duplicate name: entries #1 and #2`},
 		{"zone twice", entry(func(e *scheduler.Entry) { e.TimeZone = "UTC"; e.Spec = "CRON_TZ=Asia/Tokyo 0 9 * * *" }), "spec",
@@ -271,7 +273,7 @@ func TestConfigRefusesBadEntriesNamingThem(t *testing.T) {
 		{"max retry too big", entry(func(e *scheduler.Entry) { n := math.MaxInt32; e.MaxRetry = &n }), "task", `max retry`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := scheduler.New(scheduler.Config{Client: client, Entries: tc.entries})
+			_, err := scheduler.New(scheduler.Config{Client: client, Kinds: testKinds, Entries: tc.entries})
 			require.ErrorContains(t, err, tc.want)
 			require.ErrorIs(t, err, scheduler.ErrInvalidEntry)
 			var ee *scheduler.EntryError
@@ -282,7 +284,7 @@ func TestConfigRefusesBadEntriesNamingThem(t *testing.T) {
 
 	// A check of the program's own, on every entry (the CLI decodes the
 	// payload into the kind's type).
-	_, err := scheduler.New(scheduler.Config{Client: client, Entries: entry(func(*scheduler.Entry) {}),
+	_, err := scheduler.New(scheduler.Config{Client: client, Kinds: testKinds, Entries: entry(func(*scheduler.Entry) {}),
 		CheckEntry: func(e scheduler.Entry) error { return errors.New("payload does not decode") }})
 	require.ErrorContains(t, err, `schedule entry "nightly-report": payload does not decode`)
 	require.ErrorIs(t, err, scheduler.ErrInvalidEntry)
@@ -369,4 +371,26 @@ func tickMinutes(t *testing.T, clock *fakeClock, n int) {
 		clock.Set(minute(m))
 		clock.waitSleeping(t)
 	}
+}
+
+// strayTick is declared in this process, but is not one of testKinds.
+var strayTick = tasks.Define[tickPayload]("test:scheduler_stray_tick", tasks.Key(func(p tickPayload) string { return p.Note }))
+
+var lowTick = tasks.Define[tickPayload]("test:scheduler_low_tick", tasks.Queue("low"), tasks.MaxRetry(2),
+	tasks.Key(func(p tickPayload) string { return p.Note }))
+
+// A tick of one of Config.Kinds takes the kind's defaults, as a task the
+// program's code makes does.
+func TestATickTakesItsKindsDefaults(t *testing.T) {
+	b := setup(t)
+	clock := newFakeClock(t0)
+	a := b.start(t, scheduler.Config{Entries: []scheduler.Entry{{Name: "low", Spec: "@every 1m", Kind: lowTick.Name()}}, Clock: clock})
+	tickMinutes(t, clock, 1)
+	a.stop()
+	var queue string
+	var maxRetry int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT queue, max_retry FROM keel_jobs WHERE kind = $1`,
+		lowTick.Name()).Scan(&queue, &maxRetry))
+	require.Equal(t, "low", queue)
+	require.Equal(t, 2, maxRetry)
 }

@@ -28,6 +28,9 @@ type tickPayload struct {
 var tickKind = tasks.Define[tickPayload]("test:scheduler_tick",
 	tasks.Key(func(p tickPayload) string { return p.Note }))
 
+// testKinds are the kinds of the program under test.
+var testKinds = tasks.NewKinds(tickKind, uniqueTick, lowTick)
+
 type bundle struct {
 	pool  *pgxpool.Pool
 	redis asynq.RedisClientOpt
@@ -67,6 +70,9 @@ func (b *bundle) start(t *testing.T, cfg scheduler.Config) *instance {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
+	}
+	if cfg.Kinds == nil {
+		cfg.Kinds = testKinds
 	}
 	s, err := scheduler.New(cfg)
 	require.NoError(t, err)

@@ -96,6 +96,11 @@ type Config struct {
 	Retry retry.Policy
 	// Classifier classifies errors handlers return. Default retry.Default.
 	Classifier *retry.Classifier
+	// Kinds are the program's kinds: a dead job of one of them, or of a
+	// kind given to tasks.Handle on the mux New gets, keeps its payload
+	// summary from the kind's Summary. Default none: a dead job of any other
+	// kind keeps the start of its payload.
+	Kinds *tasks.Kinds
 	// Guard configures the ledger middleware (lease, batch size, hooks).
 	Guard GuardConfig
 	// Middleware wraps the handler inside keel's own chain (after recovery,
@@ -159,7 +164,7 @@ func (c Config) WithDefaults() Config {
 		c.Guard.Classifier = c.Classifier
 	}
 	if c.Guard.Summarize == nil {
-		c.Guard.Summarize = tasks.Summarize
+		c.Guard.Summarize = c.Kinds.Summarize
 	}
 	if c.Guard.Logger == nil {
 		c.Guard.Logger = c.Logger
@@ -287,6 +292,10 @@ type Server struct {
 
 // New assembles a worker that runs h (usually a *tasks.Mux).
 func New(cfg Config, h asynq.Handler) (*Server, error) {
+	if m, ok := h.(*tasks.Mux); ok {
+		// A kind's Summary redacts its dead letters wherever it is handled.
+		cfg.Kinds = tasks.NewKinds(append(cfg.Kinds.All(), m.Declared().All()...)...)
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

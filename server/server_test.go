@@ -504,3 +504,43 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	require.Equal(t, 1.0, counted["keel_jobs_succeeded_total"])
 	require.Zero(t, counted["keel_jobs_failed_total"], "a cancelled or interrupted run counted as a failed attempt")
 }
+
+type secret struct {
+	ID    string `json:"id"`
+	Token string `json:"token"`
+}
+
+func redacted(name string) *tasks.Kind[secret] {
+	return tasks.Define[secret](name, tasks.MaxRetry(0), tasks.Key(func(s secret) string { return s.ID }),
+		tasks.Summary(func(s secret) string { return "secret " + s.ID }))
+}
+
+var (
+	listedKind  = redacted("test:listed")    // in Config.Kinds, handled untyped
+	handledKind = redacted("test:handled")   // given to tasks.Handle
+	strayKind   = redacted("test:elsewhere") // declared in the process, not the worker's
+)
+
+// A dead job keeps its kind's Summary when the worker's Config.Kinds holds
+// the kind or its mux handles it, and the start of its payload otherwise,
+// whatever else the process declares.
+func TestDeadJobsAreSummarizedByTheWorkersKinds(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	dies := func(context.Context, secret) error { return retry.Permanent(errors.New("no")) }
+	mux := tasks.NewMux()
+	mux.HandleTask(listedKind.Name(), listedKind.Handler(dies))
+	tasks.Handle(mux, handledKind, dies)
+	mux.HandleTask(strayKind.Name(), strayKind.Handler(dies))
+	b.startWorker(t, mux, func(c *server.Config) { c.Kinds, c.Logger = tasks.NewKinds(listedKind), quietLogger() })
+	for k, want := range map[*tasks.Kind[secret]]string{
+		listedKind:  "secret 1",
+		handledKind: "secret 1",
+		strayKind:   `{"id":"1","token":"t0k3n"}`,
+	} {
+		res, err := b.client.Enqueue(ctx, k.New(secret{ID: "1", Token: "t0k3n"}))
+		require.NoError(t, err)
+		j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
+		require.Equal(t, want, j.PayloadSummary, k.Name())
+	}
+}

@@ -190,7 +190,7 @@ func TestEnqueueQueues(t *testing.T) {
 	res, err = c.Enqueue(ctx, sendReceipt.New(receipt{OrderID: "custom-critical"}))
 	require.NoError(t, err)
 	require.Equal(t, "critical", res.Job.Queue)
-	res, err = c.Enqueue(ctx, tasks.NewRaw("test:send_receipt", []byte(`{"order_id":"raw"}`), "order:raw"))
+	res, err = c.Enqueue(ctx, tasks.NewKinds(sendReceipt).NewRaw("test:send_receipt", []byte(`{"order_id":"raw"}`), "order:raw"))
 	require.NoError(t, err)
 	require.Equal(t, "critical", res.Job.Queue)
 	// ...and not for the tasks of other kinds: declaring a kind does not

@@ -5,6 +5,10 @@
 // one insert and one commit. It also holds the Mux that routes each kind to
 // its handler on a worker.
 //
+// Define registers a kind nowhere: a program lists its own in a Kinds
+// (NewKinds) and gives that set to what needs kinds by name (the worker's
+// dead-letter summaries, the dashboard, the scheduler, the CLI).
+//
 // An enqueue made under an OpenTelemetry span stores that span's trace
 // context with its jobs, so their publish and runs continue the trace; with
 // a tracer provider (ClientConfig.TracerProvider, or the global one) each

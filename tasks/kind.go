@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -149,7 +148,8 @@ type Kind[P any] struct {
 	defaults settings
 }
 
-// Define declares a kind. It panics when name is empty, no Key is given, or
+// Define declares a kind; a program then lists its kinds in NewKinds for
+// what needs them by name. It panics when name is empty, no Key is given, or
 // a Key or Summary is for another payload type, as kinds are declared once
 // at package level and such a mistake must stop the program at start.
 func Define[P any](name string, opts ...Option) *Kind[P] {
@@ -179,7 +179,6 @@ func Define[P any](name string, opts ...Option) *Kind[P] {
 			panic(fmt.Sprintf("keel: kind %q: tasks.Queue: %v", name, err))
 		}
 	}
-	register(k)
 	return k
 }
 
@@ -250,60 +249,4 @@ func (k *Kind[P]) Handler(fn func(ctx context.Context, p P) error) asynq.Handler
 		}
 		return fn(ctx, p)
 	})
-}
-
-func (k *Kind[P]) summarize(payload []byte) (string, bool) {
-	if k.summary == nil {
-		return "", false
-	}
-	var p P
-	if err := json.Unmarshal(payload, &p); err != nil {
-		return "(payload does not decode)", true
-	}
-	return k.summary(p), true
-}
-
-type kindInfo interface {
-	Name() string
-	Queue() string
-	summarize(payload []byte) (string, bool)
-	defaultSettings() settings
-}
-
-func (k *Kind[P]) defaultSettings() settings { return k.defaults }
-
-// registry maps a kind name to its kindInfo: NewRaw takes a declared kind's
-// defaults from it and Summarize its summary function.
-var registry sync.Map
-
-func register(k kindInfo) { registry.Store(k.Name(), k) }
-
-// Known reports whether a kind of this name was declared in this program.
-func Known(name string) bool {
-	_, ok := registry.Load(name)
-	return ok
-}
-
-// Summarize returns the payload summary kept with a dead job: the kind's
-// Summary function when it has one, otherwise the start of the payload. A
-// Summary that panics (the application's bug, often on the very payload
-// that fails) gives a note saying so instead of the payload it was there to
-// redact: the dead letter is still recorded, and asynqmon's queue pages,
-// which show every task through Summarize, still load.
-func Summarize(kind string, payload []byte) (summary string) {
-	if v, ok := registry.Load(kind); ok {
-		defer func() {
-			if p := recover(); p != nil {
-				summary = fmt.Sprintf("(no summary: the kind's Summary panicked: %v)", p)
-			}
-		}()
-		if s, ok := v.(kindInfo).summarize(payload); ok {
-			return s
-		}
-	}
-	const max = 512
-	if len(payload) > max {
-		payload = payload[:max]
-	}
-	return string([]rune(string(payload)))
 }

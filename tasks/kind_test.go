@@ -26,7 +26,6 @@ func TestDefinePanicsOnMistakes(t *testing.T) {
 	msg := panicMessage(func() { tasks.Define[receipt]("test:no_key") })
 	require.Contains(t, msg, `"test:no_key"`)
 	require.Contains(t, msg, "Key")
-	require.False(t, tasks.Known("test:no_key"), "a kind that failed to define must not be registered")
 
 	// A Key for another payload type is no Key for this kind.
 	msg = panicMessage(func() {
@@ -42,7 +41,6 @@ func TestDefinePanicsOnMistakes(t *testing.T) {
 	})
 	require.Contains(t, msg, `"test:wrong_summary"`)
 	require.Contains(t, msg, "tasks.Summary[string]")
-	require.False(t, tasks.Known("test:wrong_summary"))
 }
 
 // Key and Summary concern a whole kind: New and NewRaw refuse them (at
@@ -81,7 +79,6 @@ func TestTaskTakesKindDefaultsAndItsOwnOptions(t *testing.T) {
 	require.Equal(t, "test:send_receipt", sendReceipt.Name())
 	require.Equal(t, "critical", sendReceipt.Queue())
 	require.Equal(t, tasks.DefaultQueue, keyedKind.Queue())
-	require.True(t, tasks.Known("test:send_receipt"))
 
 	d := sendReceipt.New(receipt{OrderID: "7"})
 	require.Equal(t, "test:send_receipt", d.Kind())
@@ -98,39 +95,9 @@ func TestTaskTakesKindDefaultsAndItsOwnOptions(t *testing.T) {
 	at := now.Add(time.Hour)
 	require.Equal(t, at, sendReceipt.New(receipt{}, tasks.ProcessAt(at)).RunAt(now))
 
-	// A raw task of a declared kind goes to that kind's queue.
-	raw := tasks.NewRaw("test:send_receipt", []byte(`{"order_id":"8"}`), "order:8")
+	// A raw task of a kind of the set goes to that kind's queue.
+	raw := tasks.NewKinds(sendReceipt).NewRaw("test:send_receipt", []byte(`{"order_id":"8"}`), "order:8")
 	require.Equal(t, "critical", raw.Queue())
 	require.Equal(t, "order:8", raw.BusinessKey())
-	require.Equal(t, tasks.DefaultQueue, tasks.NewRaw("test:undeclared", nil, "k").Queue())
-}
-
-func TestSummarize(t *testing.T) {
-	type card struct {
-		Number string `json:"number"`
-	}
-	tasks.Define[card]("test:card", tasks.Key(func(c card) string { return c.Number }),
-		tasks.Summary(func(c card) string { return "card ending " + c.Number[len(c.Number)-4:] }))
-	require.Equal(t, "card ending 4242", tasks.Summarize("test:card", []byte(`{"number":"4242424242424242"}`)))
-	require.Equal(t, "(payload does not decode)", tasks.Summarize("test:card", []byte(`{`)))
-
-	long := make([]byte, 600)
-	for i := range long {
-		long[i] = 'x'
-	}
-	require.Len(t, tasks.Summarize("test:no_summary", long), 512)
-}
-
-func TestNewRawAppliesTheKindsDefaults(t *testing.T) {
-	k := tasks.Define[struct{}]("tasks-test:raw-defaults", tasks.Queue("low"), tasks.MaxRetry(3),
-		tasks.Key(func(struct{}) string { return "k" }))
-	raw := tasks.NewRaw(k.Name(), []byte(`{}`), "k")
-	require.Equal(t, "low", raw.Queue())
-	override := tasks.NewRaw(k.Name(), []byte(`{}`), "k", tasks.Queue("critical"))
-	require.Equal(t, "critical", override.Queue())
-
-	b := setup(t)
-	res, err := b.client.Enqueue(context.Background(), raw)
-	require.NoError(t, err)
-	require.Equal(t, 3, res.Job.MaxRetry, "the kind's retry budget must apply to raw tasks")
+	require.Equal(t, tasks.DefaultQueue, tasks.NewKinds(sendReceipt).NewRaw("test:undeclared", nil, "k").Queue())
 }

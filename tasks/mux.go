@@ -15,6 +15,7 @@ import (
 type Mux struct {
 	mu       sync.RWMutex
 	handlers map[string]asynq.Handler
+	declared []AnyKind // the kinds given to Handle, with their Summary
 }
 
 // NewMux returns an empty mux.
@@ -25,6 +26,17 @@ func NewMux() *Mux { return &Mux{handlers: map[string]asynq.Handler{}} }
 //	tasks.Handle(mux, SendReceipt, func(ctx context.Context, r Receipt) error { … })
 func Handle[P any](m *Mux, k *Kind[P], fn func(ctx context.Context, p P) error) {
 	m.HandleTask(k.Name(), k.Handler(fn))
+	m.mu.Lock()
+	m.declared = append(m.declared, k)
+	m.mu.Unlock()
+}
+
+// Declared is the set of kinds given to Handle: a worker applies their
+// Summary to its dead letters without being told them a second time.
+func (m *Mux) Declared() *Kinds {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return NewKinds(m.declared...)
 }
 
 // HandleTask registers an untyped handler for a kind name.

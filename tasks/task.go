@@ -18,26 +18,11 @@ type Task struct {
 	err       error
 }
 
-// NewRaw makes a task from an already-encoded JSON payload, for tools (the
-// CLI, the scheduler's config file) that do not know the Go payload type.
-// Like New it refuses Key and Summary, when the task is enqueued.
+// NewRaw makes a task of no declared kind from an already-encoded JSON
+// payload: only opts and the defaults of every task apply. For a kind the
+// program declares, Kinds.NewRaw gives the task the kind's defaults.
 func NewRaw(kind string, payload []byte, key string, opts ...Option) *Task {
-	t := &Task{kind: kind, payload: payload}
-	// A declared kind's defaults (queue, retries, timeout) apply to raw
-	// tasks too, so a cron entry or the CLI behaves like Go code.
-	if v, ok := registry.Load(kind); ok {
-		t.s = v.(kindInfo).defaultSettings()
-		t.s.queue = v.(kindInfo).Queue()
-		t.kindQueue = t.s.queue
-	}
-	t.err = applyTaskOptions(&t.s, opts)
-	if key != "" {
-		t.s.key = key
-	}
-	if t.s.queue == "" {
-		t.s.queue = DefaultQueue
-	}
-	return t
+	return (*Kinds)(nil).NewRaw(kind, payload, key, opts...)
 }
 
 // Kind is the task's kind name.

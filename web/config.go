@@ -86,12 +86,14 @@ type Config struct {
 	// Registry is where the server registers its collectors and what
 	// /metrics serves. Default: a new registry with Go and process metrics.
 	Registry *prometheus.Registry
+	// Kinds are the program's kinds: the dashboard shows their payloads
+	// through their Summary. Default none: every payload is hidden.
+	Kinds *tasks.Kinds
 	// PayloadFormatter turns a payload into the text people see, here and
 	// in asynqmon; it is where secrets are redacted. Default
-	// DeclaredPayloads: the kind's Summary (tasks.Summarize) for kinds this
-	// program declares, and nothing for kinds it does not, whose redaction
-	// it cannot apply (operators may show such a payload on the job's page,
-	// audited).
+	// DeclaredPayloads(Kinds): the kind's Summary for kinds of Kinds, and
+	// nothing for other kinds, whose redaction the dashboard cannot apply
+	// (operators may show such a payload on the job's page, audited).
 	PayloadFormatter func(kind string, payload []byte) string
 	// SampleInterval is how often queue counters are sampled for the
 	// last-hour charts (SamplePoints samples are kept). Default 10s.
@@ -121,16 +123,18 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DeclaredPayloads is the default PayloadFormatter: tasks.Summarize for a
-// kind this program declares (tasks.Known), and a note that the payload is
-// hidden for one it does not: a kind's Summary, which redacts, runs only in
-// a program that declares the kind, so the stock keel binary, which
-// declares none, would otherwise show every payload whole.
-func DeclaredPayloads(kind string, payload []byte) string {
-	if !tasks.Known(kind) {
-		return hiddenPayload(kind)
+// DeclaredPayloads is the default PayloadFormatter: the kind's Summary
+// (Kinds.Summarize) for a kind of kinds, and a note that the payload is
+// hidden for any other: a kind's Summary, which redacts, runs only in a
+// program that declares the kind, so the stock keel binary, which declares
+// none, would otherwise show every payload whole.
+func DeclaredPayloads(kinds *tasks.Kinds) func(kind string, payload []byte) string {
+	return func(kind string, payload []byte) string {
+		if !kinds.Known(kind) {
+			return hiddenPayload(kind)
+		}
+		return kinds.Summarize(kind, payload)
 	}
-	return tasks.Summarize(kind, payload)
 }
 
 func hiddenPayload(kind string) string {
@@ -160,7 +164,7 @@ func (c Config) WithDefaults() Config {
 		c.LoginConcurrency = DefaultLoginConcurrency
 	}
 	if c.PayloadFormatter == nil {
-		c.PayloadFormatter = DeclaredPayloads
+		c.PayloadFormatter = DeclaredPayloads(c.Kinds)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -19,7 +19,6 @@ import (
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
-	"github.com/keeljobs/keel/tasks"
 )
 
 // pageTimeout bounds the reads behind one page.
@@ -413,7 +412,7 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 	}
 	d := jobData{Job: j, Note: note, MonitorURL: MonitoringPath + "/queues/" + url.PathEscape(j.Queue) + "/tasks/" + url.PathEscape(j.ID)}
 	switch {
-	case !s.hidesUndeclared || tasks.Known(j.Kind):
+	case !s.hidesUndeclared || s.cfg.Kinds.Known(j.Kind):
 		d.Payload = prettyPayload(s.cfg.PayloadFormatter(j.Kind, j.Payload))
 	case showPayload && principalFrom(r.Context()).Operator():
 		d.Payload, d.PayloadShown = prettyPayload(string(j.Payload)), true

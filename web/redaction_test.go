@@ -77,3 +77,16 @@ func TestPayloadsOfKindsThisProgramDoesNotDeclareAreHidden(t *testing.T) {
 	require.Contains(t, body, "&#34;note&#34;: &#34;n-1&#34;")
 	require.False(t, strings.Contains(body, "does not declare"))
 }
+
+// leakedKind is declared in this test binary, as a kind of another program
+// imported by mistake would be, but no dashboard below is told of it.
+var leakedKind = tasks.Define[plainPayload]("test:leaked", tasks.Key(func(p plainPayload) string { return p.Note }))
+
+func TestKindsDeclaredElsewhereInTheProcessAreNotTheDashboards(t *testing.T) {
+	b := setup(t, nil)
+	res, err := b.client.Enqueue(t.Context(), leakedKind.New(plainPayload{Note: "secret-note"}))
+	require.NoError(t, err)
+	body := b.signIn(t, viewerName, viewerPassword).get(t, "/jobs/"+res.Job.ID).body
+	require.NotContains(t, body, "&#34;note&#34;", "its payload, unredacted")
+	require.Contains(t, body, "does not declare")
+}

@@ -65,6 +65,9 @@ type bundle struct {
 	cfg    web.Config
 }
 
+// testKinds are the kinds the dashboard under test declares.
+var testKinds = tasks.NewKinds(plainKind, panickySummary, bidiKind)
+
 // setup serialises the package's tests: they share one Redis DB and schema.
 var setupMu sync.Mutex
 
@@ -85,6 +88,7 @@ func setup(t *testing.T, mod func(*web.Config)) *bundle {
 		Secret:         []byte(strings.Repeat("s", web.MinSecretBytes)),
 		SampleInterval: time.Second,
 		Logger:         slog.New(slog.DiscardHandler),
+		Kinds:          testKinds,
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -68,6 +68,7 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 	if err != nil {
 		return err
 	}
+	cfg.Kinds = handlers.Kinds
 	log := env.Logger()
 	redis, err := env.Redis(cmd.Context())
 	if err != nil {
@@ -149,7 +150,7 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 	if err != nil {
 		return err
 	}
-	dash, err := web.New(web.Config{Addr: d.webAddr, Users: users, Redis: redis, Pool: pool, Logger: log})
+	dash, err := web.New(web.Config{Addr: d.webAddr, Users: users, Redis: redis, Pool: pool, Logger: log, Kinds: handlers.Kinds})
 	if err != nil {
 		return err
 	}
@@ -185,7 +186,7 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 
 	// The example's cron entries: a report every minute so the demo shows
 	// it, and the nightly one.
-	sched, err := scheduler.New(scheduler.Config{Client: client, Logger: log, Entries: []scheduler.Entry{
+	sched, err := scheduler.New(scheduler.Config{Client: client, Logger: log, Kinds: handlers.Kinds, Entries: []scheduler.Entry{
 		{Name: "demo-report-every-minute", Spec: "@every 1m", Kind: handlers.GenerateDailyReport.Name(), Payload: []byte(`{}`)},
 		{Name: "report-daily", Spec: "0 1 * * *", Kind: handlers.GenerateDailyReport.Name(), Payload: []byte(`{}`)},
 	}})

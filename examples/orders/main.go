@@ -18,8 +18,7 @@ func app() cli.App {
 	return cli.App{
 		Name:  "orders",
 		Short: "keel's example order service: its worker, API, demo and every keel subcommand for its kinds",
-		Kinds: []cli.Kind{cli.KindOf(handlers.SendReceipt), cli.KindOf(handlers.GenerateInvoice),
-			cli.KindOf(handlers.SyncAnalytics), cli.KindOf(handlers.GenerateDailyReport)},
+		Kinds: handlers.Kinds,
 		Register: func(mux *tasks.Mux, svc *cli.Service) error {
 			handlers.Register(mux, handlers.Deps{Pool: svc.Pool, Mailer: handlers.LogMailer{Log: svc.Log}})
 			return nil

@@ -21,7 +21,7 @@ var SendWelcome = tasks.Define[Welcome]("user:send_welcome",
 func main() {
 	cli.Main(cli.App{
 		Name:  "welcome",
-		Kinds: []cli.Kind{cli.KindOf(SendWelcome)},
+		Kinds: tasks.NewKinds(SendWelcome),
 		Register: func(mux *tasks.Mux, _ *cli.Service) error {
 			tasks.Handle(mux, SendWelcome, func(ctx context.Context, w Welcome) error {
 				slog.InfoContext(ctx, "welcome", "user", w.UserID)

@@ -1,0 +1,165 @@
+package tasks
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// AnyKind is a declared kind of any payload type (a *Kind[P]), as NewKinds
+// takes it.
+type AnyKind interface {
+	Name() string
+	Queue() string
+	info() kindInfo
+}
+
+// kindInfo is what a set of kinds needs of a kind without its payload type.
+type kindInfo interface {
+	AnyKind
+	summarize(payload []byte) (string, bool)
+	defaultSettings() settings
+	newJSON(payload []byte, opts []Option) (*Task, error)
+}
+
+// Kinds is the set of kinds a program declares, built once with NewKinds
+// and given to what needs more than a kind's name: the worker (dead jobs'
+// payload summaries), the dashboard (which payloads it may show), the
+// scheduler and the CLI (which kinds exist, and their defaults). A program
+// says which kinds are its own; what it happens to import does not.
+//
+// A Kinds does not change once built, so one may be shared freely. A nil
+// *Kinds is the empty set.
+type Kinds struct {
+	byName map[string]kindInfo
+}
+
+// NewKinds returns the set of kinds ks. It panics when two differ but
+// share a name, a mistake that must stop the program at start.
+func NewKinds(ks ...AnyKind) *Kinds {
+	set := &Kinds{byName: make(map[string]kindInfo, len(ks))}
+	for _, k := range ks {
+		if old, ok := set.byName[k.Name()]; ok && old != k.info() {
+			panic(fmt.Sprintf("keel: tasks.NewKinds: two kinds are named %q", k.Name()))
+		}
+		set.byName[k.Name()] = k.info()
+	}
+	return set
+}
+
+// Known reports whether the set holds a kind of this name.
+func (ks *Kinds) Known(name string) bool {
+	_, ok := ks.lookup(name)
+	return ok
+}
+
+// All returns the set's kinds, by name.
+func (ks *Kinds) All() []AnyKind {
+	var all []AnyKind
+	if ks != nil {
+		for _, k := range ks.byName {
+			all = append(all, k)
+		}
+	}
+	slices.SortFunc(all, func(a, b AnyKind) int { return strings.Compare(a.Name(), b.Name()) })
+	return all
+}
+
+func (ks *Kinds) lookup(name string) (kindInfo, bool) {
+	if ks == nil {
+		return nil, false
+	}
+	k, ok := ks.byName[name]
+	return k, ok
+}
+
+// Summarize returns the payload summary kept with a dead job: the kind's
+// Summary function when the set holds the kind and it has one, otherwise
+// the start of the payload. A Summary that panics (the application's bug,
+// often on the very payload that fails) gives a note saying so instead of
+// the payload it was there to redact: the dead letter is still recorded,
+// and asynqmon's queue pages, which show every task through it, still load.
+func (ks *Kinds) Summarize(kind string, payload []byte) (summary string) {
+	if k, ok := ks.lookup(kind); ok {
+		defer func() {
+			if p := recover(); p != nil {
+				summary = fmt.Sprintf("(no summary: the kind's Summary panicked: %v)", p)
+			}
+		}()
+		if s, ok := k.summarize(payload); ok {
+			return s
+		}
+	}
+	const max = 512
+	if len(payload) > max {
+		payload = payload[:max]
+	}
+	return string([]rune(string(payload)))
+}
+
+// NewRaw makes a task from an already-encoded JSON payload, for tools (the
+// CLI, the scheduler's config file) that do not know the Go payload type. A
+// kind of the set gives the task its defaults (queue, retries, timeout), so
+// a cron entry behaves like Go code; opts override them. Like New it
+// refuses Key and Summary, when the task is enqueued.
+func (ks *Kinds) NewRaw(kind string, payload []byte, key string, opts ...Option) *Task {
+	t := &Task{kind: kind, payload: payload}
+	if k, ok := ks.lookup(kind); ok {
+		t.s = k.defaultSettings()
+		t.s.queue = k.Queue()
+		t.kindQueue = t.s.queue
+	}
+	t.err = applyTaskOptions(&t.s, opts)
+	if key != "" {
+		t.s.key = key
+	}
+	if t.s.queue == "" {
+		t.s.queue = DefaultQueue
+	}
+	return t
+}
+
+// NewJSON makes a task of a kind of the set from a JSON payload typed by a
+// person (the CLI's enqueue, a schedule file): it must decode into the
+// kind's payload type with no field the type lacks, and the task is what
+// the kind's New makes of it, business key included (BusinessKey in opts
+// overrides it).
+func (ks *Kinds) NewJSON(kind string, payload []byte, opts ...Option) (*Task, error) {
+	k, ok := ks.lookup(kind)
+	if !ok {
+		return nil, fmt.Errorf("keel: kind %q is not one of the set's", kind)
+	}
+	return k.newJSON(payload, opts)
+}
+
+func (k *Kind[P]) info() kindInfo { return k }
+
+func (k *Kind[P]) defaultSettings() settings { return k.defaults }
+
+func (k *Kind[P]) summarize(payload []byte) (string, bool) {
+	if k.summary == nil {
+		return "", false
+	}
+	var p P
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return "(payload does not decode)", true
+	}
+	return k.summary(p), true
+}
+
+func (k *Kind[P]) newJSON(payload []byte, opts []Option) (*Task, error) {
+	var p P
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&p)
+	if err == nil && dec.More() {
+		err = errors.New("more than one JSON value")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("payload does not decode into %s's type %T: %v", k.name, p, err)
+	}
+	return k.New(p, opts...), nil
+}
