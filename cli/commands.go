@@ -374,14 +374,20 @@ func relayCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer svc.Close()
-			redis, pool, log := svc.Redis, svc.Pool, svc.Log
-			cfg.Logger = log
-			r := outbox.NewRelay(pool, redis, cfg)
+			log := svc.Log
+			cfg.Pool, cfg.Redis, cfg.Logger = svc.Pool, svc.Redis, log
+			r, err := outbox.NewRelay(cfg)
+			if err != nil {
+				return err
+			}
 			defer r.Close()
 			var wg sync.WaitGroup
 			if !noReconcile {
-				rcfg.Logger = log
-				rec := outbox.NewReconciler(pool, redis, rcfg)
+				rcfg.Pool, rcfg.Redis, rcfg.Logger = svc.Pool, svc.Redis, log
+				rec, err := outbox.NewReconciler(rcfg)
+				if err != nil {
+					return err
+				}
 				defer rec.Close()
 				wg.Go(func() { _ = rec.Run(ctx) })
 			}

@@ -134,7 +134,8 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 			lease_until = now() - interval '1 second', run_at = now() - interval '1 second' WHERE id = ANY($1)`, ids)
 		require.NoError(t, err)
 
-		r := outbox.NewReconciler(pool, opt, outbox.ReconcilerConfig{})
+		r, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: pool, Redis: opt})
+		require.NoError(t, err)
 		defer r.Close()
 		rescued, err := r.Rescue(ctx)
 		require.NoError(t, err)
