@@ -315,7 +315,7 @@ func workerCmd(e *Env) *cobra.Command {
 			defer svc.Close()
 			cfg.Redis, cfg.Pool, cfg.Logger = svc.Redis, svc.Pool, svc.Log
 			if len(rules) > 0 {
-				limits, err := flow.New(svc.Redis, flow.Config{Rules: rules, Logger: svc.Log})
+				limits, err := flow.New(flow.Config{Redis: svc.Redis, Rules: rules, Logger: svc.Log})
 				if err != nil {
 					return usageError{err}
 				}

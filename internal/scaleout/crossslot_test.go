@@ -67,7 +67,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 		for i := range 4 {
 			rules = append(rules, flowlimit.Rule{Name: fmt.Sprint("crossslot-", i), Concurrency: 2, Rate: 1000})
 		}
-		limits, err := flowlimit.New(opt, flowlimit.Config{Rules: rules, Lease: 300 * time.Millisecond})
+		limits, err := flowlimit.New(flowlimit.Config{Redis: opt, Rules: rules, Lease: 300 * time.Millisecond})
 		require.NoError(t, err)
 		defer limits.Close()
 		for _, r := range rules {
