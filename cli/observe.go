@@ -68,7 +68,7 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 	for _, k := range kinds {
 		declared = append(declared, metrics.Kind{Name: k.name, Queue: k.queue})
 	}
-	wm, err := metrics.NewWorker(ob.reg, metrics.WorkerOptions{Classifier: cfg.Classifier, Kinds: declared,
+	wm, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: ob.reg, Classifier: cfg.Classifier, Kinds: declared,
 		DuplicatesSkipped: func() uint64 {
 			ob.mu.Lock()
 			defer ob.mu.Unlock()
