@@ -213,7 +213,10 @@ func soak(t *testing.T, cfg soakConfig) {
 
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	relay := outbox.NewRelay(pool, d.opt, outbox.RelayConfig{Logger: d.log})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Redis: d.opt, Logger: d.log})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer relay.Close()
 	var bgWG sync.WaitGroup
 	defer bgWG.Wait()

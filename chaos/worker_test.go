@@ -80,7 +80,7 @@ func runWorkerChild() int {
 	}
 	defer pool.Close()
 	opt := asynq.RedisClientOpt{Addr: os.Getenv(envWorkerRedis)}
-	limits, err := flow.New(opt, flow.Config{Logger: log, Rules: []flow.Rule{
+	limits, err := flow.New(flow.Config{Redis: opt, Logger: log, Rules: []flow.Rule{
 		{Name: "chaos-limited", Kinds: []string{limitedKind.Name()}, Rate: limitedRate},
 	}})
 	if err != nil {

@@ -316,7 +316,7 @@ func workerCmd(e *Env) *cobra.Command {
 			defer svc.Close()
 			cfg.Redis, cfg.Pool, cfg.Logger, cfg.Kinds = svc.Redis, svc.Pool, svc.Log, e.app.Kinds
 			if len(rules) > 0 {
-				limits, err := flow.New(svc.Redis, flow.Config{Rules: rules, Logger: svc.Log})
+				limits, err := flow.New(flow.Config{Redis: svc.Redis, Rules: rules, Logger: svc.Log})
 				if err != nil {
 					return usageError{err}
 				}
@@ -375,14 +375,20 @@ func relayCmd(e *Env) *cobra.Command {
 				return err
 			}
 			defer svc.Close()
-			redis, pool, log := svc.Redis, svc.Pool, svc.Log
-			cfg.Logger = log
-			r := outbox.NewRelay(pool, redis, cfg)
+			log := svc.Log
+			cfg.Pool, cfg.Redis, cfg.Logger = svc.Pool, svc.Redis, log
+			r, err := outbox.NewRelay(cfg)
+			if err != nil {
+				return err
+			}
 			defer r.Close()
 			var wg sync.WaitGroup
 			if !noReconcile {
-				rcfg.Logger = log
-				rec := outbox.NewReconciler(pool, redis, rcfg)
+				rcfg.Pool, rcfg.Redis, rcfg.Logger = svc.Pool, svc.Redis, log
+				rec, err := outbox.NewReconciler(rcfg)
+				if err != nil {
+					return err
+				}
 				defer rec.Close()
 				wg.Go(func() { _ = rec.Run(ctx) })
 			}

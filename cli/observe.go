@@ -69,7 +69,7 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 	for _, k := range kinds.All() {
 		declared = append(declared, metrics.Kind{Name: k.Name(), Queue: k.Queue()})
 	}
-	wm, err := metrics.NewWorker(ob.reg, metrics.WorkerOptions{Classifier: cfg.Classifier, Kinds: declared,
+	wm, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: ob.reg, Classifier: cfg.Classifier, Kinds: declared,
 		DuplicatesSkipped: func() uint64 {
 			ob.mu.Lock()
 			defer ob.mu.Unlock()

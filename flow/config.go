@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/hibiken/asynq"
 )
 
 // Defaults of Config and Rule.
@@ -66,6 +68,9 @@ type Rule struct {
 
 // Config configures a Controller.
 type Config struct {
+	// Redis is where the limits are kept: a single server, Sentinel or
+	// Cluster, shared by every worker they apply to. Required.
+	Redis asynq.RedisConnOpt
 	// Rules are the limits. At least one is required.
 	Rules []Rule
 	// Lease is how long a concurrency slot is held without renewal. It is
@@ -139,6 +144,9 @@ func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("keel: flow: "+format, args...))
+	}
+	if c.Redis == nil {
+		bad("flow.Config.Redis is required")
 	}
 	if len(c.Rules) == 0 {
 		bad("no rules")

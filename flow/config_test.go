@@ -60,7 +60,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			c, err := flow.New(asynq.RedisClientOpt{Addr: "127.0.0.1:6379"}, tt.cfg)
+			tt.cfg.Redis = asynq.RedisClientOpt{Addr: "127.0.0.1:6379"}
+			require.Error(t, tt.cfg.Validate())
+			c, err := flow.New(tt.cfg)
 			require.Nil(t, c)
 			require.Error(t, err)
 			for _, w := range tt.want {
@@ -72,8 +74,33 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 func TestNewNeedsRedis(t *testing.T) {
 	t.Parallel()
-	_, err := flow.New(nil, flow.Config{Rules: []flow.Rule{{Name: "x", Concurrency: 1}}})
-	require.ErrorContains(t, err, "Redis connection is required")
+	cfg := flow.Config{Rules: []flow.Rule{{Name: "x", Concurrency: 1}}}
+	require.ErrorContains(t, cfg.Validate(), "flow.Config.Redis is required")
+	c, err := flow.New(cfg)
+	require.ErrorContains(t, err, "flow.Config.Redis is required")
+	require.Nil(t, c)
+
+	// Everything wrong is told at once.
+	_, err = flow.New(flow.Config{Lease: time.Nanosecond})
+	require.ErrorContains(t, err, "Redis is required")
+	require.ErrorContains(t, err, "no rules")
+	require.ErrorContains(t, err, "Lease")
+
+	cfg.Redis = oddRedisOpt{}
+	c, err = flow.New(cfg)
+	require.ErrorContains(t, err, "oddRedisOpt")
+	require.Nil(t, c)
+}
+
+// oddRedisOpt is a RedisConnOpt that makes no go-redis client.
+type oddRedisOpt struct{}
+
+func (oddRedisOpt) MakeRedisClient() any { return "not a client" }
+
+func TestValidAConfigWithRedisAndARule(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, flow.Config{Redis: asynq.RedisClientOpt{Addr: "127.0.0.1:6379"},
+		Rules: []flow.Rule{{Name: "x", Concurrency: 1}}}.Validate())
 }
 
 func TestConfigDefaults(t *testing.T) {

@@ -87,21 +87,17 @@ type Controller struct {
 	closeOnce sync.Once
 }
 
-// New returns a controller enforcing cfg.Rules through the Redis that opt
-// reaches (a single server, Sentinel or Cluster). Close it after the worker
-// that uses it has stopped.
-func New(opt asynq.RedisConnOpt, cfg Config) (*Controller, error) {
-	if opt == nil {
-		return nil, errors.New("keel: flow: a Redis connection is required")
-	}
+// New returns a controller enforcing cfg.Rules through cfg.Redis, or the
+// error of cfg.Validate. Close it after the worker that uses it has stopped.
+func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	opt = redisconn.Follow(opt)
+	opt := redisconn.Follow(cfg.Redis)
 	rdb, ok := opt.MakeRedisClient().(redis.UniversalClient)
 	if !ok {
-		return nil, fmt.Errorf("keel: flow: %T does not make a go-redis client", opt)
+		return nil, fmt.Errorf("keel: flow: flow.Config.Redis: %T does not make a go-redis client", cfg.Redis)
 	}
 	c := &Controller{
 		cfg:     cfg,

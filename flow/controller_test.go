@@ -82,8 +82,8 @@ func TestHeldSlotIsRenewed(t *testing.T) {
 func TestDeadHoldersSlotComesBackAfterLease(t *testing.T) {
 	opt, _ := setupRedis(t)
 	const lease = 500 * time.Millisecond
-	cfg := flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: lease, Hold: 5 * time.Second}
-	a, err := flow.New(opt, cfg)
+	cfg := flow.Config{Redis: opt, Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: lease, Hold: 5 * time.Second}
+	a, err := flow.New(cfg)
 	require.NoError(t, err)
 	b := newController(t, opt, cfg)
 	ctx := context.Background()
@@ -289,7 +289,7 @@ func TestCloseStopsRetryingARelease(t *testing.T) {
 	opt := asynq.RedisClientOpt{Addr: srv.Addr()}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
-	c, err := flow.New(opt, flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Hold: flow.NoHold})
+	c, err := flow.New(flow.Config{Redis: opt, Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Hold: flow.NoHold})
 	require.NoError(t, err)
 	release, err := c.Acquire(context.Background(), "reports")
 	require.NoError(t, err)

@@ -8,7 +8,7 @@
 // jobs by kind; Take and Acquire apply a rule from inside a handler, to a
 // resource rather than a kind:
 //
-//	limits, err := flow.New(redisOpt, flow.Config{Rules: []flow.Rule{
+//	limits, err := flow.New(flow.Config{Redis: redisOpt, Rules: []flow.Rule{
 //		{Name: "reports", Kinds: []string{"report:generate", "report:export"}, Concurrency: 5},
 //		{Name: "mail", Rate: 50, Period: time.Second},
 //	}})

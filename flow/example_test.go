@@ -19,7 +19,8 @@ import (
 // untouched.
 func ExampleController_Take() {
 	redisOpt := asynq.RedisClientOpt{Addr: testenv.RedisAddr(), DB: testenv.DBFlow}
-	limits, err := flow.New(redisOpt, flow.Config{
+	limits, err := flow.New(flow.Config{
+		Redis: redisOpt,
 		Rules: []flow.Rule{{Name: "example-mail", Rate: 1, Period: time.Second}},
 		Hold:  2 * time.Second,
 	})

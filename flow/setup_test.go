@@ -132,7 +132,8 @@ func setup(t *testing.T) *bundle {
 
 func newController(t *testing.T, opt asynq.RedisConnOpt, cfg flow.Config) *flow.Controller {
 	t.Helper()
-	c, err := flow.New(opt, cfg)
+	cfg.Redis = opt
+	c, err := flow.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -231,7 +232,7 @@ func childWorker() error {
 		return err
 	}
 	defer pool.Close()
-	limits, err := flow.New(redisOpt, flow.Config{Rules: []flow.Rule{reportsRule(limit)}, Lease: lease, Hold: hold})
+	limits, err := flow.New(flow.Config{Redis: redisOpt, Rules: []flow.Rule{reportsRule(limit)}, Lease: lease, Hold: hold})
 	if err != nil {
 		return err
 	}

@@ -26,13 +26,13 @@ func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	// A declared kind: its counters are gathered before any job ran.
-	w, err := metrics.NewWorker(reg, metrics.WorkerOptions{DuplicatesSkipped: func() uint64 { return 0 },
+	w, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg, DuplicatesSkipped: func() uint64 { return 0 },
 		Kinds: []metrics.Kind{{Name: "k", Queue: "default"}}})
 	require.NoError(t, err)
 	names := map[string]bool{}
 	// The Ledger is only described, never collected: no database needed.
 	descs := make(chan *prometheus.Desc, 100)
-	metrics.NewLedger(metrics.LedgerConfig{}).Describe(descs)
+	newLedger(t, metrics.LedgerConfig{}).Describe(descs)
 	close(descs)
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for d := range descs {

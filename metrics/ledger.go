@@ -26,8 +26,23 @@ type LedgerConfig struct {
 	// Inspector reads asynq's queues. Nil: no queue metrics. The caller
 	// closes it.
 	Inspector *asynq.Inspector
-	// Timeout bounds each scrape's reads. Default DefaultScrapeTimeout.
+	// Timeout bounds each scrape's reads. Default: DefaultScrapeTimeout.
 	Timeout time.Duration
+}
+
+// Validate reports everything in c that cannot work.
+func (c LedgerConfig) Validate() error {
+	if c.Timeout < 0 {
+		return fmt.Errorf("keel: metrics.LedgerConfig.Timeout must not be negative (0 for DefaultScrapeTimeout), got %v", c.Timeout)
+	}
+	return nil
+}
+
+func (c LedgerConfig) withDefaults() LedgerConfig {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultScrapeTimeout
+	}
+	return c
 }
 
 // QueueStates are the task states of keel_queue_size, in asynq's terms.
@@ -81,13 +96,14 @@ type Ledger struct {
 	queueSize, oldestPending, paused, dead, backlog, lag, batches, up, duration *prometheus.Desc
 }
 
-// NewLedger returns a collector; register it on a prometheus.Registerer.
-func NewLedger(cfg LedgerConfig) *Ledger {
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultScrapeTimeout
+// NewLedger returns a collector, or the error of cfg.Validate; register it
+// on a prometheus.Registerer.
+func NewLedger(cfg LedgerConfig) (*Ledger, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	return &Ledger{
-		cfg: cfg,
+		cfg: cfg.withDefaults(),
 		queueSize: prometheus.NewDesc("keel_queue_size",
 			"Tasks in an asynq queue, by state.", []string{"queue", "state"}, nil),
 		oldestPending: prometheus.NewDesc("keel_queue_oldest_pending_seconds",
@@ -106,7 +122,7 @@ func NewLedger(cfg LedgerConfig) *Ledger {
 			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
 		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
 			"How long the last scrape of Redis and the ledger took.", nil, nil),
-	}
+	}, nil
 }
 
 // Describe implements prometheus.Collector.

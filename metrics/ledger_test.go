@@ -63,7 +63,7 @@ func TestLedgerReadsDeadLettersAndOutbox(t *testing.T) {
 		WHERE id = $1`, waits.ID)
 	require.NoError(t, err)
 
-	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool})
+	l := newLedger(t, metrics.LedgerConfig{Pool: pool})
 	s := l.Read(ctx)
 	require.NoError(t, s.PostgresErr)
 	require.Equal(t, []metrics.DeadCount{
@@ -95,7 +95,7 @@ func TestLedgerReportsAnUnreachableSource(t *testing.T) {
 	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond})
 	defer insp.Close()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics.NewLedger(metrics.LedgerConfig{Pool: pool, Inspector: insp, Timeout: 2 * time.Second}))
+	reg.MustRegister(newLedger(t, metrics.LedgerConfig{Pool: pool, Inspector: insp, Timeout: 2 * time.Second}))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP keel_collector_up 1 when the last scrape could read the source (redis or postgres).
 # TYPE keel_collector_up gauge
@@ -114,7 +114,7 @@ func TestLedgerScrapeIsBoundedByItsTimeout(t *testing.T) {
 	_, err = tx.Exec(context.Background(), `LOCK TABLE keel_jobs IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 
-	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool, Timeout: 300 * time.Millisecond})
+	l := newLedger(t, metrics.LedgerConfig{Pool: pool, Timeout: 300 * time.Millisecond})
 	start := time.Now()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(l)
@@ -146,7 +146,7 @@ func TestLedgerCountsOpenBatches(t *testing.T) {
 	_, err = store.SealBatch(ctx, pool, done.ID) // empty: complete at once
 	require.NoError(t, err)
 
-	l := metrics.NewLedger(metrics.LedgerConfig{Pool: pool})
+	l := newLedger(t, metrics.LedgerConfig{Pool: pool})
 	s := l.Read(ctx)
 	require.NoError(t, s.PostgresErr)
 	require.Equal(t, 2, s.BatchesOpen)

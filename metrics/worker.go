@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -18,9 +19,11 @@ import (
 // from 5ms up to 10 minutes, as jobs range from a cache write to a report.
 var DurationBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
-// WorkerOptions configures a Worker.
-type WorkerOptions struct {
-	// Classifier names the class label of failures. Default retry.Default.
+// WorkerConfig configures a Worker.
+type WorkerConfig struct {
+	// Registerer is where the worker's metrics are registered. Required.
+	Registerer prometheus.Registerer
+	// Classifier names the class label of failures. Default: retry.Default.
 	Classifier *retry.Classifier
 	// DuplicatesSkipped reports how many deliveries of already finished jobs
 	// were acknowledged without running the handler — pass
@@ -31,7 +34,8 @@ type WorkerOptions struct {
 	// runs keel gave up or released: handlers that outlived their timeout,
 	// runs interrupted by shutdown, poison jobs retired. Nil: not exported.
 	Guard func() server.GuardStats
-	// Buckets of the duration histogram. Default DurationBuckets.
+	// Buckets of the duration histogram, in increasing order. Default:
+	// DurationBuckets.
 	Buckets []float64
 	// Kinds are the kinds the worker declares, each with the queue its jobs
 	// go to by default. Their job counters (processed, succeeded, postponed,
@@ -61,16 +65,47 @@ type Worker struct {
 	duration   *prometheus.HistogramVec
 }
 
-// NewWorker creates a worker's metrics and registers them on reg.
-func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
-	if opts.Classifier == nil {
-		opts.Classifier = retry.Default
+// Validate reports everything in c that cannot work.
+func (c WorkerConfig) Validate() error {
+	var errs []error
+	if c.Registerer == nil {
+		errs = append(errs, errors.New("keel: metrics.WorkerConfig.Registerer is required"))
 	}
-	if len(opts.Buckets) == 0 {
-		opts.Buckets = DurationBuckets
+	for i, k := range c.Kinds {
+		if k.Name == "" {
+			errs = append(errs, fmt.Errorf("keel: metrics.WorkerConfig.Kinds[%d] has no name", i))
+		}
 	}
+	// Prometheus checks them only when the first duration is observed, and
+	// panics then.
+	for i := 1; i < len(c.Buckets); i++ {
+		if c.Buckets[i] <= c.Buckets[i-1] {
+			errs = append(errs, fmt.Errorf("keel: metrics.WorkerConfig.Buckets must be in increasing order, got %v", c.Buckets))
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c WorkerConfig) withDefaults() WorkerConfig {
+	if c.Classifier == nil {
+		c.Classifier = retry.Default
+	}
+	if len(c.Buckets) == 0 {
+		c.Buckets = DurationBuckets
+	}
+	return c
+}
+
+// NewWorker creates a worker's metrics and registers them on
+// cfg.Registerer, or returns the error of cfg.Validate.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
 	w := &Worker{
-		classifier: opts.Classifier,
+		classifier: cfg.Classifier,
 		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_jobs_processed_total",
 			Help: "Job attempts that ran to the end, succeeded or failed.",
@@ -102,13 +137,10 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "keel_job_duration_seconds",
 			Help:    "How long job attempts took in the handler.",
-			Buckets: opts.Buckets,
+			Buckets: cfg.Buckets,
 		}, []string{"kind"}),
 	}
-	for _, k := range opts.Kinds {
-		if k.Name == "" {
-			return nil, errors.New("keel: metrics.WorkerOptions.Kinds has a kind without a name")
-		}
+	for _, k := range cfg.Kinds {
 		queue := k.Queue
 		if queue == "" {
 			queue = tasks.DefaultQueue
@@ -123,15 +155,15 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 		}
 	}
 	cs := []prometheus.Collector{w.processed, w.succeeded, w.failed, w.postponed, w.dead, w.cancelled, w.expired, w.duration}
-	if opts.DuplicatesSkipped != nil {
-		fn := opts.DuplicatesSkipped
+	if cfg.DuplicatesSkipped != nil {
+		fn := cfg.DuplicatesSkipped
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "keel_duplicate_deliveries_skipped_total",
 			Help: "Deliveries of already finished jobs acknowledged without running the handler.",
 		}, func() float64 { return float64(fn()) }))
 	}
-	if opts.Guard != nil {
-		gs := opts.Guard
+	if cfg.Guard != nil {
+		gs := cfg.Guard
 		for _, m := range []struct {
 			name, help string
 			read       func(server.GuardStats) uint64
@@ -149,7 +181,7 @@ func NewWorker(reg prometheus.Registerer, opts WorkerOptions) (*Worker, error) {
 		}
 	}
 	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
+		if err := cfg.Registerer.Register(c); err != nil {
 			return nil, err
 		}
 	}

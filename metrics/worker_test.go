@@ -26,7 +26,7 @@ func TestWorkerCountsAttemptsByOutcome(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	var skipped uint64 = 7
-	w, err := metrics.NewWorker(reg, metrics.WorkerOptions{DuplicatesSkipped: func() uint64 { return skipped }})
+	w, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg, DuplicatesSkipped: func() uint64 { return skipped }})
 	require.NoError(t, err)
 
 	outcomes := []error{
@@ -67,9 +67,9 @@ func TestWorkerCountsAttemptsByOutcome(t *testing.T) {
 func TestWorkerRefusesDoubleRegistration(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{})
+	_, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg})
 	require.NoError(t, err)
-	_, err = metrics.NewWorker(reg, metrics.WorkerOptions{})
+	_, err = metrics.NewWorker(metrics.WorkerConfig{Registerer: reg})
 	require.Error(t, err)
 }
 
@@ -128,7 +128,7 @@ func TestWorkerExportsGivenUpRuns(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	stats := server.GuardStats{Overran: 2, Interrupted: 3, Crashed: 1}
-	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{Guard: func() server.GuardStats { return stats }})
+	_, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg, Guard: func() server.GuardStats { return stats }})
 	require.NoError(t, err)
 	require.Equal(t, 2.0, gatherValue(t, reg, "keel_handlers_overran_total", nil))
 	require.Equal(t, 3.0, gatherValue(t, reg, "keel_runs_interrupted_total", nil))
@@ -170,7 +170,7 @@ func series(t *testing.T, g prometheus.Gatherer, name string) map[string]float64
 func TestWorkerExportsDeclaredKindsBeforeAnyJobRan(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	w, err := metrics.NewWorker(reg, metrics.WorkerOptions{Kinds: declared})
+	w, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg, Kinds: declared})
 	require.NoError(t, err)
 
 	queueOf := func(k metrics.Kind) string {
@@ -207,12 +207,6 @@ func TestWorkerExportsDeclaredKindsBeforeAnyJobRan(t *testing.T) {
 	require.Equal(t, want, series(t, reg, "keel_jobs_dead_total"))
 }
 
-func TestWorkerRefusesAKindWithoutAName(t *testing.T) {
-	t.Parallel()
-	_, err := metrics.NewWorker(prometheus.NewRegistry(), metrics.WorkerOptions{Kinds: []metrics.Kind{{Queue: "critical"}}})
-	require.Error(t, err)
-}
-
 // TestMetricsPassPromlint runs the checks of `promtool check metrics`
 // (promlint, which promtool calls) on what a worker and a web server expose
 // before any job ran.
@@ -220,12 +214,12 @@ func TestMetricsPassPromlint(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	zero := func() uint64 { return 0 }
-	_, err := metrics.NewWorker(reg, metrics.WorkerOptions{Kinds: declared, DuplicatesSkipped: zero,
+	_, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg, Kinds: declared, DuplicatesSkipped: zero,
 		Guard: func() server.GuardStats { return server.GuardStats{} }})
 	require.NoError(t, err)
 	require.NoError(t, metrics.RegisterOutbox(reg, metrics.OutboxOptions{Published: zero, Republished: zero,
 		LeasesReleased: zero, Pruned: zero}))
-	reg.MustRegister(metrics.NewLedger(metrics.LedgerConfig{}))
+	reg.MustRegister(newLedger(t, metrics.LedgerConfig{}))
 
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)

@@ -257,7 +257,7 @@ func TestTwoRelaysAndTwoReconcilersPublishEachJobOnce(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range 2 {
-		r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, BatchSize: 7})
+		r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: 50 * time.Millisecond, BatchSize: 7})
 		wg.Go(func() { _ = r.Run(rctx); _ = r.Close() })
 	}
 	b.waitAllSucceeded(t, n, 30*time.Second)
@@ -295,7 +295,7 @@ func TestReconcilerRepublishesLostJobsOnly(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour', published_at = now() - interval '1 hour'`)
 	require.NoError(t, err)
 
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute, BatchSize: 1})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Grace: time.Minute, BatchSize: 1})
 	defer r.Close()
 	n, err := r.Reconcile(ctx)
 	require.NoError(t, err)
@@ -328,7 +328,7 @@ func TestReconcilerLeavesAGoneWorkersRowForTheGuard(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'running', attempts = 1, lease_holder = 'gone/1',
 		lease_until = now() - interval '10 minutes', updated_at = now() - interval '1 hour' WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Grace: time.Minute})
 	defer r.Close()
 	n, err := r.Reconcile(ctx)
 	require.NoError(t, err)
@@ -365,7 +365,7 @@ func TestPruneRemovesOnlyExpiredTerminalRows(t *testing.T) {
 	mk("old-running", "running", 40*day)
 	mk("old-pending", "pending", 40*day)
 
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Retention: 30 * day, PruneBatch: 2})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Retention: 30 * day, PruneBatch: 2})
 	defer r.Close()
 	n, err := r.Prune(ctx)
 	require.NoError(t, err)
@@ -410,7 +410,7 @@ func TestPruneRemovesBatchesWhoseMembersAreGone(t *testing.T) {
 	mk("b-new-done", []string{"succeeded"}, day)
 	mk("b-old-open", []string{"succeeded"}, 0)
 
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Retention: 30 * day, PruneBatch: 1})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Retention: 30 * day, PruneBatch: 1})
 	defer r.Close()
 	n, err := r.Prune(ctx)
 	require.NoError(t, err)
@@ -439,7 +439,7 @@ func TestPruneCountsJobsWhenBatchPruneFails(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { b.pool.Exec(context.Background(), `ALTER TABLE keel_batches_away RENAME TO keel_batches`) }) //nolint:errcheck
 
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Retention: 30 * 24 * time.Hour})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Retention: 30 * 24 * time.Hour})
 	defer r.Close()
 	n, err := r.Prune(ctx)
 	require.Error(t, err)
@@ -462,7 +462,7 @@ func TestRelayHandsBackWhatRedisRefused(t *testing.T) {
 		}
 		return nil
 	}))
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt})
 	defer r.Close()
 	b.redis.Stop()
 	n, err := r.PublishBatch(ctx)
@@ -488,7 +488,7 @@ func TestEnqueueTxWakesTheRelay(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour})
 	runRelay(t, r)
 
 	var id string
@@ -518,7 +518,7 @@ func TestReconcilerListsQueuesAgainAfterRedisLostThem(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Grace: time.Minute})
 	defer r.Close()
 	old := func() {
 		_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour', published_at = now() - interval '1 hour'`)
@@ -570,7 +570,7 @@ func TestRelayIsNotBlockedByOneBadJob(t *testing.T) {
 		}
 		return nil
 	}))
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt})
 	defer r.Close()
 	n, err := r.PublishBatch(ctx)
 	require.NoError(t, err)

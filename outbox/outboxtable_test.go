@@ -18,7 +18,7 @@ import (
 // publishBatch runs one pass of a relay with the default settings.
 func (b *bundle) publishBatch(t *testing.T) (int, error) {
 	t.Helper()
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt})
 	defer relay.Close()
 	return relay.PublishBatch(context.Background())
 }
@@ -73,7 +73,7 @@ func TestOutboxJobsAreTheRelaysAndTheReconcilerTakesOverWhatARelayDropped(t *tes
 	waiting := enqueueTx(t, c, b, "still-on-the-outbox", nil)
 	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour'`)
 	require.NoError(t, err)
-	rec := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	rec := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Grace: time.Minute})
 	defer rec.Close()
 	n, err := rec.Reconcile(ctx)
 	require.NoError(t, err)
@@ -129,7 +129,7 @@ func TestRelayPublishesRowsWrittenOffTheOutbox(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.opt)
 	insp := b.inspector(t)
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
 	runRelay(t, relay)
 	oldWriter := func(key string, notify bool) string { return writeUnpublished(t, b, key, notify) }
 
@@ -216,7 +216,7 @@ func TestReconcilerPublishesOutboxJobsNoRelayTakes(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes' WHERE job_id = $1`, id)
 	require.NoError(t, err)
-	rec := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{Grace: time.Minute})
+	rec := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Grace: time.Minute})
 	defer rec.Close()
 	n, err := rec.Reconcile(ctx)
 	require.NoError(t, err)
@@ -258,7 +258,7 @@ func TestOutboxRowsOfGoneJobsDoNotHoldUpTheRest(t *testing.T) {
 	require.NoError(t, err)
 	// Asleep, and it stays asleep unless a pass publishes something: only
 	// a pass that goes on past the dropped rows finds the job.
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, BatchSize: 200})
+	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, BatchSize: 200})
 	runRelay(t, relay)
 	c := b.client(t, b.opt)
 	id := enqueueTx(t, c, b, "behind-the-gone", nil)
@@ -278,7 +278,7 @@ func TestRelayWithABrokenOutboxStillDrainsRowsWrittenUnpublished(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_outbox RENAME TO keel_outbox_gone`)
 	require.NoError(t, err)
 	// Its first pass, at start, is the only one before an hour's poll.
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, BatchSize: 200})
+	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, BatchSize: 200})
 	runRelay(t, relay)
 	testenv.Eventually(t, 10*time.Second, func() bool { return relay.Published() == 450 },
 		"the relay stopped draining when its outbox failed")
@@ -292,7 +292,7 @@ func TestAwakeRelayClaimsANotifiedUnpublishedRowAtOnce(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.opt)
 	insp := b.inspector(t)
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
 	runRelay(t, relay)
 	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.Awake() }, "the relay did not wake")

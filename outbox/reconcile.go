@@ -46,26 +46,35 @@ const (
 
 // ReconcilerConfig configures a Reconciler.
 type ReconcilerConfig struct {
-	// Interval between passes over the open jobs. Default 5s.
+	// Pool holds the ledger. Required.
+	Pool *pgxpool.Pool
+	// Redis holds the queues the ledger is compared with. Required.
+	Redis asynq.RedisConnOpt
+	// Interval between passes over the open jobs. Default:
+	// DefaultReconcileInterval (5s).
 	Interval time.Duration
 	// Grace is how long a job must have been left alone before its absence
 	// from Redis counts as lost; it covers jobs in flight between the two
-	// stores. Default 10s.
+	// stores. Default: DefaultGrace (10s).
 	Grace time.Duration
 	// RescueInterval is how often Rescue looks for running jobs whose
-	// worker is gone. Default 1s; negative disables rescuing (asynq's own
-	// recovery then redelivers them after a minute or two).
+	// worker is gone. Default: DefaultRescueInterval (1s); negative disables
+	// rescuing (asynq's own recovery then redelivers them after a minute or
+	// two).
 	RescueInterval time.Duration
-	// BatchSize is how many ledger rows one query reads. Default 1000.
+	// BatchSize is how many ledger rows one query reads. Default:
+	// DefaultReconcileBatch (1000).
 	BatchSize int
 	// Retention is how long succeeded and discarded jobs are kept. It is
 	// also the dedupe window of a business key: after it, the same key makes
-	// a new job. Dead jobs are never pruned. Default 30 days; negative
-	// disables pruning.
+	// a new job. Dead jobs are never pruned. Default: DefaultRetention (30
+	// days); negative disables pruning.
 	Retention time.Duration
-	// PruneBatch is how many rows one delete removes. Default 1000.
+	// PruneBatch is how many rows one delete removes. Default:
+	// DefaultPruneBatch (1000).
 	PruneBatch int
-	// PruneInterval is the time between prunes. Default 1m.
+	// PruneInterval is the time between prunes. Default:
+	// DefaultPruneInterval (1m).
 	PruneInterval time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -79,26 +88,43 @@ type ReconcilerConfig struct {
 	OnDead func(ctx context.Context, e idempotency.DeadEvent)
 }
 
+// Validate reports everything in c that cannot work.
+func (c ReconcilerConfig) Validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("keel: outbox.ReconcilerConfig.Pool is required"))
+	}
+	if c.Redis == nil {
+		errs = append(errs, errors.New("keel: outbox.ReconcilerConfig.Redis is required"))
+	}
+	errs = append(errs, notNegative("ReconcilerConfig.Interval", c.Interval),
+		notNegative("ReconcilerConfig.Grace", c.Grace),
+		notNegative("ReconcilerConfig.BatchSize", c.BatchSize),
+		notNegative("ReconcilerConfig.PruneBatch", c.PruneBatch),
+		notNegative("ReconcilerConfig.PruneInterval", c.PruneInterval))
+	return errors.Join(errs...)
+}
+
 func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
-	if c.Interval <= 0 {
+	if c.Interval == 0 {
 		c.Interval = DefaultReconcileInterval
 	}
-	if c.Grace <= 0 {
+	if c.Grace == 0 {
 		c.Grace = DefaultGrace
 	}
 	if c.RescueInterval == 0 {
 		c.RescueInterval = DefaultRescueInterval
 	}
-	if c.BatchSize <= 0 {
+	if c.BatchSize == 0 {
 		c.BatchSize = DefaultReconcileBatch
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	if c.PruneBatch <= 0 {
+	if c.PruneBatch == 0 {
 		c.PruneBatch = DefaultPruneBatch
 	}
-	if c.PruneInterval <= 0 {
+	if c.PruneInterval == 0 {
 		c.PruneInterval = DefaultPruneInterval
 	}
 	if c.Logger == nil {
@@ -131,11 +157,19 @@ type Reconciler struct {
 	repaired, rescued, pruned, prunedBatches, settled atomic.Uint64
 }
 
-// NewReconciler returns a reconciler; Run it, then Close it.
-func NewReconciler(pool *pgxpool.Pool, redisOpt asynq.RedisConnOpt, cfg ReconcilerConfig) *Reconciler {
-	rdb := redisconn.Follow(redisOpt).MakeRedisClient().(redis.UniversalClient)
+// NewReconciler returns a reconciler; Run it, then Close it. It fails when
+// cfg.Validate does.
+func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	pool := cfg.Pool
+	rdb, ok := redisconn.Follow(cfg.Redis).MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return nil, fmt.Errorf("keel: outbox.ReconcilerConfig.Redis: %T does not make a go-redis client", cfg.Redis)
+	}
 	return &Reconciler{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisherOn(rdb),
-		rdb: rdb, cfg: cfg.withDefaults()}
+		rdb: rdb, cfg: cfg.withDefaults()}, nil
 }
 
 // Close releases Redis connections.

@@ -80,7 +80,7 @@ func TestReconcilePassFindsLostJobsAmongManyWithFewRoundTrips(t *testing.T) {
 	require.NoError(t, insp.ArchiveTask("default", "j00100"))
 
 	var trips atomic.Int64
-	r := outbox.NewReconciler(b.pool, countingOpt{b.opt, &trips}, outbox.ReconcilerConfig{BatchSize: batch})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: countingOpt{b.opt, &trips}, BatchSize: batch})
 	defer r.Close()
 	trips.Store(0)
 	got, err := r.Reconcile(ctx)
@@ -151,12 +151,12 @@ func TestCancelledJobsAreNotPublishedAgain(t *testing.T) {
 		_, err := testworker.Ops(t, store, nil).Cancel(ctx, id, "test", "")
 		require.NoError(t, err)
 	}
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt})
 	defer r.Close()
 	got, err := r.Reconcile(ctx)
 	require.NoError(t, err)
 	require.Zero(t, got, "the reconciler published a cancelled job")
-	relay := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{})
+	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt})
 	defer relay.Close()
 	n, err := relay.PublishBatch(ctx)
 	require.NoError(t, err)

@@ -31,17 +31,23 @@ const (
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
+	// Pool holds the ledger. Required.
+	Pool *pgxpool.Pool
+	// Redis is where jobs are published. Required.
+	Redis asynq.RedisConnOpt
 	// PollInterval is how often a sleeping relay looks for unpublished rows
-	// when no notification wakes it. Default 1s.
+	// when no notification wakes it. Default: DefaultPollInterval (1s).
 	PollInterval time.Duration
 	// AwakePoll is how often the awake relay looks for new rows. Writers do
 	// not notify an awake relay, so a job committed meanwhile waits up to
-	// this long. Default 2ms.
+	// this long. Default: DefaultAwakePoll (2ms).
 	AwakePoll time.Duration
 	// IdleAfter is how long the awake relay polls without finding a row
-	// before it goes back to sleep (and writers notify again). Default 500ms.
+	// before it goes back to sleep (and writers notify again). Default:
+	// DefaultIdleAfter (500ms).
 	IdleAfter time.Duration
-	// BatchSize is how many rows one pass claims. Default 200.
+	// BatchSize is how many rows one pass claims. Default: DefaultBatchSize
+	// (200).
 	BatchSize int
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -52,17 +58,41 @@ type RelayConfig struct {
 	TracerProvider trace.TracerProvider
 }
 
+// Validate reports everything in c that cannot work.
+func (c RelayConfig) Validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("keel: outbox.RelayConfig.Pool is required"))
+	}
+	if c.Redis == nil {
+		errs = append(errs, errors.New("keel: outbox.RelayConfig.Redis is required"))
+	}
+	errs = append(errs, notNegative("RelayConfig.PollInterval", c.PollInterval),
+		notNegative("RelayConfig.AwakePoll", c.AwakePoll),
+		notNegative("RelayConfig.IdleAfter", c.IdleAfter),
+		notNegative("RelayConfig.BatchSize", c.BatchSize))
+	return errors.Join(errs...)
+}
+
+// notNegative refuses a negative setting; zero stands for its default.
+func notNegative[N time.Duration | int](field string, v N) error {
+	if v < 0 {
+		return fmt.Errorf("keel: outbox.%s must not be negative (0 for its default), got %v", field, v)
+	}
+	return nil
+}
+
 func (c RelayConfig) withDefaults() RelayConfig {
-	if c.PollInterval <= 0 {
+	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
 	}
-	if c.AwakePoll <= 0 {
+	if c.AwakePoll == 0 {
 		c.AwakePoll = DefaultAwakePoll
 	}
-	if c.IdleAfter <= 0 {
+	if c.IdleAfter == 0 {
 		c.IdleAfter = DefaultIdleAfter
 	}
-	if c.BatchSize <= 0 {
+	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
 	if c.Logger == nil {
@@ -93,9 +123,14 @@ type Relay struct {
 	listening atomic.Bool
 }
 
-// NewRelay returns a relay; Run it, then Close it.
-func NewRelay(pool *pgxpool.Pool, redis asynq.RedisConnOpt, cfg RelayConfig) *Relay {
-	return &Relay{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}
+// NewRelay returns a relay; Run it, then Close it. It fails when
+// cfg.Validate does.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	pool, redis := cfg.Pool, cfg.Redis
+	return &Relay{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}, nil
 }
 
 // Close releases the relay's Redis connections.

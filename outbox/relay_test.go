@@ -89,8 +89,8 @@ func TestRelayPublishesBurstEachJobOnce(t *testing.T) {
 		}
 		return nil
 	}))
-	r1 := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour})
-	r2 := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour})
+	r1 := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour})
+	r2 := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour})
 	runRelay(t, r1)
 	runRelay(t, r2)
 	testenv.Eventually(t, 20*time.Second, func() bool { return r1.Published()+r2.Published() >= n },
@@ -121,7 +121,7 @@ func TestRelayPublishesBurstEachJobOnce(t *testing.T) {
 func TestAwakeRelayPublishesWithoutNotification(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.opt)
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
 	runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
@@ -147,7 +147,7 @@ func TestAwakeRelayPublishesWithoutNotification(t *testing.T) {
 func TestIdleRelaySleepsAndIsWokenAgain(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.opt)
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: 20 * time.Millisecond})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: 20 * time.Millisecond})
 	runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
@@ -174,7 +174,7 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	c := b.client(t, b.opt)
 	// IdleAfter long enough that the relay is surely still awake when the
 	// straggler's transaction looks, however loaded the machine.
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Second})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Second})
 	runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
@@ -208,7 +208,7 @@ func TestRolledBackEnqueueTxPublishesNothing(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
-	r := outbox.NewRelay(b.pool, b.opt, outbox.RelayConfig{PollInterval: time.Hour, IdleAfter: time.Hour})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
 	runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()

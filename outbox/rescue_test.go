@@ -52,7 +52,7 @@ func (b *bundle) state(t *testing.T, insp *asynq.Inspector, id string) asynq.Tas
 }
 
 func (b *bundle) reconciler(t *testing.T) *outbox.Reconciler {
-	r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt})
 	t.Cleanup(func() { r.Close() })
 	return r
 }
@@ -225,7 +225,7 @@ func TestConcurrentRescuersHandEachJobBackOnce(t *testing.T) {
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
-		r := outbox.NewReconciler(b.pool, b.opt, outbox.ReconcilerConfig{BatchSize: 7})
+		r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, BatchSize: 7})
 		wg.Go(func() {
 			defer r.Close()
 			k, err := r.Rescue(ctx)

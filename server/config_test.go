@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -81,6 +82,17 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 	require.Equal(t, time.Second, kept.ShutdownTimeout)
 	require.Equal(t, map[string]int{"emails": 2}, kept.Queues)
 
+	// The embedded relay and reconciler use the worker's connections.
+	require.Same(t, pool, d.Relay.Pool)
+	require.Equal(t, redis, d.Relay.Redis)
+	require.Same(t, pool, d.Reconciler.Pool)
+	require.Equal(t, redis, d.Reconciler.Redis)
+	off := server.Config{Redis: redis, Pool: pool, DisableRelay: true, DisableReconciler: true,
+		Relay: outbox.RelayConfig{PollInterval: -1}, Reconciler: outbox.ReconcilerConfig{Interval: -1}}.WithDefaults()
+	require.NoError(t, off.Validate(), "the settings of a relay and reconciler that do not run do not matter")
+	require.NoError(t, server.Config{Redis: redis, Pool: pool, Concurrency: 1}.Validate(),
+		"the embedded relay and reconciler take the worker's connections before WithDefaults too")
+
 	for _, tc := range []struct {
 		name string
 		mod  func(*server.Config)
@@ -96,6 +108,8 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 		{"queue name with a colon", func(c *server.Config) { c.Queues = map[string]int{"a:1": 1} }, `"a:1"`},
 		{"empty queue name", func(c *server.Config) { c.Queues = map[string]int{"": 1} }, "bad queue name"},
 		{"bad retry policy", func(c *server.Config) { c.Retry.Base = -time.Second }, "Base"},
+		{"negative relay poll interval", func(c *server.Config) { c.Relay.PollInterval = -time.Second }, "RelayConfig.PollInterval"},
+		{"negative reconcile interval", func(c *server.Config) { c.Reconciler.Interval = -time.Second }, "ReconcilerConfig.Interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := server.Config{Redis: redis, Pool: pool}

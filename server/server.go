@@ -109,7 +109,8 @@ type Config struct {
 	// DisableRelay stops the worker from running a relay of its own. Relays
 	// are safe to run in every worker, so the default is to run one.
 	DisableRelay bool
-	// Relay configures the embedded relay.
+	// Relay configures the embedded relay. Its Pool and Redis default to
+	// the worker's.
 	Relay outbox.RelayConfig
 	// DisableReconciler stops the worker from running a reconciler, which
 	// republishes jobs Redis lost, hands a crashed worker's jobs back to
@@ -118,7 +119,8 @@ type Config struct {
 	// it off in every worker and a crash costs asynq's own recovery (a
 	// minute or more) again.
 	DisableReconciler bool
-	// Reconciler configures the embedded reconciler.
+	// Reconciler configures the embedded reconciler. Its Pool and Redis
+	// default to the worker's.
 	Reconciler outbox.ReconcilerConfig
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -175,6 +177,7 @@ func (c Config) WithDefaults() Config {
 		log := c.Guard.Logger
 		c.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) { e.LogDied(ctx, log) }
 	}
+	c.Relay, c.Reconciler = c.embedded()
 	if c.Relay.Logger == nil {
 		c.Relay.Logger = c.Logger
 	}
@@ -220,7 +223,38 @@ func (c Config) Validate() error {
 			return fmt.Errorf("keel: queue %q has weight %d; weights must be at least 1", q, w)
 		}
 	}
+	// Checked here so that New refuses them before it connects to anything.
+	relay, recon := c.embedded()
+	if !c.DisableRelay {
+		if err := relay.Validate(); err != nil {
+			return err
+		}
+	}
+	if !c.DisableReconciler {
+		if err := recon.Validate(); err != nil {
+			return err
+		}
+	}
 	return c.Retry.Validate()
+}
+
+// embedded returns the configs of the embedded relay and reconciler, with
+// the worker's Pool and Redis where they name none of their own.
+func (c Config) embedded() (outbox.RelayConfig, outbox.ReconcilerConfig) {
+	relay, recon := c.Relay, c.Reconciler
+	if relay.Pool == nil {
+		relay.Pool = c.Pool
+	}
+	if relay.Redis == nil {
+		relay.Redis = c.Redis
+	}
+	if recon.Pool == nil {
+		recon.Pool = c.Pool
+	}
+	if recon.Redis == nil {
+		recon.Redis = c.Redis
+	}
+	return relay, recon
 }
 
 // ParseQueues reads "critical:6,default:3,low:1". A name without a weight
@@ -348,11 +382,18 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 		h = chain[i](h)
 	}
 	s.h = h
+	var err error
 	if !cfg.DisableRelay {
-		s.relay = outbox.NewRelay(cfg.Pool, cfg.Redis, cfg.Relay)
+		if s.relay, err = outbox.NewRelay(cfg.Relay); err != nil {
+			s.close()
+			return nil, err
+		}
 	}
 	if !cfg.DisableReconciler {
-		s.recon = outbox.NewReconciler(cfg.Pool, cfg.Redis, cfg.Reconciler)
+		if s.recon, err = outbox.NewReconciler(cfg.Reconciler); err != nil {
+			s.close()
+			return nil, err
+		}
 	}
 	return s, nil
 }

@@ -433,7 +433,7 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	// nor the interrupted one is a failed attempt (a deploy would fire the
 	// failure alerts).
 	reg := prometheus.NewRegistry()
-	wm, err := metrics.NewWorker(reg, metrics.WorkerOptions{})
+	wm, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg})
 	require.NoError(t, err)
 	cfg.Middleware = append(cfg.Middleware, wm.Middleware)
 	srv, err := server.New(cfg, mux)

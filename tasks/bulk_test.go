@@ -144,7 +144,8 @@ func TestEnqueueManyTxTenThousand(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("big-%05d", i), r.Job.BusinessKey)
 	}
 
-	relay := outbox.NewRelay(b.pool, b.redis, outbox.RelayConfig{Logger: quietLogger()})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.redis, Logger: quietLogger()})
+	require.NoError(t, err)
 	defer relay.Close()
 	for published := 0; published < n; {
 		k, err := relay.PublishBatch(ctx)
@@ -183,7 +184,8 @@ func TestEnqueueManyWithRedisStoppedIsPublishedByRelay(t *testing.T) {
 		"rows Redis did not take are handed back to the relay")
 
 	srv.Start()
-	relay := outbox.NewRelay(b.pool, opt, outbox.RelayConfig{Logger: quietLogger()})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: opt, Logger: quietLogger()})
+	require.NoError(t, err)
 	defer relay.Close()
 	n, err := relay.PublishBatch(ctx)
 	require.NoError(t, err)
@@ -208,13 +210,15 @@ func TestRowsClaimedButNeverPublishedAreRepublished(t *testing.T) {
 		{Kind: "test:keyed", BusinessKey: "crashed-2", Queue: "default", Payload: []byte(`{}`), MaxRetry: 3},
 	}, jobstore.InsertOptions{Claim: true})
 	require.NoError(t, err)
-	relay := outbox.NewRelay(b.pool, b.redis, outbox.RelayConfig{Logger: quietLogger()})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.redis, Logger: quietLogger()})
+	require.NoError(t, err)
 	defer relay.Close()
 	n, err := relay.PublishBatch(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "claimed rows are not the relay's")
 
-	rec := outbox.NewReconciler(b.pool, b.redis, outbox.ReconcilerConfig{Grace: time.Millisecond, Logger: quietLogger()})
+	rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: b.pool, Redis: b.redis, Grace: time.Millisecond, Logger: quietLogger()})
+	require.NoError(t, err)
 	defer rec.Close()
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		_, err := rec.Reconcile(ctx)

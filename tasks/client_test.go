@@ -279,7 +279,8 @@ func TestEnqueueWithRedisDownIsPublishedByRelay(t *testing.T) {
 	_, err = b.insp.GetTaskInfo("critical", res.Job.ID)
 	require.True(t, errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound), "got %v", err)
 
-	relay := outbox.NewRelay(b.pool, b.redis, outbox.RelayConfig{Logger: quietLogger()})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.redis, Logger: quietLogger()})
+	require.NoError(t, err)
 	defer relay.Close()
 	n, err := relay.PublishBatch(ctx)
 	require.NoError(t, err)

@@ -59,7 +59,12 @@ type overviewData struct {
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
-	snap := metrics.NewLedger(metrics.LedgerConfig{Pool: s.cfg.Pool, Inspector: s.insp, Timeout: pageTimeout}).Read(ctx)
+	ledger, err := metrics.NewLedger(metrics.LedgerConfig{Pool: s.cfg.Pool, Inspector: s.insp, Timeout: pageTimeout})
+	if err != nil {
+		s.errorPage(w, r, http.StatusInternalServerError, "The overview cannot be read ("+s.logRef("reading the overview", r, err)+").")
+		return
+	}
+	snap := ledger.Read(ctx)
 	d := overviewData{OutboxBacklog: snap.OutboxBacklog, OutboxLag: snap.OutboxLag,
 		Sampling: fmt.Sprintf("sampled every %s by this server", s.cfg.SampleInterval)}
 	if snap.RedisErr != nil {

@@ -95,7 +95,11 @@ func New(cfg Config) (*Server, error) {
 		s.reg = prometheus.NewRegistry()
 		s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	if err := s.reg.Register(metrics.NewLedger(metrics.LedgerConfig{Pool: cfg.Pool, Inspector: s.insp, Timeout: cfg.ScrapeTimeout})); err != nil {
+	ledger, err := metrics.NewLedger(metrics.LedgerConfig{Pool: cfg.Pool, Inspector: s.insp, Timeout: cfg.ScrapeTimeout})
+	if err == nil {
+		err = s.reg.Register(ledger)
+	}
+	if err != nil {
 		s.closeClients()
 		return nil, fmt.Errorf("keel web: registering the ledger collector: %w", err)
 	}

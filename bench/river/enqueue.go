@@ -202,7 +202,10 @@ func enqueueKeel(ctx context.Context, s settings, r asynq.RedisClientOpt) (Enque
 	}
 	defer client.Close()
 
-	relay := outbox.NewRelay(pool, r, outbox.RelayConfig{Logger: quiet})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Redis: r, Logger: quiet})
+	if err != nil {
+		return ph, err
+	}
 	rctx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(rctx) }()

@@ -212,7 +212,10 @@ func (e *env) measureBulk(ctx context.Context, client *tasks.Client, method stri
 	var relay *outbox.Relay
 	stopRelay := func() {}
 	if method == MethodEnqueueManyTx {
-		relay = outbox.NewRelay(e.pool, e.redis, outbox.RelayConfig{Logger: e.warn})
+		var err error
+		if relay, err = outbox.NewRelay(outbox.RelayConfig{Pool: e.pool, Redis: e.redis, Logger: e.warn}); err != nil {
+			return row, err
+		}
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); _ = relay.Run(rctx) }()

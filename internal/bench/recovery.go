@@ -183,8 +183,12 @@ func (e *env) runRecoveryWorker(ctx context.Context, r asynq.RedisClientOpt, n i
 	if err != nil {
 		return 0, st, err
 	}
-	cfg.Logger = quiet
-	recon := outbox.NewReconciler(e.pool, r, cfg)
+	cfg.Pool, cfg.Redis, cfg.Logger = e.pool, r, quiet
+	recon, err := outbox.NewReconciler(cfg)
+	if err != nil {
+		srv.Close()
+		return 0, st, err
+	}
 	defer recon.Close()
 	finish := e.step(step, n, c.done)
 	rctx, stopRecon := context.WithCancel(ctx)

@@ -224,11 +224,14 @@ func (e *env) commits(ctx context.Context, rep *RelayReport) error {
 		if m.relay {
 			// Polling as often as an awake relay, the INSERT row's relay
 			// publishes its rows as they come too: the same work downstream.
-			cfg := outbox.RelayConfig{Logger: e.warn}
+			cfg := outbox.RelayConfig{Pool: e.pool, Redis: e.redis, Logger: e.warn}
 			if m.name == CommitInsert {
 				cfg.PollInterval = outbox.DefaultAwakePoll
 			}
-			r := outbox.NewRelay(e.pool, e.redis, cfg)
+			r, err := outbox.NewRelay(cfg)
+			if err != nil {
+				return err
+			}
 			rctx, cancel := context.WithCancel(ctx)
 			done := make(chan struct{})
 			go func() { defer close(done); _ = r.Run(rctx) }()
@@ -294,7 +297,15 @@ func (e *env) runRelays(ctx context.Context, k, n int) (RelayRow, error) {
 	var wg sync.WaitGroup
 	relays := make([]*outbox.Relay, k)
 	for i := range relays {
-		relays[i] = outbox.NewRelay(e.pool, e.redis, outbox.RelayConfig{Logger: e.warn})
+		r, err := outbox.NewRelay(outbox.RelayConfig{Pool: e.pool, Redis: e.redis, Logger: e.warn})
+		if err != nil {
+			stop()
+			for _, r := range relays[:i] {
+				r.Close()
+			}
+			return row, err
+		}
+		relays[i] = r
 	}
 	published := func() int {
 		sum := 0

@@ -769,7 +769,10 @@ func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (Reconc
 	}
 	defer clearQueues(s.redis) //nolint:errcheck // the next step clears them too
 	quiet := slog.New(levelAtLeast{s.o.Logger.Handler(), slog.LevelError})
-	recon := outbox.NewReconciler(s.pool, s.redis, outbox.ReconcilerConfig{Logger: quiet})
+	recon, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: s.pool, Redis: s.redis, Logger: quiet})
+	if err != nil {
+		return pass, err
+	}
 	defer recon.Close()
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status IN ('pending', 'running', 'failed')
 		AND published_at IS NOT NULL AND updated_at < now() - $1 * interval '1 millisecond'`,
@@ -862,7 +865,10 @@ func (s *scaleRun) prune(ctx context.Context, name string, retention time.Durati
 			return p, err
 		}
 	}
-	recon := outbox.NewReconciler(s.pool, s.redis, outbox.ReconcilerConfig{Retention: retention, Logger: s.warn})
+	recon, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: s.pool, Redis: s.redis, Retention: retention, Logger: s.warn})
+	if err != nil {
+		return p, err
+	}
 	defer recon.Close()
 	start := time.Now()
 	n, err := recon.Prune(ctx)

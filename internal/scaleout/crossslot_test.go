@@ -67,7 +67,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 		for i := range 4 {
 			rules = append(rules, flowlimit.Rule{Name: fmt.Sprint("crossslot-", i), Concurrency: 2, Rate: 1000})
 		}
-		limits, err := flowlimit.New(opt, flowlimit.Config{Rules: rules, Lease: 300 * time.Millisecond})
+		limits, err := flowlimit.New(flowlimit.Config{Redis: opt, Rules: rules, Lease: 300 * time.Millisecond})
 		require.NoError(t, err)
 		defer limits.Close()
 		for _, r := range rules {
@@ -134,7 +134,8 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 			lease_until = now() - interval '1 second', run_at = now() - interval '1 second' WHERE id = ANY($1)`, ids)
 		require.NoError(t, err)
 
-		r := outbox.NewReconciler(pool, opt, outbox.ReconcilerConfig{})
+		r, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: pool, Redis: opt})
+		require.NoError(t, err)
 		defer r.Close()
 		rescued, err := r.Rescue(ctx)
 		require.NoError(t, err)

@@ -121,7 +121,7 @@ func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
 	rules := []flowlimit.Rule{{Name: "scale-limited", Kinds: []string{limited.Name()}, Concurrency: 3, Rate: 200}}
 	var limits []*flowlimit.Controller
 	for w := range 2 {
-		lim, err := flowlimit.New(opt, flowlimit.Config{Rules: rules})
+		lim, err := flowlimit.New(flowlimit.Config{Redis: opt, Rules: rules})
 		require.NoError(t, err)
 		// Cleanups run last first: the limits close after the worker stopped.
 		t.Cleanup(func() { lim.Close() })
