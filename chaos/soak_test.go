@@ -226,6 +226,7 @@ func soak(t *testing.T, cfg soakConfig) {
 	sched, err := scheduler.New(scheduler.Config{
 		Client:  d.client,
 		Entries: []scheduler.Entry{{Name: tickEntry, Spec: "@every 1s", Kind: tickKind.Name()}},
+		Kinds:   tasks.NewKinds(tickKind),
 		// No tick may be dropped, however late the scheduler runs.
 		MaxCatchUp: 1 << 20,
 		Logger:     d.log,
