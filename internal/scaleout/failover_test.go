@@ -134,7 +134,7 @@ func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
 	require.NoError(t, err)
 	defer c.Close()
-	sched, err := scheduler.New(scheduler.Config{Client: c, Entries: []scheduler.Entry{
+	sched, err := scheduler.New(scheduler.Config{Client: c, Kinds: tasks.NewKinds(ticked), Entries: []scheduler.Entry{
 		{Name: "scale-every-second", Spec: "@every 1s", Kind: ticked.Name()}}, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	schedCtx, stopSched := context.WithCancel(ctx)

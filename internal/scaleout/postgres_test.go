@@ -114,7 +114,7 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 	})
 	tasks.Handle(mux, pgTick, func(context.Context, struct{}) error { return nil })
 	srv, client := outageWorker(t, opt, pool, mux, 8, executor.GuardConfig{Lease: pgLease})
-	sched, err := scheduler.New(scheduler.Config{Client: client, Logger: slog.New(slog.DiscardHandler),
+	sched, err := scheduler.New(scheduler.Config{Client: client, Kinds: tasks.NewKinds(pgTick), Logger: slog.New(slog.DiscardHandler),
 		Entries: []scheduler.Entry{{Name: "pgaway", Spec: "@every 1s", Kind: pgTick.Name()}}})
 	require.NoError(t, err)
 	runInBackground(t, sched.Run)
