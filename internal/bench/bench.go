@@ -44,6 +44,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keeljobs/keel/internal/jobstore"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 )
@@ -626,16 +627,13 @@ func (e *env) prefillPlain(ctx context.Context, r asynq.RedisClientOpt, n int) e
 func (e *env) prefillKeel(ctx context.Context, r asynq.RedisClientOpt, n int) error {
 	const maxRetry = 3
 	prefix := "bench-" + uuid.NewString()[:8] + "-"
-	_, err := e.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, published_at)
-		SELECT $1 || lpad(i::text, 8, '0'), $2, $1 || lpad(i::text, 8, '0'), $3, $4, $5, now()
-		FROM generate_series(0, $6 - 1) AS i`, prefix, Kind, Queue, payload, maxRetry, n)
-	if err != nil {
+	if err := ledger.FillPublished(ctx, e.pool, prefix, Kind, Queue, payload, maxRetry, n); err != nil {
 		return fmt.Errorf("ledger rows: %w", err)
 	}
-	if _, err := e.pool.Exec(ctx, `ANALYZE keel_jobs`); err != nil {
+	if err := ledger.AnalyzeJobs(ctx, e.pool); err != nil {
 		return err
 	}
-	err = enqueue(ctx, r, n, func(i int) (*asynq.Task, []asynq.Option) {
+	err := enqueue(ctx, r, n, func(i int) (*asynq.Task, []asynq.Option) {
 		jid := fmt.Sprintf("%s%08d", prefix, i)
 		t := asynq.NewTaskWithHeaders(Kind, payload, map[string]string{jobstore.HeaderBusinessKey: jid})
 		return t, []asynq.Option{asynq.TaskID(jid), asynq.Queue(Queue), asynq.MaxRetry(maxRetry)}
@@ -696,8 +694,8 @@ func (e *env) runKeel(ctx context.Context, step string) (Phase, LedgerCheck, err
 
 // ledgerCheck fills in what the ledger says of the benchmark's jobs.
 func ledgerCheck(ctx context.Context, pool *pgxpool.Pool, lc LedgerCheck) (LedgerCheck, error) {
-	err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status <> 'succeeded'),
-		coalesce(sum(attempts), 0) FROM keel_jobs WHERE kind = $1`, Kind).Scan(&lc.Succeeded, &lc.NotSucceeded, &lc.Attempts)
+	var err error
+	lc.Succeeded, lc.NotSucceeded, lc.Attempts, err = ledger.KindTally(ctx, pool, Kind)
 	return lc, err
 }
 

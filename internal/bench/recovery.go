@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/internal/executor"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 )
@@ -227,8 +228,7 @@ func (e *env) waitSucceeded(ctx context.Context, c *counter, n int, stopped <-ch
 			interval = 5 * time.Millisecond
 		case <-time.After(interval):
 		}
-		var succeeded int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'succeeded'`, Kind).Scan(&succeeded)
+		succeeded, err := ledger.SucceededOfKind(ctx, e.pool, Kind)
 		if err != nil {
 			return err
 		}

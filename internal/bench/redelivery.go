@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/keeljobs/keel/internal/executor"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
 )
@@ -107,7 +108,7 @@ func (e *env) killOnce(ctx context.Context) (time.Duration, error) {
 	if err := e.prefillKeel(ctx, e.redis, 1); err != nil {
 		return 0, err
 	}
-	if err := e.waitLedger(ctx, `SELECT count(*) FROM keel_jobs WHERE status = 'running'`, child.exited); err != nil {
+	if err := e.waitLedger(ctx, ledger.RunningJobs, child.exited); err != nil {
 		return 0, fmt.Errorf("the child never claimed the job: %w (%s)", err, child.output())
 	}
 
@@ -133,7 +134,7 @@ func (e *env) killOnce(ctx context.Context) (time.Duration, error) {
 	<-child.exited
 	select {
 	case at := <-started:
-		if err := e.waitLedger(ctx, `SELECT count(*) FROM keel_jobs WHERE status = 'succeeded'`, nil); err != nil {
+		if err := e.waitLedger(ctx, ledger.SucceededJobs, nil); err != nil {
 			return 0, err
 		}
 		return at.Sub(killed), nil
@@ -144,11 +145,11 @@ func (e *env) killOnce(ctx context.Context) (time.Duration, error) {
 	}
 }
 
-// waitLedger polls query (a count) until it says 1.
-func (e *env) waitLedger(ctx context.Context, query string, exited <-chan struct{}) error {
+// waitLedger polls count until it says 1.
+func (e *env) waitLedger(ctx context.Context, count func(context.Context, ledger.DB) (int, error), exited <-chan struct{}) error {
 	for {
-		var n int
-		if err := e.pool.QueryRow(ctx, query).Scan(&n); err != nil {
+		n, err := count(ctx, e.pool)
+		if err != nil {
 			return err
 		}
 		if n == 1 {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/internal/jobstore"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -280,7 +281,7 @@ func (e *env) fillUnpublished(ctx context.Context, n int) (float64, error) {
 		committed.Store(int64(min(done+RelayTxJobs, n)))
 	}
 	rate := float64(n) / time.Since(start).Seconds()
-	if _, err := e.pool.Exec(ctx, `ANALYZE keel_jobs`); err != nil {
+	if err := ledger.AnalyzeJobs(ctx, e.pool); err != nil {
 		return rate, err
 	}
 	return rate, nil
@@ -338,8 +339,8 @@ func (e *env) runRelays(ctx context.Context, k, n int) (RelayRow, error) {
 	if err != nil {
 		return row, err
 	}
-	var unpublished int
-	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM keel_outbox) + (SELECT count(*) FROM keel_jobs WHERE published_at IS NULL)`).Scan(&unpublished); err != nil {
+	unpublished, err := ledger.Unpublished(ctx, e.pool)
+	if err != nil {
 		return row, err
 	}
 	insp := asynq.NewInspector(e.redis)

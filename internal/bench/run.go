@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/internal/asynqwire"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // The parts Run can measure, in the order it measures them.
@@ -291,8 +292,7 @@ func (e *env) close() { e.pool.Close() }
 
 // truncate empties the ledger.
 func (e *env) truncate(ctx context.Context) error {
-	_, err := e.pool.Exec(ctx, `TRUNCATE keel_jobs, keel_outbox CASCADE`)
-	return err
+	return ledger.EmptyLedger(ctx, e.pool)
 }
 
 // reset empties the ledger and the benchmark's queues.

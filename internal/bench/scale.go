@@ -39,8 +39,9 @@ const (
 	ScaleIntake = 1000
 	// scaleLoadChunk is how many rows one loading statement inserts.
 	scaleLoadChunk = 1_000_000
-	// scaleDays is how far back the finished jobs' finish times spread:
-	// with the default 30-day retention a quarter of them are due.
+	// scaleDays is how far back ledger.LoadFinished spreads the finished
+	// jobs' finish times (its statement says so): with the default 30-day
+	// retention a quarter of them are due.
 	scaleDays = 40
 )
 
@@ -301,7 +302,7 @@ type scaleRun struct {
 // ledger loads a ledger of finished and open jobs and measures it.
 func (s *scaleRun) ledger(ctx context.Context, name string, finished, open int) (ScaleLedger, error) {
 	l := ScaleLedger{Name: name, Finished: finished, Open: open}
-	if _, err := s.pool.Exec(ctx, `TRUNCATE keel_jobs, keel_outbox, keel_prune_log CASCADE`); err != nil {
+	if err := ledger.EmptyLedgerAndPruneLog(ctx, s.pool); err != nil {
 		return l, err
 	}
 	if err := clearQueues(s.redis); err != nil {
@@ -329,7 +330,7 @@ func (s *scaleRun) ledger(ctx context.Context, name string, finished, open int) 
 	if l.Reconcile, err = s.reconcile(ctx, name, open); err != nil {
 		return l, fmt.Errorf("reconciler pass: %w", err)
 	}
-	before, err := tableStats(ctx, s.pool)
+	before, err := ledger.JobsStats(ctx, s.pool)
 	if err != nil {
 		return l, err
 	}
@@ -349,68 +350,19 @@ func (s *scaleRun) ledger(ctx context.Context, name string, finished, open int) 
 	return l, nil
 }
 
-// loadFinishedSQL inserts finished jobs $1..$2-1 of $3: finish times
-// spread evenly over the last scaleDays days (oldest first, so ids, which
-// are time-ordered uuids as keel's, grow like a real ledger's); 96%
-// succeeded, 1% dead, 1.5% discarded, 1.5% cancelled; random business keys
-// and payloads of about 160 bytes.
-const loadFinishedSQL = `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, status, attempts, max_retry,
-	run_at, published_at, last_error, error_class, last_holder, created_at, updated_at, finished_at)
-SELECT (lpad(to_hex((extract(epoch FROM c) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid::text,
-	k, k || ':' || substr(h, 10, 20), q,
-	convert_to('{"customer_id":"cus_' || substr(h, 1, 14) || '","order_id":' || i || ',"amount_cents":' || i % 100000 ||
-		',"currency":"EUR","email":"user' || i % 1000000 || '@example.com","locale":"de-DE","ref":"' || substr(h, 15, 16) || '"}', 'UTF8'),
-	st, CASE st WHEN 'succeeded' THEN 1 + (i % 50 = 0)::int WHEN 'dead' THEN 11 WHEN 'cancelled' THEN 0 ELSE 1 END, 10,
-	c, c,
-	CASE st WHEN 'dead' THEN 'upstream returned 503: service unavailable' WHEN 'discarded' THEN 'invalid address' END,
-	CASE st WHEN 'dead' THEN 'transient' WHEN 'discarded' THEN 'permanent' END,
-	CASE WHEN st <> 'cancelled' THEN 'worker-' || i % 16 END,
-	c, f, f
-FROM generate_series($1::bigint, $2::bigint - 1) AS i,
-	LATERAL (SELECT md5(i::text) AS h,
-		now() - interval '40 days' * (1 - i::float8 / $3) AS f,
-		(ARRAY['email:send','order:charge','invoice:render','webhook:deliver','report:build','image:resize','sms:send','search:index'])[1 + i % 8] AS k,
-		CASE i % 10 WHEN 0 THEN 'critical' WHEN 1 THEN 'low' ELSE 'default' END AS q,
-		CASE WHEN i % 200 < 192 THEN 'succeeded' WHEN i % 200 < 194 THEN 'dead' WHEN i % 200 < 197 THEN 'discarded' ELSE 'cancelled' END AS st) v,
-	LATERAL (SELECT f - (0.05 + (i % 500) / 100.0) * interval '1 second' AS c) w`
-
-// loadOpenSQL inserts $1 open jobs created in the last hour and left alone
-// for half an hour: 60% pending (published), 30% failed waiting for their
-// retry, 10% running under a lease that outlasts the run.
-const loadOpenSQL = `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, status, attempts, run, max_retry,
-	run_at, published_at, lease_holder, lease_until, last_holder, last_error, error_class, created_at, updated_at)
-SELECT (lpad(to_hex((extract(epoch FROM c) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid::text,
-	k, 'open:' || substr(h, 10, 20), q,
-	convert_to('{"customer_id":"cus_' || substr(h, 1, 14) || '","order_id":' || i || ',"amount_cents":' || i % 100000 ||
-		',"currency":"EUR","email":"user' || i % 1000000 || '@example.com","locale":"de-DE","ref":"' || substr(h, 15, 16) || '"}', 'UTF8'),
-	st, CASE st WHEN 'pending' THEN 0 WHEN 'failed' THEN 1 + i % 3 ELSE 1 END,
-	CASE st WHEN 'pending' THEN 0 WHEN 'failed' THEN 1 + i % 3 ELSE 1 END, 10,
-	CASE st WHEN 'failed' THEN now() + interval '1 hour' ELSE c END, c,
-	CASE st WHEN 'running' THEN $2 END, CASE st WHEN 'running' THEN now() + interval '1 day' END,
-	CASE WHEN st <> 'pending' THEN 'worker-' || i % 16 END,
-	CASE st WHEN 'failed' THEN 'upstream returned 503: service unavailable' END,
-	CASE st WHEN 'failed' THEN 'transient' END,
-	c, now() - interval '30 minutes'
-FROM generate_series(0, $1::bigint - 1) AS i,
-	LATERAL (SELECT md5('open' || i) AS h,
-		now() - interval '1 hour' + interval '30 minutes' * (i::float8 / $1) AS c,
-		(ARRAY['email:send','order:charge','invoice:render','webhook:deliver','report:build','image:resize','sms:send','search:index'])[1 + i % 8] AS k,
-		CASE i % 10 WHEN 0 THEN 'critical' WHEN 1 THEN 'low' ELSE 'default' END AS q,
-		CASE WHEN i % 10 = 0 THEN 'running' WHEN i % 10 < 4 THEN 'failed' ELSE 'pending' END AS st) v`
-
 func (s *scaleRun) load(ctx context.Context, l *ScaleLedger) error {
 	var loaded atomic.Int64
 	finish := s.step(l.Name+": load", l.Finished+l.Open, func() int { return int(loaded.Load()) })
 	start := time.Now()
 	for lo := 0; lo < l.Finished; lo += scaleLoadChunk {
 		hi := min(l.Finished, lo+scaleLoadChunk)
-		if _, err := s.pool.Exec(ctx, loadFinishedSQL, lo, hi, float64(l.Finished)); err != nil {
+		if err := ledger.LoadFinished(ctx, s.pool, lo, hi, float64(l.Finished)); err != nil {
 			finish()
 			return err
 		}
 		loaded.Store(int64(hi))
 	}
-	_, err := s.pool.Exec(ctx, loadOpenSQL, l.Open, scaleHolder)
+	err := ledger.LoadOpen(ctx, s.pool, l.Open, scaleHolder)
 	loaded.Add(int64(l.Open))
 	l.LoadSeconds = time.Since(start).Seconds()
 	l.LoadRowsPerSecond = float64(l.Finished+l.Open) / l.LoadSeconds
@@ -421,7 +373,7 @@ func (s *scaleRun) load(ctx context.Context, l *ScaleLedger) error {
 	finish = s.step(l.Name+": VACUUM ANALYZE, CHECKPOINT", 1, func() int { return 0 })
 	defer finish()
 	start = time.Now()
-	if _, err = s.pool.Exec(ctx, `VACUUM ANALYZE keel_jobs`); err != nil {
+	if err = ledger.VacuumAnalyzeJobs(ctx, s.pool); err != nil {
 		return err
 	}
 	l.VacuumAnalyzeSeconds = time.Since(start).Seconds()
@@ -443,20 +395,14 @@ func pgSettings(ctx context.Context, pool *pgxpool.Pool) ([]PGSetting, error) {
 }
 
 func tableSizes(ctx context.Context, pool *pgxpool.Pool) (Sizes, error) {
-	var z Sizes
-	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM keel_jobs), pg_relation_size(c.oid),
-		coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0), pg_indexes_size(c.oid)
-		FROM pg_class c WHERE c.oid = 'keel_jobs'::regclass`).Scan(&z.Rows, &z.TableBytes, &z.ToastBytes, &z.IndexesBytes)
+	t, err := ledger.JobsSize(ctx, pool)
 	if err != nil {
-		return z, err
+		return Sizes{}, err
 	}
-	rows, err := pool.Query(ctx, `SELECT c.relname::text, pg_relation_size(i.indexrelid) FROM pg_index i
-		JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'keel_jobs'::regclass ORDER BY 2 DESC, 1`)
-	if err != nil {
-		return z, err
-	}
-	if z.Indexes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[IndexSize]); err != nil {
-		return z, err
+	z := Sizes{Rows: t.Rows, TableBytes: t.TableBytes, ToastBytes: t.ToastBytes, IndexesBytes: t.IndexesBytes,
+		Indexes: make([]IndexSize, len(t.Indexes))}
+	for i, ix := range t.Indexes {
+		z.Indexes[i] = IndexSize(ix)
 	}
 	if z.Rows > 0 {
 		z.BytesPerRow = float64(z.TableBytes+z.ToastBytes+z.IndexesBytes) / float64(z.Rows)
@@ -464,29 +410,16 @@ func tableSizes(ctx context.Context, pool *pgxpool.Pool) (Sizes, error) {
 	return z, nil
 }
 
-// tableStat is what pg_stat_user_tables says of keel_jobs.
-type tableStat struct {
-	dead, autovacuums, live int64
-}
-
-func tableStats(ctx context.Context, pool *pgxpool.Pool) (tableStat, error) {
-	var t tableStat
-	err := pool.QueryRow(ctx, `SELECT n_dead_tup, autovacuum_count, n_live_tup FROM pg_stat_user_tables
-		WHERE relid = 'keel_jobs'::regclass`).Scan(&t.dead, &t.autovacuums, &t.live)
-	return t, err
-}
-
 // plans explains the hot statements on the loaded ledger (writes rolled
 // back): the guard's round with 50 claims and 50 completions, the relay's
 // claim, a reconciler and a rescue page, a prune batch.
 func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
-	var claim, done []string
-	if err := s.pool.QueryRow(ctx, `SELECT coalesce(array_agg(id), '{}') FROM (SELECT id FROM keel_jobs
-		WHERE status = 'pending' ORDER BY id LIMIT 50) p`).Scan(&claim); err != nil {
+	claim, err := ledger.FirstPending(ctx, s.pool)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.pool.QueryRow(ctx, `SELECT coalesce(array_agg(id), '{}') FROM (SELECT id FROM keel_jobs
-		WHERE status = 'running' AND lease_holder = $1 ORDER BY id LIMIT 50) p`, scaleHolder).Scan(&done); err != nil {
+	done, err := ledger.FirstHeld(ctx, s.pool, scaleHolder)
+	if err != nil {
 		return nil, err
 	}
 	runs := make([]int32, len(done)) // the loaded running rows are at run 1
@@ -562,9 +495,7 @@ var errRollback = errors.New("rolled back")
 func (s *scaleRun) rounds(ctx context.Context, name string) (claim, complete Latency, err error) {
 	n := s.o.ScaleSamples
 	prefix := "round-" + uuid.NewString()[:8] + "-"
-	if _, err := s.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, published_at)
-		SELECT $1 || lpad(i::text, 8, '0'), $2, $1 || lpad(i::text, 8, '0'), $3, $4, 3, now()
-		FROM generate_series(0, $5 - 1) AS i`, prefix, scaleRoundKind, Queue, payload, n); err != nil {
+	if err := ledger.FillRoundJobs(ctx, s.pool, prefix, scaleRoundKind, Queue, payload, n); err != nil {
 		return claim, complete, err
 	}
 	var done atomic.Int64
@@ -603,7 +534,7 @@ func (s *scaleRun) rounds(ctx context.Context, name string) (claim, complete Lat
 		ds = append(ds, d)
 		done.Add(1)
 	}
-	_, err = s.pool.Exec(ctx, `DELETE FROM keel_jobs WHERE kind = $1`, scaleRoundKind)
+	err = ledger.DeleteKind(ctx, s.pool, scaleRoundKind)
 	return summarize(cs), summarize(ds), err
 }
 
@@ -640,7 +571,7 @@ func (s *scaleRun) worker(ctx context.Context, name string) (ScaleWorker, error)
 		err = fmt.Errorf("ledger check failed: %d of %d jobs succeeded, %d not, %d attempts", lc.Succeeded, n, lc.NotSucceeded, lc.Attempts)
 	}
 	if err == nil {
-		_, err = s.pool.Exec(ctx, `DELETE FROM keel_jobs WHERE kind = $1`, Kind)
+		err = ledger.DeleteKind(ctx, s.pool, Kind)
 	}
 	return w, err
 }
@@ -672,9 +603,7 @@ func (f *feeder) feed(ctx context.Context, n int) error {
 	}
 	from := f.next
 	f.next += n
-	if _, err := f.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, published_at)
-		SELECT $1 || lpad(i::text, 9, '0'), $2, $1 || lpad(i::text, 9, '0'), $3, $4, 3, now()
-		FROM generate_series($5::int, $6::int - 1) AS i`, f.prefix, Kind, Queue, payload, from, from+n); err != nil {
+	if err := ledger.FillPublishedRange(ctx, f.pool, f.prefix, Kind, Queue, payload, from, from+n); err != nil {
 		return fmt.Errorf("ledger rows: %w", err)
 	}
 	return parallel(ctx, n, func(i int) error {
@@ -730,7 +659,7 @@ func (s *scaleRun) enqueueTx(ctx context.Context, name string) (Latency, error) 
 	}
 	finish()
 	// Nothing publishes them: no relay runs.
-	_, err = s.pool.Exec(ctx, `DELETE FROM keel_jobs WHERE kind = $1`, scaleEnqueueKind)
+	err = ledger.DeleteKind(ctx, s.pool, scaleEnqueueKind)
 	return summarize(ds), err
 }
 
@@ -740,12 +669,7 @@ func (s *scaleRun) enqueueTx(ctx context.Context, name string) (Latency, error) 
 // and keeps the median.
 func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (ReconcilePass, error) {
 	var pass ReconcilePass
-	type job struct{ ID, Kind, Queue, Status string }
-	rows, err := s.pool.Query(ctx, `SELECT id, kind, queue, status FROM keel_jobs WHERE status IN ('pending', 'failed')`)
-	if err != nil {
-		return pass, err
-	}
-	jobs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[job])
+	jobs, err := ledger.WaitingJobs(ctx, s.pool)
 	if err != nil {
 		return pass, err
 	}
@@ -774,9 +698,7 @@ func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (Reconc
 		return pass, err
 	}
 	defer recon.Close()
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status IN ('pending', 'running', 'failed')
-		AND published_at IS NOT NULL AND updated_at < now() - $1 * interval '1 millisecond'`,
-		outbox.DefaultGrace.Milliseconds()).Scan(&pass.Rows); err != nil {
+	if pass.Rows, err = ledger.Reconcilable(ctx, s.pool, outbox.DefaultGrace); err != nil {
 		return pass, err
 	}
 	const passes = 3
@@ -836,23 +758,21 @@ func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (Reconc
 // ledger and Redis meanwhile and a keel worker runs them.
 func (s *scaleRun) prune(ctx context.Context, name string, retention time.Duration, intake bool) (PruneRun, error) {
 	p := PruneRun{Name: name, RetentionDays: retention.Hours() / 24}
-	var due int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded', 'cancelled')
-		AND finished_at < now() - $1 * interval '1 millisecond'`, retention.Milliseconds()).Scan(&due); err != nil {
+	due, err := ledger.PrunableNow(ctx, s.pool, retention)
+	if err != nil {
 		return p, err
 	}
-	var deleted0 int64
-	if err := s.pool.QueryRow(ctx, `SELECT n_tup_del FROM pg_stat_user_tables WHERE relid = 'keel_jobs'::regclass`).Scan(&deleted0); err != nil {
+	deleted0, err := ledger.JobsDeleted(ctx, s.pool)
+	if err != nil {
 		return p, err
 	}
 	// Progress from the statistics, which backends flush about once a
 	// second; the figures come from Prune's own count.
 	var progress atomic.Int64
 	finish := s.step(name, due, func() int {
-		var d int64
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		if s.pool.QueryRow(qctx, `SELECT n_tup_del FROM pg_stat_user_tables WHERE relid = 'keel_jobs'::regclass`).Scan(&d) == nil {
+		if d, err := ledger.JobsDeleted(qctx, s.pool); err == nil {
 			progress.Store(d - deleted0)
 		}
 		return int(progress.Load())
@@ -930,15 +850,14 @@ func (s *scaleRun) startIntake(ctx context.Context) (stop func() (fed, processed
 			err = waitEmpty(wctx, s.redis, c, run.stopped)
 		}
 		err = errors.Join(feedErr, err, run.stop())
-		var succeeded int
-		if qerr := s.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'succeeded'`,
-			Kind).Scan(&succeeded); qerr != nil {
+		succeeded, qerr := ledger.SucceededOfKind(ctx, s.pool, Kind)
+		if qerr != nil {
 			err = errors.Join(err, qerr)
 		}
 		if err == nil && (succeeded != f.next || c.done() != f.next) {
 			err = fmt.Errorf("%d jobs fed, %d succeeded in the ledger, %d handler runs", f.next, succeeded, c.done())
 		}
-		if _, derr := s.pool.Exec(ctx, `DELETE FROM keel_jobs WHERE kind = $1`, Kind); derr != nil {
+		if derr := ledger.DeleteKind(ctx, s.pool, Kind); derr != nil {
 			err = errors.Join(err, derr)
 		}
 		return f.next, c.done(), maxLag, errors.Join(err, clearQueues(s.redis))
@@ -947,7 +866,7 @@ func (s *scaleRun) startIntake(ctx context.Context) (stop func() (fed, processed
 
 // vacuum reads what pruning left, waits for autovacuum when it is due
 // (up to two naptimes for it to start), then runs VACUUM.
-func (s *scaleRun) vacuum(ctx context.Context, name string, before tableStat) (VacuumRun, error) {
+func (s *scaleRun) vacuum(ctx context.Context, name string, before ledger.TableStats) (VacuumRun, error) {
 	var v VacuumRun
 	var err error
 	if v.Pruned, err = tableSizes(ctx, s.pool); err != nil {
@@ -955,28 +874,23 @@ func (s *scaleRun) vacuum(ctx context.Context, name string, before tableStat) (V
 	}
 	// The pruning backends flush their statistics within a second.
 	time.Sleep(1500 * time.Millisecond)
-	st, err := tableStats(ctx, s.pool)
+	st, err := ledger.JobsStats(ctx, s.pool)
 	if err != nil {
 		return v, err
 	}
-	v.DeadTuples = st.dead
-	var on bool
-	var naptime, threshold, scale float64
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('autovacuum')::bool AND coalesce(
-			(SELECT NOT (reloptions @> ARRAY['autovacuum_enabled=false']) FROM pg_class WHERE oid = 'keel_jobs'::regclass), true),
-		extract(epoch FROM current_setting('autovacuum_naptime')::interval),
-		current_setting('autovacuum_vacuum_threshold')::float8, current_setting('autovacuum_vacuum_scale_factor')::float8`).
-		Scan(&on, &naptime, &threshold, &scale); err != nil {
+	v.DeadTuples = st.Dead
+	av, err := ledger.JobsAutovacuum(ctx, s.pool)
+	if err != nil {
 		return v, err
 	}
-	v.AutovacuumDue = on && float64(st.dead) > threshold+scale*float64(st.live+st.dead)
+	v.AutovacuumDue = av.On && float64(st.Dead) > av.Threshold+av.ScaleFactor*float64(st.Live+st.Dead)
 	if v.AutovacuumDue {
 		wait := s.o.ScaleAutovacuumWait
 		if wait <= 0 {
-			wait = time.Duration(2*naptime+10) * time.Second
+			wait = time.Duration(2*av.NaptimeSeconds+10) * time.Second
 		}
 		finish := s.step(name+": waiting for autovacuum", 1, func() int { return 0 })
-		started, took, err := s.waitAutovacuum(ctx, st.autovacuums, wait)
+		started, took, err := s.waitAutovacuum(ctx, st.Autovacuums, wait)
 		finish()
 		if err != nil {
 			return v, err
@@ -987,18 +901,18 @@ func (s *scaleRun) vacuum(ctx context.Context, name string, before tableStat) (V
 	}
 	finish := s.step(name+": VACUUM", 1, func() int { return 0 })
 	start := time.Now()
-	_, err = s.pool.Exec(ctx, `VACUUM keel_jobs`)
+	err = ledger.VacuumJobs(ctx, s.pool)
 	v.Seconds = time.Since(start).Seconds()
 	finish()
 	if err != nil {
 		return v, err
 	}
 	time.Sleep(1500 * time.Millisecond)
-	if st, err = tableStats(ctx, s.pool); err != nil {
+	if st, err = ledger.JobsStats(ctx, s.pool); err != nil {
 		return v, err
 	}
-	v.DeadTuplesAfter = st.dead
-	v.Autovacuums = st.autovacuums - before.autovacuums
+	v.DeadTuplesAfter = st.Dead
+	v.Autovacuums = st.Autovacuums - before.Autovacuums
 	v.Vacuumed, err = tableSizes(ctx, s.pool)
 	return v, err
 }
@@ -1009,10 +923,7 @@ func (s *scaleRun) waitAutovacuum(ctx context.Context, count int64, wait time.Du
 	deadline := time.Now().Add(wait)
 	var startedAt time.Time
 	for {
-		var running bool
-		var n int64
-		err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_progress_vacuum WHERE relid = 'keel_jobs'::regclass),
-			(SELECT autovacuum_count FROM pg_stat_user_tables WHERE relid = 'keel_jobs'::regclass)`).Scan(&running, &n)
+		running, n, err := ledger.Vacuuming(ctx, s.pool)
 		if err != nil {
 			return false, 0, err
 		}
