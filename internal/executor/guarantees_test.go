@@ -658,6 +658,50 @@ func TestInTxCommitInDoubt(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the effect must be committed once")
 }
 
+// A COMMIT Postgres refuses (a serialization failure, a deferred check) is
+// an answer, not a lost connection: nothing committed, so the run's error
+// is an ordinary failure, never "commit in doubt", and the next run
+// commits the effect once.
+func TestInTxCommitRefusedIsNotInDoubt(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE SEQUENCE refuse_once;
+		CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('refuse_once') = 1 THEN
+				RAISE EXCEPTION 'refused at commit' USING ERRCODE = '40001';
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON effects
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit()`)
+	require.NoError(t, err)
+	var firstErr atomic.Value
+	refused := tasks.Define[order]("test:refused_commit", tasks.Key(func(o order) string { return o.OrderID }))
+	mux := tasks.NewMux()
+	tasks.Handle(mux, refused, func(ctx context.Context, o order) error {
+		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
+			id, _ := idempotency.JobID(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
+			return err
+		})
+		if err != nil {
+			firstErr.CompareAndSwap(nil, err)
+		}
+		return err
+	})
+	b.startWorker(t, mux, nil)
+	res, err := b.client.Enqueue(ctx, refused.New(order{OrderID: "r1"}))
+	require.NoError(t, err)
+	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
+	first, _ := firstErr.Load().(error)
+	require.Error(t, first)
+	require.ErrorContains(t, first, "refused at commit")
+	require.NotContains(t, first.Error(), "commit in doubt")
+	require.Equal(t, 2, j.Attempts, "the refused commit is the first attempt's failure")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "the effect must be committed once")
+}
+
 // A claim the delivery stopped waiting for (its context ended while
 // Postgres was slow) that lands afterwards is given back: the run never
 // started, so it must not count as a crash or an attempt.

@@ -14,7 +14,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -1491,7 +1490,12 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	if err != nil {
 		return jc.refused(ctx, interpretError(err))
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	committed := false
+	defer func() {
+		if !committed { // pgx's tx does not know of the COMMIT sent with the mark
+			tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error is fn's or the mark's
+		}
+	}()
 	if err := fn(tx); err != nil {
 		// fn's statements run on the ledger's connection: losing it is
 		// the ledger's outage, a wait, unless fn classed the error itself.
@@ -1500,25 +1504,26 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		}
 		return err
 	}
-	held, err := ledger.MarkSucceeded(ctx, tx, jc.id, g.cfg.Holder, jc.run)
-	if err != nil {
-		return jc.refused(ctx, interpretError(err))
-	}
-	if !held {
-		return jc.refused(ctx, ErrLeaseLost)
-	}
+	// The mark and the COMMIT go in one round trip; the mark stops the
+	// COMMIT if this run no longer holds the job.
 	jc.committing.Store(true)
-	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) {
-			jc.committing.Store(false)
-			return interpretError(err) // rolled back, or COMMIT never left
+	err = ledger.MarkSucceededAndCommit(ctx, tx, jc.id, g.cfg.Holder, jc.run)
+	if unsent := (*ledger.CommitUnsent)(nil); errors.As(err, &unsent) {
+		jc.committing.Store(false)
+		if errors.Is(err, ledger.ErrNotHeld) {
+			return jc.refused(ctx, ErrLeaseLost)
 		}
-		// The connection went during COMMIT: it may or may not have landed.
-		// The guard looks at the row before it records a failure.
+		return jc.refused(ctx, interpretError(unsent.Err))
+	}
+	if err != nil {
+		// The connection went after the mark and the COMMIT were sent: they
+		// may or may not have landed. The guard looks at the row before it
+		// records a failure.
 		jc.commitInDoubt.Store(true)
 		g.cfg.Logger.Warn("keel: InTx commit in doubt: the connection failed during COMMIT", "job_id", jc.id, "err", err)
 		return fmt.Errorf("keel: job %s: commit in doubt: %w", jc.id, interpretError(err))
 	}
+	committed = true
 	if h := g.inTxCommittedHook.Load(); h != nil {
 		(*h)(jc.id)
 	}

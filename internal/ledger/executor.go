@@ -2,9 +2,11 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The statements a worker's guard runs on a job's way through it: the
@@ -227,11 +229,76 @@ const markSucceededSQL = `UPDATE keel_jobs SET status = 'succeeded', lease_holde
 		last_error = NULL, error_class = NULL, finished_at = now(), updated_at = now()
 		WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $3`
 
-// MarkSucceeded records, inside the completing InTx's transaction, that
-// holder's run of job id succeeded; false: the run no longer holds it.
-func MarkSucceeded(ctx context.Context, tx DB, id, holder string, run int) (bool, error) {
-	tag, err := tx.Exec(ctx, markSucceededSQL, id, holder, run)
-	return tag.RowsAffected() > 0, err
+// Batcher sends statements in one round trip (a pgx.Tx).
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// markAndCommitSQL is markSucceededSQL raising KL001 (keel_lease_lost) when
+// the run no longer holds its job: Postgres skips what a pipeline sends
+// after an error, so the COMMIT queued behind the mark never runs then.
+// CASE, not OR, fixes the order; the function is volatile, so it is not
+// folded in at planning.
+const markAndCommitSQL = `WITH m AS (` + markSucceededSQL + ` RETURNING 1)
+	SELECT CASE WHEN EXISTS (SELECT FROM m) THEN true ELSE keel_lease_lost($1::text) END`
+
+// sqlstateLeaseLost is keel_lease_lost's error code.
+const sqlstateLeaseLost = "KL001"
+
+// ErrNotHeld means the completion mark found the run no longer holding its
+// job: nothing was committed, and the transaction must be rolled back.
+var ErrNotHeld = errors.New("keel: the run no longer holds its job")
+
+// CommitUnsent wraps an error after which the completing transaction is
+// known not to have committed: the mark or the COMMIT was refused, or
+// nothing was sent.
+type CommitUnsent struct{ Err error }
+
+func (e *CommitUnsent) Error() string { return e.Err.Error() }
+func (e *CommitUnsent) Unwrap() error { return e.Err }
+
+// refused: Postgres refused a statement and the session goes on (severity
+// ERROR). A FATAL or PANIC ends the session: a COMMIT it met may or may
+// not have landed.
+func refused(e *pgconn.PgError) bool {
+	sev := e.SeverityUnlocalized
+	if sev == "" {
+		sev = e.Severity
+	}
+	return sev == "ERROR"
+}
+
+// MarkSucceededAndCommit records, inside the completing InTx's transaction,
+// that holder's run of job id succeeded, and commits it, in one round
+// trip. ErrNotHeld (inside a *CommitUnsent): the run no longer holds the
+// job. Any error in a *CommitUnsent means nothing committed; any other
+// error came with the connection lost after the mark and the COMMIT were
+// sent: the commit may or may not have landed.
+func MarkSucceededAndCommit(ctx context.Context, tx Batcher, id, holder string, run int) error {
+	b := &pgx.Batch{}
+	b.Queue(markAndCommitSQL, id, holder, run)
+	b.Queue("COMMIT")
+	br := tx.SendBatch(ctx, b)
+	_, markErr := br.Exec()
+	_, commitErr := br.Exec()
+	closeErr := br.Close()
+	for _, err := range []error{markErr, commitErr, closeErr} {
+		if err == nil {
+			continue
+		}
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && refused(pgErr) {
+			// Postgres answered: it ran neither, or refused the COMMIT.
+			if pgErr.Code == sqlstateLeaseLost {
+				return &CommitUnsent{ErrNotHeld}
+			}
+			return &CommitUnsent{err}
+		}
+		if pgconn.SafeToRetry(err) {
+			return &CommitUnsent{err}
+		}
+		return err
+	}
+	return nil
 }
 
 // retireCrashedSQL marks dead a job whose runs used its budget without an

@@ -27,10 +27,12 @@ func TestExecutorPlans(t *testing.T) {
 	p = plan(t, func(db ledger.DB) { ledger.Renew(ctx, db, "worker-0", 10000, ids, runs) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_pkey"}, "keel_jobs")
 	for name, call := range map[string]func(db ledger.DB){
-		"release":             func(db ledger.DB) { ledger.Release(ctx, db, ids[0], "worker-0", 1) },       //nolint:errcheck
-		"mark succeeded":      func(db ledger.DB) { ledger.MarkSucceeded(ctx, db, ids[0], "worker-0", 1) }, //nolint:errcheck
-		"retire crashed":      func(db ledger.DB) { ledger.RetireCrashed(ctx, db, ids[0], "") },            //nolint:errcheck
-		"dead after complete": func(db ledger.DB) { ledger.DeadAfterComplete(ctx, db, ids[0], "", "") },    //nolint:errcheck
+		"release": func(db ledger.DB) { ledger.Release(ctx, db, ids[0], "worker-0", 1) }, //nolint:errcheck
+		"mark succeeded": func(db ledger.DB) {
+			ledger.MarkSucceededAndCommit(ctx, db.(ledger.Batcher), ids[0], "worker-0", 1) //nolint:errcheck
+		},
+		"retire crashed":      func(db ledger.DB) { ledger.RetireCrashed(ctx, db, ids[0], "") },         //nolint:errcheck
+		"dead after complete": func(db ledger.DB) { ledger.DeadAfterComplete(ctx, db, ids[0], "", "") }, //nolint:errcheck
 		"fail": func(db ledger.DB) {
 			ledger.Fail(ctx, db, ledger.Failure{ID: ids[0], Holder: "worker-0", Run: 1, Status: ledger.StatusFailed, RunInMS: -1}) //nolint:errcheck
 		},

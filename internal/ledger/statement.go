@@ -49,3 +49,18 @@ func (c *capture) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
 type errRow struct{}
 
 func (errRow) Scan(...any) error { return errCaptured }
+
+func (c *capture) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
+	if len(b.QueuedQueries) > 0 {
+		c.keep(b.QueuedQueries[0].SQL, b.QueuedQueries[0].Arguments)
+	}
+	return errBatch{}
+}
+
+type errBatch struct{}
+
+func (errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, errCaptured }
+func (errBatch) Query() (pgx.Rows, error)         { return nil, errCaptured }
+func (errBatch) QueryRow() pgx.Row                { return errRow{} }
+func (errBatch) Close() error                     { return errCaptured }
+func (errBatch) Tx() pgx.Tx                       { return nil }
