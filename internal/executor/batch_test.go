@@ -234,9 +234,12 @@ func TestBatchLastMembersOnTwoWorkersFireOnce(t *testing.T) {
 }
 
 // A worker is killed with SIGKILL while its transactions that make the last
-// members succeeded wait for the batch row: the InTx one rolls back and
-// runs again elsewhere, the guard's own statement commits on its own; the
-// counts stay right and each callback runs once.
+// members succeeded wait for the batch row: the InTx one holds its job's
+// row, so no other worker can run the job meanwhile, and its COMMIT, sent
+// with the mark, lands once the batch row is free (or, had it not been
+// sent, it rolls back and runs again elsewhere); the guard's own statement
+// commits on its own; the counts stay right, the InTx effect lands once
+// and each callback runs once.
 func TestBatchWorkerKilledDuringCompletion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for a killed worker's lease to run out")
@@ -258,7 +261,7 @@ func TestBatchWorkerKilledDuringCompletion(t *testing.T) {
 			AND wait_event_type = 'Lock' AND query LIKE $2`, batchChildApp, like)
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		return waiting("UPDATE keel_jobs SET status = 'succeeded'%") == 1 && waiting("WITH done AS%") == 1
+		return waiting("WITH m AS (UPDATE keel_jobs SET status = 'succeeded'%") == 1 && waiting("WITH done AS%") == 1
 	}, "the child's two completions never waited for the batch row")
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	_ = child.Wait()
