@@ -38,7 +38,8 @@ func (c LedgerConfig) Validate() error {
 	return nil
 }
 
-func (c LedgerConfig) withDefaults() LedgerConfig {
+// WithDefaults returns c with each unset field at its default.
+func (c LedgerConfig) WithDefaults() LedgerConfig {
 	if c.Timeout == 0 {
 		c.Timeout = DefaultScrapeTimeout
 	}
@@ -103,7 +104,7 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 		return nil, err
 	}
 	return &Ledger{
-		cfg: cfg.withDefaults(),
+		cfg: cfg.WithDefaults(),
 		queueSize: prometheus.NewDesc("keel_queue_size",
 			"Tasks in an asynq queue, by state.", []string{"queue", "state"}, nil),
 		oldestPending: prometheus.NewDesc("keel_queue_oldest_pending_seconds",

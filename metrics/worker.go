@@ -87,7 +87,8 @@ func (c WorkerConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (c WorkerConfig) withDefaults() WorkerConfig {
+// WithDefaults returns c with each unset field at its default.
+func (c WorkerConfig) WithDefaults() WorkerConfig {
 	if c.Classifier == nil {
 		c.Classifier = retry.Default
 	}
@@ -103,7 +104,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	w := &Worker{
 		classifier: cfg.Classifier,
 		processed: prometheus.NewCounterVec(prometheus.CounterOpts{

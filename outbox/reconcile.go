@@ -105,7 +105,8 @@ func (c ReconcilerConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (c ReconcilerConfig) withDefaults() ReconcilerConfig {
+// WithDefaults returns c with each unset field at its default.
+func (c ReconcilerConfig) WithDefaults() ReconcilerConfig {
 	if c.Interval == 0 {
 		c.Interval = DefaultReconcileInterval
 	}
@@ -169,7 +170,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		return nil, fmt.Errorf("keel: outbox.ReconcilerConfig.Redis: %T does not make a go-redis client", cfg.Redis)
 	}
 	return &Reconciler{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisherOn(rdb),
-		rdb: rdb, cfg: cfg.withDefaults()}, nil
+		rdb: rdb, cfg: cfg.WithDefaults()}, nil
 }
 
 // Close releases Redis connections.

@@ -82,7 +82,8 @@ func notNegative[N time.Duration | int](field string, v N) error {
 	return nil
 }
 
-func (c RelayConfig) withDefaults() RelayConfig {
+// WithDefaults returns c with each unset field at its default.
+func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
 	}
@@ -130,7 +131,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, err
 	}
 	pool, redis := cfg.Pool, cfg.Redis
-	return &Relay{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisher(redisconn.Follow(redis)), cfg: cfg.withDefaults()}, nil
+	return &Relay{pool: pool, store: jobstore.NewStore(pool).WithTracerProvider(cfg.TracerProvider), pub: jobstore.NewPublisher(redisconn.Follow(redis)), cfg: cfg.WithDefaults()}, nil
 }
 
 // Close releases the relay's Redis connections.

@@ -328,7 +328,11 @@ type Server struct {
 func New(cfg Config, h asynq.Handler) (*Server, error) {
 	if m, ok := h.(*tasks.Mux); ok {
 		// A kind's Summary redacts its dead letters wherever it is handled.
-		cfg.Kinds = tasks.NewKinds(append(cfg.Kinds.All(), m.Declared().All()...)...)
+		kinds, err := cfg.Kinds.With(m.Declared().All()...)
+		if err != nil {
+			return nil, fmt.Errorf("keel: server.Config.Kinds and the mux: %w", err)
+		}
+		cfg.Kinds = kinds
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {

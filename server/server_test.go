@@ -544,3 +544,18 @@ func TestDeadJobsAreSummarizedByTheWorkersKinds(t *testing.T) {
 		require.Equal(t, want, j.PayloadSummary, k.Name())
 	}
 }
+
+// Two different kinds of one name, one in Config.Kinds and one handled by
+// the mux, are a program's mistake that New reports, not a panic.
+func TestNewRefusesTwoKindsOfOneName(t *testing.T) {
+	b := setup(t)
+	mine := redacted("test:twice")
+	other := redacted("test:twice")
+	mux := tasks.NewMux()
+	tasks.Handle(mux, other, func(context.Context, secret) error { return nil })
+	cfg := server.Config{Redis: b.redis, Pool: b.pool, Kinds: tasks.NewKinds(mine)}
+	require.NotPanics(t, func() {
+		_, err := server.New(cfg, mux)
+		require.ErrorContains(t, err, `two kinds are named "test:twice"`)
+	})
+}

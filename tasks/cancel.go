@@ -11,15 +11,23 @@ import (
 const DefaultCancelActor = "api"
 
 // CancelOption says who cancels a job and why; both go to the audit log.
-type CancelOption func(*cancelConfig)
+type CancelOption interface{ applyCancel(*cancelConfig) }
+
+type cancelOptionFunc func(*cancelConfig)
+
+func (f cancelOptionFunc) applyCancel(c *cancelConfig) { f(c) }
 
 type cancelConfig struct{ actor, note string }
 
 // CancelBy names who cancels (a user, a service). Default DefaultCancelActor.
-func CancelBy(actor string) CancelOption { return func(c *cancelConfig) { c.actor = actor } }
+func CancelBy(actor string) CancelOption {
+	return cancelOptionFunc(func(c *cancelConfig) { c.actor = actor })
+}
 
 // CancelNote says why the job is cancelled.
-func CancelNote(note string) CancelOption { return func(c *cancelConfig) { c.note = note } }
+func CancelNote(note string) CancelOption {
+	return cancelOptionFunc(func(c *cancelConfig) { c.note = note })
+}
 
 // Cancel closes the job id for good (Inspector().Cancel, with the actor
 // and note the options give) if it has not finished: a job waiting
@@ -48,7 +56,7 @@ func (c *Client) CancelByKey(ctx context.Context, kind, key string, opts ...Canc
 func cancelOptions(opts []CancelOption) cancelConfig {
 	cfg := cancelConfig{actor: DefaultCancelActor}
 	for _, o := range opts {
-		o(&cfg)
+		o.applyCancel(&cfg)
 	}
 	return cfg
 }

@@ -40,14 +40,25 @@ type Kinds struct {
 // NewKinds returns the set of kinds ks. It panics when two differ but
 // share a name, a mistake that must stop the program at start.
 func NewKinds(ks ...AnyKind) *Kinds {
-	set := &Kinds{byName: make(map[string]kindInfo, len(ks))}
-	for _, k := range ks {
+	set, err := (*Kinds)(nil).With(ks...)
+	if err != nil {
+		panic("keel: tasks.NewKinds: " + err.Error())
+	}
+	return set
+}
+
+// With returns a new set of the kinds of ks and more (ks may be nil); an
+// error when two of them differ but share a name.
+func (ks *Kinds) With(more ...AnyKind) (*Kinds, error) {
+	all := append(ks.All(), more...)
+	set := &Kinds{byName: make(map[string]kindInfo, len(all))}
+	for _, k := range all {
 		if old, ok := set.byName[k.Name()]; ok && old != k.info() {
-			panic(fmt.Sprintf("keel: tasks.NewKinds: two kinds are named %q", k.Name()))
+			return nil, fmt.Errorf("two kinds are named %q", k.Name())
 		}
 		set.byName[k.Name()] = k.info()
 	}
-	return set
+	return set, nil
 }
 
 // Known reports whether the set holds a kind of this name.

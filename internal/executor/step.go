@@ -13,8 +13,13 @@ import (
 	"github.com/keeljobs/keel/retry"
 )
 
-// StepOption configures one recorded step.
-type StepOption func(*stepConfig)
+// StepOption configures one recorded step: an interface, as keel's other
+// options are (tasks.Option, tasks.CancelOption).
+type StepOption interface{ applyStep(*stepConfig) }
+
+type stepOptionFunc func(*stepConfig)
+
+func (f stepOptionFunc) applyStep(c *stepConfig) { f(c) }
 
 type stepConfig struct {
 	verify func(ctx context.Context, key string) (done bool, err error)
@@ -22,7 +27,7 @@ type stepConfig struct {
 
 // Verify is idempotency.Verify.
 func Verify(fn func(ctx context.Context, key string) (done bool, err error)) StepOption {
-	return func(c *stepConfig) { c.verify = fn }
+	return stepOptionFunc(func(c *stepConfig) { c.verify = fn })
 }
 
 // StepKey is idempotency.StepKey.
@@ -63,7 +68,7 @@ func stepValue[T any](ctx context.Context, name string, fn func(ctx context.Cont
 	}
 	var cfg stepConfig
 	for _, o := range opts {
-		o(&cfg)
+		o.applyStep(&cfg)
 	}
 	g := jc.guard
 	pool := g.store.Pool()

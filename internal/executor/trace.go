@@ -188,7 +188,7 @@ func tracedStep[T any](ctx context.Context, jc *jobContext, name string, fn func
 		called = true
 		return fn(ctx, key)
 	}
-	opts = append(slices.Clip(opts), func(c *stepConfig) {
+	opts = append(slices.Clip(opts), stepOptionFunc(func(c *stepConfig) {
 		if verify := c.verify; verify != nil {
 			c.verify = func(ctx context.Context, key string) (bool, error) {
 				done, err := verify(ctx, key)
@@ -196,7 +196,7 @@ func tracedStep[T any](ctx context.Context, jc *jobContext, name string, fn func
 				return done, err
 			}
 		}
-	})
+	}))
 	v, err := stepValue(ctx, name, counted, opts...)
 	var outcome string
 	switch {

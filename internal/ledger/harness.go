@@ -266,18 +266,6 @@ func Reconcilable(ctx context.Context, db DB, grace time.Duration) (int, error) 
 	return n, err
 }
 
-// prunableNowSQL is prunableSQL on the database's clock, as the harness
-// has always asked it.
-const prunableNowSQL = `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded', 'cancelled')
-		AND finished_at < now() - $1 * interval '1 millisecond'`
-
-// PrunableNow counts the jobs a prune with retention would delete now.
-func PrunableNow(ctx context.Context, db DB, retention time.Duration) (int, error) {
-	var n int
-	err := db.QueryRow(ctx, prunableNowSQL, retention.Milliseconds()).Scan(&n)
-	return n, err
-}
-
 // TableSize is what keel_jobs takes on disk: its rows, heap, TOAST and
 // indexes, and each index, largest first.
 type TableSize struct {

@@ -30,8 +30,6 @@ func TestHarnessPlans(t *testing.T) {
 	usesIndex(t, p, []string{"keel_jobs_open"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.Reconcilable(ctx, db, time.Minute) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_open"}, "keel_jobs")
-	p = plan(t, func(db ledger.DB) { ledger.PrunableNow(ctx, db, 30*24*time.Hour) }) //nolint:errcheck
-	usesIndex(t, p, []string{"keel_jobs_finished"}, "keel_jobs")
 }
 
 // The catalog reads scan into the harness's values on the big ledger.
