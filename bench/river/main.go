@@ -54,6 +54,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/bench"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -366,11 +367,12 @@ func insertEffect(ctx context.Context, tx pgx.Tx, key string) error {
 }
 
 // check counts the effect rows and the distinct jobs they name.
-func check(ctx context.Context, pool *pgxpool.Pool, p *Phase, completedSQL string) error {
+func check(ctx context.Context, pool *pgxpool.Pool, p *Phase, completed func(context.Context, *pgxpool.Pool) (int, error)) error {
 	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT job_key) FROM bench_effects`).Scan(&p.Effects, &p.Distinct); err != nil {
 		return err
 	}
-	if err := pool.QueryRow(ctx, completedSQL).Scan(&p.Completed); err != nil {
+	var err error
+	if p.Completed, err = completed(ctx, pool); err != nil {
 		return err
 	}
 	if p.Effects != p.Jobs || p.Distinct != p.Jobs || p.Completed != p.Jobs {
@@ -461,7 +463,9 @@ func runKeel(ctx context.Context, s settings, r asynq.RedisClientOpt) (Phase, er
 		return ph, err
 	}
 	ph.JobsPerSecond = float64(s.jobs) / ph.Seconds
-	return ph, check(ctx, pool, &ph, `SELECT count(*) FROM keel_jobs WHERE status = 'succeeded'`)
+	return ph, check(ctx, pool, &ph, func(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+		return ledger.SucceededJobs(ctx, pool)
+	})
 }
 
 // effectWorker is River's side: the effect and the completion in one
@@ -546,7 +550,11 @@ func runRiver(ctx context.Context, s settings) (Phase, error) {
 		return ph, err
 	}
 	ph.JobsPerSecond = float64(s.jobs) / ph.Seconds
-	return ph, check(ctx, pool, &ph, `SELECT count(*) FROM river_job WHERE state = 'completed'`)
+	return ph, check(ctx, pool, &ph, func(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&n)
+		return n, err
+	})
 }
 
 // emptyQueue refuses (or, with force, empties) a Redis database whose
