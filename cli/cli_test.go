@@ -1342,3 +1342,30 @@ func TestMigratePrintsAndChecksWithoutChangingAnything(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, cli.IsUsageError(err), "%v", err)
 }
+
+// A payload that is not UTF-8 would give the key of another ("greet:\uFFFD"
+// for two names): two actions, one job. enqueue refuses it, declared kind
+// or not, on the command line and in --from lines.
+func TestEnqueueRefusesAPayloadThatIsNotUTF8(t *testing.T) {
+	testenv.Redis(t, testenv.DBCmd)
+	pool := testenv.Pool(t, schema)
+	for _, payload := range []string{"{\"name\": \"\xff\"}", `{"name": "\udc00"}`} {
+		for _, args := range [][]string{
+			{"enqueue", "cli:greet", "--payload", payload},
+			{"enqueue", "cli:greet", "--payload", payload, "--dry-run"},
+		} {
+			_, _, err := greeter(t, "", args...)
+			require.True(t, cli.IsUsageError(err), "%q: %v", args, err)
+			require.ErrorContains(t, err, "UTF-8", "%q", args)
+		}
+		_, _, err := greeter(t, `{"kind": "cli:greet", "payload": `+payload+"}\n", "enqueue", "--from", "-")
+		require.ErrorContains(t, err, "line 1", payload)
+		require.ErrorContains(t, err, "UTF-8", payload)
+	}
+	_, _, err := keelApp(t, "", "enqueue", "other:kind", "k1", "--payload", "{\"any\": \"\xff\"}")
+	require.True(t, cli.IsUsageError(err), "%v", err)
+	require.ErrorContains(t, err, "UTF-8")
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM keel_jobs`).Scan(&n))
+	require.Zero(t, n, "nothing was enqueued")
+}

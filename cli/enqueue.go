@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -302,6 +303,10 @@ func newTask(app App, kind string, payload []byte, key string, opts []tasks.Opti
 	}
 	if !json.Valid(payload) {
 		return nil, fmt.Errorf("the payload is not valid JSON: %q", oneLine(string(payload), 80))
+	}
+	if !utf8.Valid(payload) {
+		// Decoding would make its bad bytes U+FFFD: two payloads, one key.
+		return nil, fmt.Errorf("the payload is not valid UTF-8: %q", oneLine(string(payload), 80))
 	}
 	if declared {
 		t, err := app.Kinds.NewJSON(kind, payload, opts...)

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // AnyKind is a declared kind of any payload type (a *Kind[P]), as NewKinds
@@ -124,6 +127,12 @@ func (ks *Kinds) NewRaw(kind string, payload []byte, key string, opts ...Option)
 		t.kindQueue = t.s.queue
 	}
 	t.err = applyTaskOptions(&t.s, opts)
+	if _, ok := ks.lookup(kind); ok && t.err == nil {
+		// The kind's handler decodes it as JSON, which would change it.
+		if err := checkJSONText(payload); err != nil {
+			t.err = fmt.Errorf("%w: %s: %v", ErrInvalidTask, kind, err)
+		}
+	}
 	if key != "" {
 		t.s.key = key
 	}
@@ -137,7 +146,9 @@ func (ks *Kinds) NewRaw(kind string, payload []byte, key string, opts ...Option)
 // person (the CLI's enqueue, a schedule file): it must decode into the
 // kind's payload type with no field the type lacks, and the task is what
 // the kind's New makes of it, business key included (BusinessKey in opts
-// overrides it).
+// overrides it). Text decoding would change (not UTF-8, an escaped lone
+// surrogate) is refused with ErrInvalidTask, as NewRaw's for a kind of the
+// set is when the task is enqueued.
 func (ks *Kinds) NewJSON(kind string, payload []byte, opts ...Option) (*Task, error) {
 	k, ok := ks.lookup(kind)
 	if !ok {
@@ -162,6 +173,9 @@ func (k *Kind[P]) summarize(payload []byte) (string, bool) {
 }
 
 func (k *Kind[P]) newJSON(payload []byte, opts []Option) (*Task, error) {
+	if err := checkJSONText(payload); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidTask, k.name, err)
+	}
 	var p P
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
@@ -173,4 +187,43 @@ func (k *Kind[P]) newJSON(payload []byte, opts []Option) (*Task, error) {
 		return nil, fmt.Errorf("payload does not decode into %s's type %T: %v", k.name, p, err)
 	}
 	return k.New(p, opts...), nil
+}
+
+// checkJSONText refuses JSON text that decoding would change: bytes that are
+// not UTF-8 and escaped lone UTF-16 surrogates both decode to U+FFFD, so two
+// payloads would give one business key, and two actions one job.
+func checkJSONText(payload []byte) error {
+	if !utf8.Valid(payload) {
+		return errors.New("the payload is not valid UTF-8 (decoded, its bad bytes would become U+FFFD)")
+	}
+	// A backslash stands only inside strings in valid JSON (what does not
+	// decode is refused anyway): no need to track where strings are.
+	for i := 0; i < len(payload); i++ {
+		if payload[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character: \\ is skipped whole
+		r := escapedRune(payload, i)
+		if !utf16.IsSurrogate(r) {
+			continue
+		}
+		if lo := escapedRune(payload, i+6); r < 0xdc00 && 0xdc00 <= lo && lo < 0xe000 {
+			i += 6 // a high surrogate and its low one: one rune
+			continue
+		}
+		return fmt.Errorf("the payload escapes a lone UTF-16 surrogate (%s), which has no UTF-8 form (decoded, it would become U+FFFD)", payload[i-1:i+5])
+	}
+	return nil
+}
+
+// escapedRune is the code of the \uXXXX escape whose u is at b[i], or -1.
+func escapedRune(b []byte, i int) rune {
+	if i+5 > len(b) || b[i] != 'u' || (i > 0 && b[i-1] != '\\') {
+		return -1
+	}
+	n, err := strconv.ParseUint(string(b[i+1:i+5]), 16, 16)
+	if err != nil {
+		return -1
+	}
+	return rune(n)
 }

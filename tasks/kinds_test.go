@@ -95,3 +95,27 @@ func TestMuxDeclaresTheKindsItHandles(t *testing.T) {
 	require.False(t, mux.Declared().Known("test:untyped"), "an untyped handler has no kind's Summary")
 	require.False(t, mux.Declared().Known("test:send_receipt"))
 }
+
+// A JSON payload whose text would change on decoding — bytes that are not
+// UTF-8, an escaped lone surrogate — gives the key of another payload
+// ("order:\uFFFD" for both of two orders): two actions would be one job.
+func TestJSONKindsRefuseTextThatDecodingWouldChange(t *testing.T) {
+	ks := tasks.NewKinds(sendReceipt)
+	for _, bad := range []string{"{\"order_id\":\"\xff\"}", "{\"order_id\":\"\xfe\"}", `{"order_id":"\ud800"}`,
+		`{"order_id":"\udc00x"}`, `{"order_id":"a\ud800\u0041"}`} {
+		_, err := ks.NewJSON("test:send_receipt", []byte(bad))
+		require.ErrorIs(t, err, tasks.ErrInvalidTask, "%q", bad)
+		require.ErrorContains(t, err, "UTF-8", "%q", bad)
+		require.ErrorIs(t, tasks.CheckTasks(nil, ks.NewRaw("test:send_receipt", []byte(bad), "order:1")), tasks.ErrInvalidTask,
+			"a declared kind's raw payload, %q", bad)
+	}
+	for _, good := range []string{`{"order_id":"\ud83d\ude80"}`, `{"order_id":"\ufffd"}`, "{\"order_id\":\"\ufffd é\"}",
+		`{"order_id":"\\ud800"}`} {
+		task, err := ks.NewJSON("test:send_receipt", []byte(good))
+		require.NoError(t, err, good)
+		require.NoError(t, tasks.CheckTasks(nil, task), good)
+		require.NoError(t, tasks.CheckTasks(nil, ks.NewRaw("test:send_receipt", []byte(good), "order:1")), good)
+	}
+	// A kind the set does not declare keeps its payload's bytes as given.
+	require.NoError(t, tasks.CheckTasks(nil, tasks.NewRaw("test:opaque", []byte("\xff\x00"), "k")))
+}
