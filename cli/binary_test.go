@@ -192,6 +192,32 @@ func TestYourOwnBinary(t *testing.T) {
 	require.Contains(t, werr.String(), "user=42", "the handler logged")
 }
 
+// JSON asked for anywhere on the line answers a mistake found before it
+// was read (a flag cobra does not know) in JSON too.
+func TestJSONAskedAfterABadFlag(t *testing.T) {
+	for _, args := range [][]string{
+		{"status", "--frob", "--json"},
+		{"status", "--frob", "-o", "json"},
+		{"--frob", "dead", "ls", "--output=json"},
+		{"enqueue", "--delay", "soon", "--json=true"},
+	} {
+		r := welcome(t, nil, args...)
+		require.Equal(t, 2, r.code, "%q: %s", args, r.stderr)
+		var failed struct {
+			Error      string `json:"error"`
+			UsageError bool   `json:"usage_error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &failed), "%q: stdout %q", args, r.stdout)
+		require.Equal(t, strings.TrimSpace(r.stderr), failed.Error)
+		require.True(t, failed.UsageError, "%q", args)
+	}
+	for _, args := range [][]string{{"status", "--frob"}, {"status", "--frob", "--json=false"}, {"status", "--frob", "--", "--json"}} {
+		r := welcome(t, nil, args...)
+		require.Equal(t, 2, r.code, "%q: %s", args, r.stderr)
+		require.Empty(t, r.stdout, "%q: no JSON asked for", args)
+	}
+}
+
 // Unreachable Redis, a Redis database the server does not have, a ledger
 // without the schema and a database that does not exist: one line on
 // stderr that says which, exit status 1, nothing else.

@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -192,7 +193,8 @@ func markUsageErrors(root *cobra.Command) {
 // an error as one line on stderr and exits: 0 on success, 2 for a usage
 // error, 1 otherwise.
 //
-// With JSON output asked for, a command that fails before printing anything
+// With JSON output asked for (anywhere on the line, even after a flag that
+// stopped parsing), a command that fails before printing anything
 // prints {"error": "…", "usage_error": true|false} on stdout too, so that a
 // script reading stdout gets JSON either way.
 func Main(app App) {
@@ -207,7 +209,7 @@ func Main(app App) {
 	}
 	line := ErrorLine(app.name(), err)
 	fmt.Fprintln(os.Stderr, line)
-	if out.n == 0 && jsonAsked(root) {
+	if out.n == 0 && (jsonAsked(root) || jsonInArgs(os.Args[1:])) {
 		_ = printJSON(os.Stdout, map[string]any{"error": line, "usage_error": IsUsageError(err)})
 	}
 	if IsUsageError(err) {
@@ -236,6 +238,32 @@ func jsonAsked(root *cobra.Command) bool {
 	}
 	o := f.Lookup("output")
 	return o != nil && strings.EqualFold(o.Value.String(), "json")
+}
+
+// jsonInArgs tells whether args ask for JSON output as the flags would, so
+// that a flag error before --json, which stops parsing, still answers JSON.
+// The last word of several wins, as when the flags are parsed.
+func jsonInArgs(args []string) bool {
+	asked := false
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--":
+			return asked
+		case a == "--json":
+			asked = true
+		case strings.HasPrefix(a, "--json="):
+			asked, _ = strconv.ParseBool(a[len("--json="):])
+		case a == "--output" || a == "-o":
+			if i++; i < len(args) {
+				asked = strings.EqualFold(args[i], "json")
+			}
+		case strings.HasPrefix(a, "--output="):
+			asked = strings.EqualFold(a[len("--output="):], "json")
+		case strings.HasPrefix(a, "-o"):
+			asked = strings.EqualFold(strings.TrimPrefix(a[len("-o"):], "="), "json")
+		}
+	}
+	return asked
 }
 
 // ErrorLine is how Main prints err: one line, prefixed with the program's
