@@ -725,6 +725,17 @@ func TestHelpHidesPasswordsFromTheEnvironment(t *testing.T) {
 	require.NotContains(t, out.String(), "redispw")
 	require.Contains(t, out.String(), "postgres://bob:xxxxx@127.0.0.1:5432/keel")
 
+	// Only the password is hidden: the user name and host say which
+	// database, as pgx's errors do.
+	t.Setenv("DATABASE_URL", "")
+	root = cli.New(cli.App{Name: "greeter"})
+	out.Reset()
+	root.SetOut(&out)
+	root.SetArgs([]string{"status", "--help"})
+	require.NoError(t, root.Execute())
+	require.Contains(t, out.String(), `(default "`+cli.DefaultDatabaseURL+`")`)
+	require.Contains(t, out.String(), `(default "postgres://postgres@127.0.0.1:5432/keel?sslmode=disable")`)
+
 	// Every command's help, with every secret the environment can hold.
 	secrets := map[string]string{"KEEL_METRICS_TOKEN": "tok-supersecret",
 		"KEEL_ALERT_WEBHOOK": "https://hooks.slack.com/services/T0/B0/webhooksekrit",

@@ -378,7 +378,9 @@ func splitAddr(a, defaultPort string) (host, addr string, err error) {
 // be valid, and errs on the side of hiding: user info without a ":" is hidden
 // whole, as it may be a password written without its leading colon, and when
 // "@" appears more than once everything up to the last one is treated as user
-// info. Redact works for any URL with user info, such as a Postgres URL.
+// info. Redact works for any URL with user info, such as a Postgres URL,
+// where user info without a ":" is the user name (libpq's reading, which
+// pgx's errors show) and is kept.
 func Redact(s string) string {
 	hide := make([]bool, len(s))
 	hideRange := func(from, to int) {
@@ -388,16 +390,17 @@ func Redact(s string) string {
 	}
 
 	// User info: everything between "://" and the last "@".
-	start := 0
+	start, postgres := 0, false
 	if i := strings.Index(s, "://"); i >= 0 && validScheme(s[:i]) {
 		start = i + len("://")
+		postgres = strings.EqualFold(s[:i], "postgres") || strings.EqualFold(s[:i], "postgresql")
 	}
 	if at := strings.LastIndex(s[start:], "@"); at >= 0 {
 		at += start
 		info := s[start:at]
 		if c := strings.IndexByte(info, ':'); c >= 0 && !strings.ContainsAny(info[:c], "/?&=") {
 			hideRange(start+c+1, at)
-		} else {
+		} else if !postgres || strings.ContainsAny(info, "/?&=") {
 			hideRange(start, at)
 		}
 	}

@@ -213,6 +213,14 @@ func TestRedact(t *testing.T) {
 		{"redis-sentinel://s1?SENTINEL_PASSWORD=sp", "redis-sentinel://s1?SENTINEL_PASSWORD=xxxxx"},
 		{"redis-sentinel://s1?sentinel_password=a@b&master=m", "redis-sentinel://xxxxx&master=m"},
 		{"postgres://postgres:keel@postgres:5432/keel?sslmode=disable", "postgres://postgres:xxxxx@postgres:5432/keel?sslmode=disable"},
+		// In a Postgres URL user info without ":" is the user name, which
+		// pgx's own errors show anyway.
+		{"postgres://postgres@127.0.0.1:5432/keel?sslmode=disable", "postgres://postgres@127.0.0.1:5432/keel?sslmode=disable"},
+		{"postgresql://bob@db/keel", "postgresql://bob@db/keel"},
+		{"POSTGRES://bob@db/keel", "POSTGRES://bob@db/keel"},
+		{"postgres://bob:pw@db/keel", "postgres://bob:xxxxx@db/keel"},
+		{"postgres://bob@db/keel?password=pw", "postgres://bob@db/keel?password=xxxxx"},
+		{"postgres://db/keel?password=a@b", "postgres://xxxxx"},
 		{"user:pw@cache:6379", "user:xxxxx@cache:6379"},
 		{"pw@cache:6379", "xxxxx@cache:6379"},
 		{"cache:6379", "cache:6379"},
