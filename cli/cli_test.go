@@ -556,6 +556,7 @@ func TestResolveAStepInDoubtFromTheCommandLine(t *testing.T) {
 	_, stderr, err = greeter(t, "no\n", "dead", "replay", "--all")
 	require.ErrorContains(t, err, "not confirmed")
 	require.Contains(t, stderr, "2 of them cannot be replayed")
+	require.Contains(t, stderr, "type 2 to replay them: ", "as the README quotes it")
 
 	for _, args := range [][]string{
 		{"dead", "resolve", ids[0], "charge"},

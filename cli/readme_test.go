@@ -21,3 +21,16 @@ func TestReadmeShowsTheWelcomeProgram(t *testing.T) {
 	require.Contains(t, section, "```go\n"+string(program)+"```\n")
 	require.LessOrEqual(t, strings.Count(string(program), "\n"), 35, "the program stays short")
 }
+
+// The README says what a bulk dead-letter action asks, in its words
+// (TestResolveAStepInDoubtFromTheCommandLine sees the CLI ask it), and how to skip it.
+func TestReadmeSaysHowABulkActionIsConfirmed(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(readme), "\n## Failures and dead letters\n")
+	require.True(t, ok, "the README has no section \"Failures and dead letters\"")
+	section, _, _ = strings.Cut(section, "\n## ")
+	section = strings.Join(strings.Fields(section), " ")
+	require.Contains(t, section, "`type 49 to discard them:`")
+	require.Contains(t, section, "`--yes` skips the question")
+}
