@@ -51,10 +51,15 @@ type Observer struct {
 
 // Observe adds a worker's metrics (registered in reg, a new registry when
 // nil; the program's kinds' series exist from the start) and death alerts
-// (logged, no webhook) to cfg, for a program's own subcommands that run a
-// worker. Attach the server, then Run.
+// (logged, no webhook; by cfg.Logger when set, as the worker's other
+// lines are) to cfg, for a program's own subcommands that run a worker.
+// Attach the server, then Run.
 func (e *Env) Observe(cfg *server.Config, reg *prometheus.Registry) (*Observer, error) {
-	return (&observeFlags{}).wire(cfg, reg, e.Logger(), e.app.Kinds)
+	log := cfg.Logger
+	if log == nil {
+		log = e.Logger()
+	}
+	return (&observeFlags{}).wire(cfg, reg, log, e.app.Kinds)
 }
 
 // wire adds worker metrics and the death alert hook to cfg. reg may be a

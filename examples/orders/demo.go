@@ -128,6 +128,8 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 	if err != nil {
 		return err
 	}
+	// The mail service's faults are on purpose: Info, not Warn or Error.
+	log = demoLogger(log, mailURL)
 	api := &handlers.API{Pool: pool, Client: client}
 	apiURL, err := serve("order API", d.apiAddr, api.Handler())
 	if err != nil {
