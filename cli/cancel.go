@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/inspect"
-	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/visible"
 )
 
@@ -54,20 +53,11 @@ func cancelCmd(e *Env) *cobra.Command {
 			}
 			args = distinct(args)
 			ctx := cmd.Context()
-			redis, err := e.Redis(ctx)
+			ops, _, done, err := e.operator(ctx, true)
 			if err != nil {
 				return err
 			}
-			pool, err := e.Ledger(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			ops, err := inspect.New(inspect.Config{Pool: pool, Redis: redisconn.Follow(redis)})
-			if err != nil {
-				return err
-			}
-			defer ops.Close()
+			defer done()
 			if byKey {
 				j, err := ops.Lookup(ctx, kind, key)
 				if errors.Is(err, inspect.ErrNotFound) {

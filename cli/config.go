@@ -19,6 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/migrate"
@@ -370,6 +372,27 @@ func (e *Env) Ledger(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, e.migrateHint(err)
 	}
 	return pool, nil
+}
+
+// operator connects what an operator's action needs: the ledger and, with
+// withRedis, asynq's Redis, checked first so that an outage is one clear
+// error and not one per job. done closes both.
+func (e *Env) operator(ctx context.Context, withRedis bool) (ops *inspect.Inspector, pool *pgxpool.Pool, done func(), err error) {
+	var redisOpt asynq.RedisConnOpt
+	if withRedis {
+		if redisOpt, err = e.Redis(ctx); err != nil {
+			return nil, nil, nil, err
+		}
+		redisOpt = redisconn.Follow(redisOpt)
+	}
+	if pool, err = e.Ledger(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	if ops, err = inspect.New(inspect.Config{Pool: pool, Redis: redisOpt}); err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	return ops, pool, func() { ops.Close(); pool.Close() }, nil
 }
 
 // quotedKeelCommand matches a keel command a message quotes for a person

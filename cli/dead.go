@@ -19,7 +19,6 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/jobstore"
-	"github.com/keeljobs/keel/internal/redisconn"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/web"
@@ -154,15 +153,11 @@ Then replay the job (keel dead replay JOB_ID).`,
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := e.Ledger(ctx)
+			ops, _, done, err := e.operator(ctx, false)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			ops, err := inspect.New(inspect.Config{Pool: pool})
-			if err != nil {
-				return err
-			}
+			defer done()
 			if err := ops.ResolveStep(ctx, args[0], args[1], happened, actor, note); err != nil {
 				if errors.Is(err, idempotency.ErrNotFound) && !strings.Contains(err.Error(), args[0]) {
 					return fmt.Errorf("no job with id %s: %w", args[0], err)
@@ -204,16 +199,12 @@ func deadLsCmd(e *Env) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := e.Ledger(ctx)
+			ops, pool, done, err := e.operator(ctx, false)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			store := jobstore.NewStore(pool)
-			ops, err := inspect.New(inspect.Config{Pool: pool})
-			if err != nil {
-				return err
-			}
 			total, err := ops.Count(ctx, f)
 			if err != nil {
 				return err
@@ -276,11 +267,11 @@ func deadShowCmd(e *Env) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := e.Ledger(ctx)
+			ops, pool, done, err := e.operator(ctx, false)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			store := jobstore.NewStore(pool)
 			j, err := store.Get(ctx, args[0])
 			if errors.Is(err, idempotency.ErrNotFound) {
@@ -290,10 +281,6 @@ func deadShowCmd(e *Env) *cobra.Command {
 				return err
 			}
 			steps, err := store.Steps(ctx, j.ID)
-			if err != nil {
-				return err
-			}
-			ops, err := inspect.New(inspect.Config{Pool: pool})
 			if err != nil {
 				return err
 			}
@@ -423,22 +410,12 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			// Both actions touch asynq's copy of the job: check Redis first,
-			// so that it is one clear error and not one per job.
-			redis, err := e.Redis(ctx)
+			// Both actions touch asynq's copy of the job.
+			ops, _, closeOps, err := e.operator(ctx, true)
 			if err != nil {
 				return err
 			}
-			pool, err := e.Ledger(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			ops, err := inspect.New(inspect.Config{Pool: pool, Redis: redisconn.Follow(redis)})
-			if err != nil {
-				return err
-			}
-			defer ops.Close()
+			defer closeOps()
 			act := inspect.Action(action)
 			var ids []string
 			if !all {
