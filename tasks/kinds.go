@@ -121,13 +121,14 @@ func (ks *Kinds) Summarize(kind string, payload []byte) (summary string) {
 // refuses Key and Summary, when the task is enqueued.
 func (ks *Kinds) NewRaw(kind string, payload []byte, key string, opts ...Option) *Task {
 	t := &Task{kind: kind, payload: payload}
-	if k, ok := ks.lookup(kind); ok {
+	k, declared := ks.lookup(kind)
+	if declared {
 		t.s = k.defaultSettings()
 		t.s.queue = k.Queue()
 		t.kindQueue = t.s.queue
 	}
 	t.err = applyTaskOptions(&t.s, opts)
-	if _, ok := ks.lookup(kind); ok && t.err == nil {
+	if declared && t.err == nil {
 		// The kind's handler decodes it as JSON, which would change it.
 		if err := checkJSONText(payload); err != nil {
 			t.err = fmt.Errorf("%w: %s: %v", ErrInvalidTask, kind, err)

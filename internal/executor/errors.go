@@ -2,7 +2,6 @@ package executor
 
 import (
 	"errors"
-	"unicode/utf8"
 
 	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/pgerr"
@@ -37,10 +36,6 @@ func interpretError(err error) error { return jobstore.Interpret(err) }
 func ledgerUnreachable(err error) bool { return pgerr.Unreachable(err) }
 
 func lockConflict(err error) bool { return pgerr.LockConflict(err) }
-
-func isUndefinedTable(err error) bool { return pgerr.UndefinedTable(err) }
-
-func utf8Valid(s string) bool { return utf8.ValidString(s) }
 
 func storableText(s string, max int) string { return jobstore.StorableText(s, max) }
 
