@@ -609,32 +609,29 @@ func TestSecondInTxDoesNotRunAndIsNotASuccess(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE name = 'first'`))
 }
 
-// A connection lost during InTx's COMMIT leaves the outcome unknown: the
-// error says "commit in doubt" (not "lease lost"), and the guard looks at
-// the row before it records anything. Here the commit did not land: a lost
-// ledger connection is a wait, so the attempt does not count, and the next
-// run commits the effect once.
-func TestInTxCommitInDoubt(t *testing.T) {
-	b := setup(t)
+// firstCommitFails makes the first COMMIT of a transaction that inserts
+// into effects run onFirst (PL/pgSQL) inside a deferred trigger, runs a
+// worker whose handler inserts its effect in InTx, enqueues one job of
+// kind, and returns the job once it succeeded with the first InTx error.
+// A sequence remembers the first time across the rollback.
+func firstCommitFails(t *testing.T, b *bundle, kind, onFirst string) (idempotency.Job, error) {
+	t.Helper()
 	ctx := context.Background()
-	// A deferred trigger runs inside COMMIT; the first time it ends its own
-	// session there, as a network cut at that moment would. A sequence
-	// remembers it across the rollback.
-	_, err := b.pool.Exec(ctx, `CREATE SEQUENCE cut_once;
-		CREATE FUNCTION cut_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+	_, err := b.pool.Exec(ctx, `CREATE SEQUENCE first_commit;
+		CREATE FUNCTION fail_first_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			IF nextval('cut_once') = 1 THEN
-				PERFORM pg_terminate_backend(pg_backend_pid());
+			IF nextval('first_commit') = 1 THEN
+				`+onFirst+`;
 			END IF;
 			RETURN NULL;
 		END $$;
-		CREATE CONSTRAINT TRIGGER cut AFTER INSERT ON effects
-			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION cut_commit()`)
+		CREATE CONSTRAINT TRIGGER fail_first AFTER INSERT ON effects
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_commit()`)
 	require.NoError(t, err)
 	var firstErr atomic.Value
-	doubtful := tasks.Define[order]("test:doubtful", tasks.Key(func(o order) string { return o.OrderID }))
+	k := tasks.Define[order](kind, tasks.Key(func(o order) string { return o.OrderID }))
 	mux := tasks.NewMux()
-	tasks.Handle(mux, doubtful, func(ctx context.Context, o order) error {
+	tasks.Handle(mux, k, func(ctx context.Context, o order) error {
 		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
 			id, _ := idempotency.JobID(ctx)
 			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
@@ -646,10 +643,22 @@ func TestInTxCommitInDoubt(t *testing.T) {
 		return err
 	})
 	b.startWorker(t, mux, nil)
-	res, err := b.client.Enqueue(ctx, doubtful.New(order{OrderID: "c1"}))
+	res, err := b.client.Enqueue(ctx, k.New(order{OrderID: "c1"}))
 	require.NoError(t, err)
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
 	first, _ := firstErr.Load().(error)
+	return j, first
+}
+
+// A connection lost during InTx's COMMIT leaves the outcome unknown: the
+// error says "commit in doubt" (not "lease lost"), and the guard looks at
+// the row before it records anything. Here the commit did not land: a lost
+// ledger connection is a wait, so the attempt does not count, and the next
+// run commits the effect once.
+func TestInTxCommitInDoubt(t *testing.T) {
+	b := setup(t)
+	// The session ends inside COMMIT, as a network cut at that moment would.
+	j, first := firstCommitFails(t, b, "test:doubtful", `PERFORM pg_terminate_backend(pg_backend_pid())`)
 	require.Error(t, first)
 	require.ErrorContains(t, first, "commit in doubt")
 	require.NotErrorIs(t, first, idempotency.ErrLeaseLost)
@@ -664,37 +673,7 @@ func TestInTxCommitInDoubt(t *testing.T) {
 // commits the effect once.
 func TestInTxCommitRefusedIsNotInDoubt(t *testing.T) {
 	b := setup(t)
-	ctx := context.Background()
-	_, err := b.pool.Exec(ctx, `CREATE SEQUENCE refuse_once;
-		CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF nextval('refuse_once') = 1 THEN
-				RAISE EXCEPTION 'refused at commit' USING ERRCODE = '40001';
-			END IF;
-			RETURN NULL;
-		END $$;
-		CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON effects
-			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit()`)
-	require.NoError(t, err)
-	var firstErr atomic.Value
-	refused := tasks.Define[order]("test:refused_commit", tasks.Key(func(o order) string { return o.OrderID }))
-	mux := tasks.NewMux()
-	tasks.Handle(mux, refused, func(ctx context.Context, o order) error {
-		err := idempotency.InTx(ctx, func(tx pgx.Tx) error {
-			id, _ := idempotency.JobID(ctx)
-			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'local')`, id)
-			return err
-		})
-		if err != nil {
-			firstErr.CompareAndSwap(nil, err)
-		}
-		return err
-	})
-	b.startWorker(t, mux, nil)
-	res, err := b.client.Enqueue(ctx, refused.New(order{OrderID: "r1"}))
-	require.NoError(t, err)
-	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
-	first, _ := firstErr.Load().(error)
+	j, first := firstCommitFails(t, b, "test:refused_commit", `RAISE EXCEPTION 'refused at commit' USING ERRCODE = '40001'`)
 	require.Error(t, first)
 	require.ErrorContains(t, first, "refused at commit")
 	require.NotContains(t, first.Error(), "commit in doubt")
