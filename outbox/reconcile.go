@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -83,7 +84,9 @@ type ReconcilerConfig struct {
 	TracerProvider trace.TracerProvider
 	// OnDead is called for each job a pass finds past its deadline and
 	// records as dead instead of publishing it again (asynq would only
-	// fail it unrun). server.New sets the worker's own (its alerts);
+	// fail it unrun), and for each death whose worker was killed before
+	// its own OnDead returned (the ledger keeps the alert owed), Grace
+	// after the death. server.New sets the worker's own (its alerts);
 	// default: the death is logged at Error level.
 	OnDead func(ctx context.Context, e idempotency.DeadEvent)
 }
@@ -144,7 +147,8 @@ func (c ReconcilerConfig) WithDefaults() ReconcilerConfig {
 // jobs of workers that are gone are handed back to Redis at once (Rescue);
 // finished jobs past their retention are pruned; a job it finds past its
 // deadline, which asynq would fail unrun, it ends (dead, or expired) rather
-// than publish again. It never touches succeeded, discarded or dead jobs'
+// than publish again; a death whose worker was killed before it alerted it
+// is alerted. It never touches succeeded, discarded or dead jobs'
 // state, and publishes with the ledger
 // id, so a job Redis still holds is never doubled. Any number can run: a
 // pass takes an advisory lock and others skip it; rescues are idempotent.
@@ -267,6 +271,9 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	}
 	defer ledger.ReconcileUnlock(context.WithoutCancel(ctx), conn) //nolint:errcheck // dropped with the session anyway
 
+	if err := r.payOwedAlerts(ctx); err != nil && ctx.Err() == nil {
+		r.cfg.Logger.Warn("keel reconciler: owed alerts not sent; the next pass tries again", "err", err)
+	}
 	repaired, err := r.takeOverOutbox(ctx)
 	if err != nil {
 		return repaired, err
@@ -453,13 +460,58 @@ func (r *Reconciler) endPastDeadline(ctx context.Context, jobs []idempotency.Job
 	if err != nil {
 		return nil, fmt.Errorf("keel reconciler: end jobs past their deadline: %w", err)
 	}
-	for _, e := range deaths {
-		r.cfg.OnDead(ctx, e)
+	if err := r.died(ctx, deaths); err != nil {
+		return nil, err
 	}
 	if len(expired) > 0 {
 		r.cfg.Logger.Info("keel reconciler: jobs expired at their deadline before they could run", "jobs", len(expired))
 	}
 	return slices.DeleteFunc(jobs, func(j idempotency.Job) bool { return slices.Contains(past, j.ID) }), nil
+}
+
+// payOwedAlerts runs OnDead for the deaths whose worker was killed before
+// its own hook returned, once the grace has passed since the death.
+func (r *Reconciler) payOwedAlerts(ctx context.Context) error {
+	for {
+		owed, err := r.store.OwedAlerts(ctx, r.cfg.Grace, r.cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("keel reconciler: read the deaths whose alert is owed: %w", err)
+		}
+		if len(owed) > 0 {
+			r.cfg.Logger.Warn("keel reconciler: alerting deaths whose worker stopped before it alerted them", "jobs", len(owed))
+		}
+		if err := r.died(ctx, owed); err != nil || len(owed) < r.cfg.BatchSize {
+			return err
+		}
+	}
+}
+
+// died runs OnDead for deaths the ledger has recorded and records their
+// alerts paid.
+func (r *Reconciler) died(ctx context.Context, deaths []idempotency.DeadEvent) error {
+	if len(deaths) == 0 {
+		return nil
+	}
+	ids := make([]string, len(deaths))
+	for i, e := range deaths {
+		r.onDead(ctx, e)
+		ids[i] = e.JobID
+	}
+	if err := r.store.AlertsPaid(ctx, ids...); err != nil {
+		return fmt.Errorf("keel reconciler: record %d alerts as sent: %w", len(ids), err)
+	}
+	return nil
+}
+
+// onDead runs the hook; one that panics is logged, not let loose on the
+// pass (and the worker it runs in).
+func (r *Reconciler) onDead(ctx context.Context, e idempotency.DeadEvent) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.cfg.Logger.Error("keel reconciler: the OnDead hook panicked", "job_id", e.JobID, "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	r.cfg.OnDead(ctx, e)
 }
 
 // Prune deletes succeeded and discarded jobs (and their steps) finished

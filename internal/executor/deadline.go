@@ -53,9 +53,7 @@ func (g *Guard) endAtDeadline(ctx context.Context, t *asynq.Task, id string, mar
 		g.stats.dead.Add(1)
 		noteFailure(ctx, ledger.StatusDead, retry.ClassDeadline)
 		g.cfg.Logger.Warn("keel: job's deadline passed before it could run; it is a dead letter", "job_id", id, "kind", t.Type())
-		if g.cfg.OnDead != nil {
-			g.onDead(ctx, e)
-		}
+		g.died(ctx, e)
 	}
 	return len(deaths) > 0, len(deaths) > 0
 }

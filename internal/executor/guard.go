@@ -83,7 +83,10 @@ type GuardConfig struct {
 	// OnDead is called after a job is marked dead (alerts hook in here).
 	// Left nil, server.New logs each death at Error level ("keel: job
 	// died"); one set here replaces that line (alert.Alerter.JobDied logs it
-	// too).
+	// too). A death is alerted at least once: if the worker is killed
+	// before OnDead returns, a reconciler calls it Grace later (the ledger
+	// keeps the alert owed until it returns), so one killed midway may see
+	// a death twice.
 	OnDead func(ctx context.Context, j jobstore.DeadEvent)
 	// OnExpired is called when the guard discards a job whose deadline
 	// passed before it could run, its kind dropping stale work
@@ -185,6 +188,22 @@ func (g *Guard) summarize(t *asynq.Task) (s string) {
 func (g *Guard) onDead(ctx context.Context, e jobstore.DeadEvent) {
 	defer g.recoverHook("OnDead", e.JobID)
 	g.cfg.OnDead(ctx, e)
+}
+
+// died runs the OnDead hook for a death the ledger has recorded, then
+// records its alert paid. A worker killed in between leaves the alert owed
+// in the ledger, and a reconciler runs the hook for it: a death is alerted
+// at least once.
+func (g *Guard) died(ctx context.Context, e jobstore.DeadEvent) {
+	if g.cfg.OnDead != nil {
+		g.onDead(ctx, e)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := g.store.AlertsPaid(ctx, e.JobID); err != nil {
+		g.stats.ledgerErrs.Add(1)
+		g.cfg.Logger.Warn("keel: could not record a death's alert as sent; a reconciler sends it again", "job_id", e.JobID, "err", err)
+	}
 }
 
 func (g *Guard) onCancelled(e CancelEvent) {
@@ -1011,10 +1030,8 @@ func (g *Guard) retireCrashed(ctx context.Context, t *asynq.Task, id string) err
 	g.stats.dead.Add(1)
 	outcome.Note(ctx, outcome.Retired)
 	g.cfg.Logger.Error("keel: poison job retired", "job_id", id, "kind", t.Type(), "err", msg)
-	if g.cfg.OnDead != nil {
-		g.onDead(ctx, jobstore.DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
-			Class: string(retry.ClassCrashed), Error: msg, TraceID: traceID, Attempts: attempts})
-	}
+	g.died(ctx, jobstore.DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+		Class: string(retry.ClassCrashed), Error: msg, TraceID: traceID, Attempts: attempts})
 	return nil
 }
 
@@ -1047,10 +1064,8 @@ func (g *Guard) failedAfterComplete(ctx context.Context, t *asynq.Task, jc *jobC
 		return nil // the ledger says succeeded; a retry would only find it finished
 	}
 	g.stats.dead.Add(1)
-	if g.cfg.OnDead != nil {
-		g.onDead(ctx, jobstore.DeadEvent{JobID: jc.id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
-			Class: string(retry.ClassPermanent), Error: msg, TraceID: traceID, Attempts: jc.attempt})
-	}
+	g.died(ctx, jobstore.DeadEvent{JobID: jc.id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+		Class: string(retry.ClassPermanent), Error: msg, TraceID: traceID, Attempts: jc.attempt})
 	return fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
 }
 
@@ -1256,10 +1271,8 @@ func (g *Guard) recordFailure(ctx context.Context, t *asynq.Task, jc *jobContext
 	switch status {
 	case ledger.StatusDead:
 		g.stats.dead.Add(1)
-		if g.cfg.OnDead != nil {
-			g.onDead(ctx, jobstore.DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
-				Class: string(class), Error: msg, TraceID: storedTrace, Attempts: attempts})
-		}
+		g.died(ctx, jobstore.DeadEvent{JobID: id, Kind: t.Type(), Queue: queueName(ctx), BusinessKey: businessKey,
+			Class: string(class), Error: msg, TraceID: storedTrace, Attempts: attempts})
 		if !errors.Is(herr, asynq.SkipRetry) {
 			herr = fmt.Errorf("%w: %w", herr, asynq.SkipRetry)
 		}

@@ -58,6 +58,8 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		cfg.Guard.Lease = 2 * time.Second
 		cfg.Guard.TimeoutGrace = 500 * time.Millisecond
 		hungNeighbourHandlers(mux, pool)
+	case "doomed":
+		doomedHandlers(&cfg, mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second
 		oneShotHandlers(mux, pool)

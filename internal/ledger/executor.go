@@ -303,7 +303,7 @@ func MarkSucceededAndCommit(ctx context.Context, tx Batcher, id, holder string, 
 
 // retireCrashedSQL marks dead a job whose runs used its budget without an
 // outcome. It re-checks the claim conditions: another worker may have moved it.
-const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed',
+const retireCrashedSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'crashed', alert_owed = true,
 	crashes = crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
 	last_error = format('keel: %s of %s runs ended without an outcome (the worker died: out of memory, os.Exit, a crash, SIGKILL)%s; last held by %s; retired as a poison job',
 		crashes + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
@@ -329,7 +329,7 @@ func RetireCrashed(ctx context.Context, db DB, id, summary string) (Retired, err
 	return r, err
 }
 
-const deadAfterCompleteSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2,
+const deadAfterCompleteSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2, alert_owed = true,
 			payload_summary = $3, effects_committed_at = finished_at, updated_at = now() WHERE id = $1 AND status = 'succeeded'
 			RETURNING business_key, coalesce(trace_id, '')`
 
@@ -350,7 +350,7 @@ const failSQL = `UPDATE keel_jobs SET status = $3, last_error = $4, error_class 
 	payload_summary = CASE WHEN $3 = 'dead' THEN $9 ELSE payload_summary END,
 	trace_id = coalesce(nullif($10, ''), trace_id, nullif($13, '')),
 	waited_ms = waited_ms + $12,
-	in_doubt = $3 = 'dead' AND $14
+	in_doubt = $3 = 'dead' AND $14, alert_owed = $3 = 'dead'
 	WHERE id = $1 AND status = 'running' AND lease_holder = $2 AND run = $11
 	RETURNING business_key, coalesce(trace_id, '')`
 

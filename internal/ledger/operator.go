@@ -124,7 +124,7 @@ const (
 	// run, and asynq would fail it unrun. The ledger row goes back to the
 	// relay, which publishes it anew.
 	replayJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'pending', attempts = 0, run_at = coalesce($4::timestamptz, now()),
-		deadline = CASE WHEN deadline <= coalesce($4::timestamptz, now()) THEN NULL ELSE deadline END, in_doubt = false,
+		deadline = CASE WHEN deadline <= coalesce($4::timestamptz, now()) THEN NULL ELSE deadline END, in_doubt = false, alert_owed = false,
 		crashes = 0, extra_runs = 0, waited_ms = 0, published_at = NULL, lease_holder = NULL, lease_until = NULL,
 		finished_at = NULL, updated_at = coalesce($4::timestamptz, now())
 		WHERE j.id = ANY($1) AND %s = 'ok' RETURNING j.id, j.queue, false),

@@ -90,6 +90,9 @@ FROM generate_series(1, 60000) g,
 	LATERAL (SELECT (ARRAY['succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded',
 		'dead', 'pending', 'running', 'failed', 'discarded', 'cancelled'])[1 + g % 12] AS status) s;
 
+-- A few deaths whose alert is owed (their worker was killed first).
+UPDATE keel_jobs SET alert_owed = true WHERE status = 'dead' AND id LIKE '%77';
+
 -- Most batches are complete; one in ten is open.
 UPDATE keel_batches SET sealed_at = now(),
 	completed_at = CASE WHEN id NOT LIKE '%0' THEN created_at + interval '1 hour' END;

@@ -76,18 +76,17 @@ const endPastDeadlineSQL = `UPDATE keel_jobs SET
 		coalesce('; the last attempt''s error: ' || last_error, '')),
 	resolution_note = CASE WHEN expire_stale THEN 'expired: its kind drops work still waiting at its deadline' ELSE resolution_note END,
 	resolved_by = CASE WHEN expire_stale THEN 'keel' ELSE resolved_by END,
+	alert_owed = NOT expire_stale,
 	payload_summary = coalesce(nullif($3, ''), payload_summary),
 	lease_holder = NULL, lease_until = NULL, solo_run = -1, finished_at = now(), updated_at = now()
 	WHERE id = ANY($1) AND deadline < coalesce($4::timestamptz, now()) + $2 * interval '1 millisecond'
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < coalesce($4::timestamptz, now())))
-	RETURNING id, kind, queue, business_key, status, error_class, last_error, coalesce(trace_id, ''), attempts`
+	RETURNING id, kind, queue, business_key, error_class, last_error, coalesce(trace_id, ''), attempts, status`
 
 // Ended is a job EndPastDeadline ended.
 type Ended struct {
-	ID, Kind, Queue, BusinessKey string
-	Status                       Status // dead, or discarded (expired)
-	Class, Error, TraceID        string
-	Attempts                     int
+	Death
+	Status Status // dead, or discarded (expired)
 }
 
 // EndPastDeadline ends those of ids whose deadline comes within margin of

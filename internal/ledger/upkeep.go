@@ -129,3 +129,35 @@ func TrimPruneLog(ctx context.Context, db DB, now Now) error {
 	_, err := db.Exec(ctx, trimPruneLogSQL, now)
 	return err
 }
+
+// Death is a dead job as its alert tells of it.
+type Death struct {
+	ID, Kind, Queue, BusinessKey, Class, Error, TraceID string
+	Attempts                                            int
+}
+
+// owedAlertsSQL reads the deaths whose worker's hook never returned (it was
+// killed in between), oldest first, once they were left alone longer than
+// the grace: a hook still running on its worker is not doubled.
+const owedAlertsSQL = `SELECT id, kind, queue, coalesce(business_key, ''), coalesce(error_class, ''),
+	coalesce(last_error, ''), coalesce(trace_id, ''), attempts FROM keel_jobs
+	WHERE alert_owed AND status = 'dead' AND updated_at < coalesce($3::timestamptz, now()) - $1 * interval '1 millisecond'
+	ORDER BY updated_at LIMIT $2`
+
+// OwedAlerts returns up to limit deaths whose alert is owed, recorded more
+// than grace ago.
+func OwedAlerts(ctx context.Context, db DB, grace time.Duration, limit int, now Now) ([]Death, error) {
+	rows, err := db.Query(ctx, owedAlertsSQL, grace.Milliseconds(), limit, now)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Death])
+}
+
+const alertsPaidSQL = `UPDATE keel_jobs SET alert_owed = false WHERE id = ANY($1) AND alert_owed`
+
+// AlertsPaid records that the death hook ran for the jobs in ids.
+func AlertsPaid(ctx context.Context, db DB, ids []string) error {
+	_, err := db.Exec(ctx, alertsPaidSQL, ids)
+	return err
+}

@@ -24,6 +24,8 @@ func TestUpkeepPlans(t *testing.T) {
 	usesIndex(t, p, []string{"keel_jobs_open"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.RescuePage(ctx, db, "", 500, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_running_lease"})
+	p = plan(t, func(db ledger.DB) { ledger.OwedAlerts(ctx, db, time.Second, 500, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"keel_jobs_alert_owed"}, "keel_jobs")
 	// The prune log holds a week of prunes, one row each: its trim may
 	// read it whole (the fixture's log is mostly older than a week).
 	p = plan(t, func(db ledger.DB) { ledger.LogPrune(ctx, db, 10, nil) }) //nolint:errcheck
@@ -58,6 +60,25 @@ func TestUpkeepTakesNow(t *testing.T) {
 	orphans, err = ledger.RescuePage(ctx, tx, "z", 10, later)
 	require.NoError(t, err)
 	require.Equal(t, []ledger.Orphan{{ID: "zrun", Queue: "default", Holder: "w"}}, orphans)
+
+	_, err = tx.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, attempts,
+		error_class, last_error, updated_at, finished_at, alert_owed)
+		VALUES ('zdead', 'k', 'zdead', 'default', '\x7b7d', 3, 'dead', 2, 'permanent', 'boom', now(), now(), true)`)
+	require.NoError(t, err)
+	owed, err := ledger.OwedAlerts(ctx, tx, time.Minute, 100000, nil)
+	require.NoError(t, err)
+	require.NotContains(t, owed, ledger.Death{ID: "zdead", Kind: "k", Queue: "default", BusinessKey: "zdead",
+		Class: "permanent", Error: "boom", Attempts: 2}, "died a moment ago: its worker's hook may still run")
+	owed, err = ledger.OwedAlerts(ctx, tx, time.Minute, 100000, later)
+	require.NoError(t, err)
+	require.Contains(t, owed, ledger.Death{ID: "zdead", Kind: "k", Queue: "default", BusinessKey: "zdead",
+		Class: "permanent", Error: "boom", Attempts: 2})
+	require.NoError(t, ledger.AlertsPaid(ctx, tx, []string{"zdead"}))
+	owed, err = ledger.OwedAlerts(ctx, tx, time.Minute, 100000, later)
+	require.NoError(t, err)
+	for _, d := range owed {
+		require.NotEqual(t, "zdead", d.ID, "paid")
+	}
 
 	var n int
 	count := func() int {
