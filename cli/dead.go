@@ -159,9 +159,6 @@ Then replay the job (keel dead replay JOB_ID).`,
 			}
 			defer done()
 			if err := ops.ResolveStep(ctx, args[0], args[1], happened, actor, note); err != nil {
-				if errors.Is(err, idempotency.ErrNotFound) && !strings.Contains(err.Error(), args[0]) {
-					return fmt.Errorf("no job with id %s: %w", args[0], err)
-				}
 				return err
 			}
 			out := cmd.OutOrStdout()
@@ -508,7 +505,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 					if why, ok := res.Failed[id]; ok {
 						told[id] = true
 						bar.clear()
-						fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %s", action, id, e.own(cancelHint(act, why, id)))))
+						fmt.Fprintln(cmd.ErrOrStderr(), visible.Text(fmt.Sprintf("%s %s: %s", action, id, e.own(cancelHint(why, id)))))
 					} else if why, ok := res.Unchanged[id]; ok {
 						told[id] = true
 						if !e.JSON() {
@@ -530,7 +527,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			for _, id := range ids {
 				r := actionResult{ID: id, Unchanged: unchangedNote(act, res.Unchanged[id])}
 				if why, ok := res.Failed[id]; ok {
-					r.Error = e.own(cancelHint(act, why, id))
+					r.Error = e.own(cancelHint(why, id))
 				}
 				results = append(results, r)
 			}
@@ -569,18 +566,14 @@ func unchangedNote(a inspect.Action, why string) string {
 	return why
 }
 
-// cancelHint adds to a discard refused for a job that has not finished what
-// stops such a job: discard closes dead jobs only.
-func cancelHint(a inspect.Action, why, id string) string {
-	if a != inspect.ActionDiscard || !strings.Contains(why, inspect.ErrNotDead.Error()) {
-		return why
+// cancelHint is why a job was refused, with what stops it when a discard
+// was refused for a job that has not finished: discard closes dead jobs.
+func cancelHint(why error, id string) string {
+	var st *inspect.StatusError
+	if errors.As(why, &st) && errors.Is(st.Err, inspect.ErrNotDead) && !st.Status.Terminal() && st.Status != idempotency.StatusDead {
+		return why.Error() + "; discard closes dead jobs, a job that has not finished is stopped with `keel cancel " + id + "`"
 	}
-	for _, st := range []idempotency.Status{idempotency.StatusPending, idempotency.StatusRunning, idempotency.StatusFailed} {
-		if strings.HasSuffix(why, " is "+string(st)) {
-			return why + "; discard closes dead jobs, a job that has not finished is stopped with `keel cancel " + id + "`"
-		}
-	}
-	return why
+	return why.Error()
 }
 
 func nonNilResults(rs []actionResult) []actionResult {

@@ -115,6 +115,7 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 		LeasesReleased: stat(func(s *server.Server) uint64 { return reconStats(s).LeasesReleased }),
 		Pruned:         stat(func(s *server.Server) uint64 { return reconStats(s).Pruned }),
 		PrunedBatches:  stat(func(s *server.Server) uint64 { return reconStats(s).PrunedBatches }),
+		OwedAlerts:     stat(func(s *server.Server) uint64 { return reconStats(s).OwedAlerts }),
 	})
 	if err != nil {
 		return nil, err

@@ -58,9 +58,9 @@ func judged(a Action, v ledger.Verdict) outcome {
 		case ActionReplay:
 			o.err = fmt.Errorf("%w: job %s was %s", ErrNotDead, v.ID, v.Status)
 		case ActionDiscard:
-			o.err = fmt.Errorf("%w: job %s is %s", ErrNotDead, v.ID, v.Status)
+			o.err = &StatusError{Err: ErrNotDead, JobID: v.ID, Status: idempotency.Status(v.Status)}
 		default:
-			o.err = fmt.Errorf("%w: job %s is %s", ErrNotCancellable, v.ID, v.Status)
+			o.err = &StatusError{Err: ErrNotCancellable, JobID: v.ID, Status: idempotency.Status(v.Status)}
 		}
 	}
 	return o

@@ -88,7 +88,7 @@ type BulkResult struct {
 	// discarded or cancelled already).
 	Unchanged map[string]string
 	// Failed are the jobs it refused or failed on, and why.
-	Failed map[string]string
+	Failed map[string]error
 }
 
 // Bulk does action a to the jobs ids, as actor with note (required for a
@@ -107,11 +107,11 @@ func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, no
 		return BulkResult{}, err
 	}
 	ids = distinct(ids)
-	res := BulkResult{Matched: len(ids), Unchanged: map[string]string{}, Failed: map[string]string{}}
+	res := BulkResult{Matched: len(ids), Unchanged: map[string]string{}, Failed: map[string]error{}}
 	for start := 0; start < len(ids); start += pageSize {
 		if err := ctx.Err(); err != nil {
 			for _, id := range ids[start:] {
-				res.Failed[id] = err.Error()
+				res.Failed[id] = err
 			}
 			return res, err
 		}
@@ -119,13 +119,13 @@ func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, no
 		os, err := in.actPage(ctx, a, page, actor, note)
 		if err != nil {
 			for _, id := range page {
-				res.Failed[id] = err.Error()
+				res.Failed[id] = err
 			}
 		}
 		for _, o := range os {
 			switch {
 			case o.err != nil:
-				res.Failed[o.id] = o.err.Error()
+				res.Failed[o.id] = o.err
 			case o.unchanged != "":
 				res.Unchanged[o.id] = o.unchanged
 			case o.acted:
@@ -133,7 +133,7 @@ func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, no
 			default:
 				// Judged so, then changed by no statement: cannot be
 				// while its row is locked; said rather than counted.
-				res.Failed[o.id] = "keel: the job changed while it was acted on"
+				res.Failed[o.id] = errChanged
 			}
 		}
 		if progress != nil {
@@ -149,6 +149,8 @@ func (r BulkResult) clone() BulkResult {
 	r.Unchanged, r.Failed = maps.Clone(r.Unchanged), maps.Clone(r.Failed)
 	return r
 }
+
+var errChanged = errors.New("keel: the job changed while it was acted on")
 
 func distinct(ids []string) []string {
 	seen := make(map[string]bool, len(ids))
@@ -341,6 +343,9 @@ func (in *Inspector) ResolveStep(ctx context.Context, jobID, step string, happen
 	// Only a dead job's steps: a running job's step may be in flight, and
 	// forgetting its start would let the call happen twice.
 	st, err := ledger.LockStatus(ctx, tx, jobID)
+	if isNoRows(err) {
+		return fmt.Errorf("%w: no job with id %s", ErrNotFound, jobID)
+	}
 	if err != nil {
 		return interpret(err)
 	}

@@ -47,6 +47,22 @@ var (
 	ErrNotCancellable = errors.New("keel: job cannot be cancelled")
 )
 
+// StatusError is an action refused because of the job's status: Err is
+// ErrNotDead or ErrNotCancellable, Status what the job is. A discard
+// refused for a job that has not finished (pending, running, failed) names
+// what a cancel stops.
+type StatusError struct {
+	Err    error
+	JobID  string
+	Status idempotency.Status
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("%v: job %s is %s", e.Err, e.JobID, e.Status)
+}
+
+func (e *StatusError) Unwrap() error { return e.Err }
+
 // Config is what an Inspector works on.
 type Config struct {
 	// Pool holds the ledger. Required.

@@ -17,6 +17,9 @@ type OutboxOptions struct {
 	Pruned func() uint64
 	// PrunedBatches: completed batches removed once their members were.
 	PrunedBatches func() uint64
+	// OwedAlerts: deaths whose worker stopped before its OnDead returned,
+	// alerted by the reconciler.
+	OwedAlerts func() uint64
 }
 
 // RegisterOutbox registers the relay's and reconciler's counters on reg.
@@ -30,6 +33,7 @@ func RegisterOutbox(reg prometheus.Registerer, o OutboxOptions) error {
 		{"keel_reconciler_leases_released_total", "Jobs of gone workers (lease expired) that the reconciler's rescuer handed back to the queue.", o.LeasesReleased},
 		{"keel_ledger_pruned_total", "Succeeded, discarded and cancelled jobs pruned after their retention.", o.Pruned},
 		{"keel_ledger_batches_pruned_total", "Completed batches pruned after their retention, once no member was left.", o.PrunedBatches},
+		{"keel_reconciler_owed_alerts_total", "Deaths whose worker stopped before it alerted them, alerted by the reconciler.", o.OwedAlerts},
 	} {
 		if c.fn == nil {
 			continue

@@ -159,7 +159,7 @@ type Reconciler struct {
 	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
-	repaired, rescued, pruned, prunedBatches, settled atomic.Uint64
+	repaired, rescued, pruned, prunedBatches, settled, owedAlerts atomic.Uint64
 }
 
 // NewReconciler returns a reconciler; Run it, then Close it. It fails when
@@ -195,13 +195,16 @@ type ReconcileStats struct {
 	// Settled: asynq copies of finished jobs that asynq still showed as
 	// running (a lost acknowledgement, after a failover) removed.
 	Settled uint64
+	// OwedAlerts: deaths whose worker stopped before its OnDead returned,
+	// alerted by a pass.
+	OwedAlerts uint64
 }
 
 // Stats returns this reconciler's counters.
 func (r *Reconciler) Stats() ReconcileStats {
 	rescued := r.rescued.Load()
 	return ReconcileStats{Republished: r.repaired.Load(), Rescued: rescued, LeasesReleased: rescued, Pruned: r.pruned.Load(),
-		PrunedBatches: r.prunedBatches.Load(), Settled: r.settled.Load()}
+		PrunedBatches: r.prunedBatches.Load(), Settled: r.settled.Load(), OwedAlerts: r.owedAlerts.Load()}
 }
 
 // Run rescues every RescueInterval, reconciles every Interval and prunes
@@ -480,7 +483,9 @@ func (r *Reconciler) payOwedAlerts(ctx context.Context) error {
 		if len(owed) > 0 {
 			r.cfg.Logger.Warn("keel reconciler: alerting deaths whose worker stopped before it alerted them", "jobs", len(owed))
 		}
-		if err := r.died(ctx, owed); err != nil || len(owed) < r.cfg.BatchSize {
+		err = r.died(ctx, owed)
+		r.owedAlerts.Add(uint64(len(owed)))
+		if err != nil || len(owed) < r.cfg.BatchSize {
 			return err
 		}
 	}

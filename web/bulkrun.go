@@ -69,7 +69,7 @@ func (br *bulkRuns) close() {
 func (br *bulkRuns) start(action, actor, backURL string, n int,
 	run func(ctx context.Context, progress func(inspect.BulkResult)) inspect.BulkResult, finished func(inspect.BulkResult)) *bulkRun {
 	b := &bulkRun{id: randomHex(16), action: action, actor: actor, backURL: backURL, done: make(chan struct{}),
-		res: inspect.BulkResult{Matched: n, Unchanged: map[string]string{}, Failed: map[string]string{}}}
+		res: inspect.BulkResult{Matched: n, Unchanged: map[string]string{}, Failed: map[string]error{}}}
 	br.mu.Lock()
 	for id, old := range br.runs {
 		select {

@@ -87,6 +87,7 @@ func TestADeathWhoseWorkerWasKilledBeforeItsAlertIsStillAlerted(t *testing.T) {
 	require.Equal(t, idempotency.DeadEvent{JobID: hangs.Job.ID, Kind: doomedKind.Name(), Queue: j.Queue, BusinessKey: j.BusinessKey,
 		Class: string(retry.ClassPermanent), Error: j.LastError, Attempts: 1}, got[0])
 	require.Len(t, alerted(), 1, "an owed alert is paid once")
+	require.Equal(t, uint64(1), rec.Stats().OwedAlerts)
 
 	// The same worker, not killed: its own hook alerts, and nothing is owed.
 	fine, err := e.client.Enqueue(ctx, doomedKind.New(item{ID: "fine"}))
