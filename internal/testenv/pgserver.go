@@ -19,10 +19,12 @@ type PostgresServer struct {
 // and starts it on a free loopback port with trust authentication and no
 // fsync, stopped and removed when the test ends. It skips the test when
 // the Postgres server binaries are not installed. Run as root, the server
-// runs as the postgres user.
-func StartPostgres(t testing.TB) *PostgresServer {
+// runs as the postgres user. settings ("name=value") are added to those;
+// a later one of the same name wins.
+func StartPostgres(t testing.TB, settings ...string) *PostgresServer {
 	t.Helper()
-	s, err := pgserver.Init("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200")
+	s, err := pgserver.Init(append([]string{"fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200"},
+		settings...)...)
 	if errors.Is(err, pgserver.ErrUnavailable) {
 		t.Skipf("testenv: %v", err)
 	}
