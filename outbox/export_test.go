@@ -12,3 +12,11 @@ func SetLegacyPollForTest(t *testing.T, d time.Duration) {
 	legacyPoll = d
 	t.Cleanup(func() { legacyPoll = old })
 }
+
+// SleepsForTest is how many times r went back to sleep after being awake:
+// it let go of its locks and waits for a writer's notification again.
+func (r *Relay) SleepsForTest() uint64 { return r.sleeps.Load() }
+
+// AwakeForTest tells whether r is polling every AwakePoll: it holds the
+// awake lock, or is waiting for the writers that counted on it to finish.
+func (r *Relay) AwakeForTest() bool { return r.awake.Load() }

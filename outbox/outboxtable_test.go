@@ -137,7 +137,7 @@ func TestRelayPublishesRowsWrittenOffTheOutbox(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, asleep) }, "a sleeping relay did not publish a notified row")
 
 	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.Awake() }, "the relay did not wake")
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.AwakeForTest() }, "the relay did not wake")
 	unnotified := oldWriter("old-writer-awake", false)
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, unnotified) }, "an awake relay did not publish a row off the outbox")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
@@ -295,7 +295,7 @@ func TestAwakeRelayClaimsANotifiedUnpublishedRowAtOnce(t *testing.T) {
 	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
 	runRelay(t, relay)
 	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.Awake() }, "the relay did not wake")
+	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.AwakeForTest() }, "the relay did not wake")
 
 	id := writeUnpublished(t, b, "notified", true)
 	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, id) }, "the awake relay left a notified row to its next look")

@@ -137,21 +137,14 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 // Close releases the relay's Redis connections.
 func (r *Relay) Close() error { return r.pub.Close() }
 
-// Sleeps is how many times this relay went back to sleep after being awake:
-// it let go of its locks and waits for a writer's notification again.
-func (r *Relay) Sleeps() uint64 { return r.sleeps.Load() }
-
 // Published is how many jobs this relay has published.
 func (r *Relay) Published() uint64 { return r.published.Load() }
 
 // Listening tells whether the relay is listening for writers'
-// notifications (a running relay is, but for a moment at start and after a
-// lost connection).
+// notifications: a running relay is, but for a moment at start and after a
+// lost connection, when a commit waits for its next poll instead. A
+// readiness check can wait for it.
 func (r *Relay) Listening() bool { return r.listening.Load() }
-
-// Awake tells whether the relay is polling every AwakePoll: it holds the
-// awake lock, or is waiting for the writers that counted on it to finish.
-func (r *Relay) Awake() bool { return r.awake.Load() }
 
 // The states of a running relay.
 type relayState int

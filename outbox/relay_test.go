@@ -132,7 +132,7 @@ func TestAwakeRelayPublishesWithoutNotification(t *testing.T) {
 		require.True(t, awake, "with no relay awake the writer must notify")
 	})
 	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
-	testenv.Eventually(t, 5*time.Second, r.Awake, "the relay did not stay awake after finding work")
+	testenv.Eventually(t, 5*time.Second, r.AwakeForTest, "the relay did not stay awake after finding work")
 
 	second := enqueueTx(t, c, b, "second", func(tx pgx.Tx) {
 		settle, awake := relayLocksHeld(t, tx)
@@ -153,10 +153,10 @@ func TestIdleRelaySleepsAndIsWokenAgain(t *testing.T) {
 	defer insp.Close()
 	first := enqueueTx(t, c, b, "first", nil)
 	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
-	// Not !Awake(): that is also true in the moment between the first
+	// Not !AwakeForTest(): that is also true in the moment between the first
 	// publish and the relay waking up.
-	testenv.Eventually(t, 5*time.Second, func() bool { return r.Sleeps() > 0 }, "the relay did not go back to sleep")
-	require.False(t, r.Awake())
+	testenv.Eventually(t, 5*time.Second, func() bool { return r.SleepsForTest() > 0 }, "the relay did not go back to sleep")
+	require.False(t, r.AwakeForTest())
 
 	second := enqueueTx(t, c, b, "second", func(tx pgx.Tx) {
 		_, awake := relayLocksHeld(t, tx)
@@ -196,10 +196,10 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 			WHERE locktype = 'advisory' AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
 			AND mode = 'ExclusiveLock' AND granted`) == 0
 	}, "the relay kept the awake lock")
-	require.True(t, r.Awake(), "the relay slept before the writer that counted on it ended")
+	require.True(t, r.AwakeForTest(), "the relay slept before the writer that counted on it ended")
 	require.NoError(t, tx.Commit(ctx))
 	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, res.Job.ID) }, "the straggler's job was not published")
-	testenv.Eventually(t, 5*time.Second, func() bool { return !r.Awake() }, "the relay did not go back to sleep")
+	testenv.Eventually(t, 5*time.Second, func() bool { return !r.AwakeForTest() }, "the relay did not go back to sleep")
 }
 
 // A rolled-back transaction publishes nothing, with the relay awake or
@@ -225,7 +225,7 @@ func TestRolledBackEnqueueTxPublishesNothing(t *testing.T) {
 		testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, after) }, "the relay (%s) did not publish", state)
 		require.False(t, inRedis(t, insp, rolledBack), "a rolled-back job reached Redis (relay %s)", state)
 		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1`, rolledBack))
-		testenv.Eventually(t, 5*time.Second, r.Awake, "the relay did not wake")
+		testenv.Eventually(t, 5*time.Second, r.AwakeForTest, "the relay did not wake")
 	}
 	require.EqualValues(t, 2, r.Published())
 }
