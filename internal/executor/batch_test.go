@@ -26,10 +26,7 @@ import (
 	"github.com/keeljobs/keel/tasks"
 )
 
-const (
-	batchChildEnv = "KEEL_BATCH_CHILD"
-	batchChildApp = "keel_batch_child"
-)
+const batchChildEnv = "KEEL_BATCH_CHILD"
 
 // member is a batch member's payload; Mode says what its handler does.
 type member struct {
@@ -120,12 +117,12 @@ func runBatchChild() bool {
 }
 
 // startBatchChild starts a worker process; its Postgres connections are
-// named batchChildApp so the test can find them in pg_stat_activity.
-func startBatchChild(t *testing.T) *exec.Cmd {
+// named after the test's schema so the test can find them in
+// pg_stat_activity.
+func startBatchChild(t *testing.T, b *bundle) *exec.Cmd {
 	t.Helper()
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), batchChildEnv+"=1",
-		testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema)+"&application_name="+batchChildApp)
+	child.Env = b.childEnv(batchChildEnv)
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	t.Cleanup(func() {
@@ -212,8 +209,8 @@ func TestBatchLastMembersOnTwoWorkersFireOnce(t *testing.T) {
 	}
 	batch := b.newBatch(t, "two workers", members...)
 
-	startBatchChild(t)
-	startBatchChild(t)
+	startBatchChild(t, b)
+	startBatchChild(t, b)
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM keel_jobs WHERE batch_id = $1 AND status = 'running'`, batch.ID) == n &&
 			b.count(t, `SELECT count(DISTINCT lease_holder) FROM keel_jobs WHERE batch_id = $1 AND status = 'running'`, batch.ID) == 2
@@ -255,10 +252,10 @@ func TestBatchWorkerKilledDuringCompletion(t *testing.T) {
 	_, err = lock.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = $1 FOR UPDATE`, batch.ID)
 	require.NoError(t, err)
 
-	child := startBatchChild(t)
+	child := startBatchChild(t, b)
 	waiting := func(like string) int {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
-			AND wait_event_type = 'Lock' AND query LIKE $2`, batchChildApp, like)
+			AND wait_event_type = 'Lock' AND query LIKE $2`, b.schema, like)
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return waiting("WITH m AS (UPDATE keel_jobs SET status = 'succeeded'%") == 1 && waiting("WITH done AS%") == 1

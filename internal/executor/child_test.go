@@ -108,11 +108,6 @@ func runWorkerChild() bool {
 	})
 }
 
-func redisOpt() (o asynq.RedisClientOpt) {
-	o.Addr, o.DB = testenv.RedisAddr(), testenv.DBIdempotency
-	return o
-}
-
 // A worker killed with SIGKILL in the middle of its jobs: after asynq's crash
 // recovery redelivers them, the local effect exists once, the unverifiable
 // external call is parked for a person, and the verifiable one is not repeated.
@@ -133,7 +128,7 @@ func TestWorkerKilledMidTask(t *testing.T) {
 	require.NoError(t, err)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"=1", testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema))
+	child.Env = b.childEnv(childEnv)
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() }) // if the test fails before the kill

@@ -522,7 +522,7 @@ func TestBulkActionsNeedTheConfirmedCount(t *testing.T) {
 
 	res, err = testworker.Ops(t, b.store, insp).DiscardMatching(ctx, permanentReceipts, 2, "dave", "bad import")
 	require.NoError(t, err)
-	require.Equal(t, inspect.BulkResult{Matched: 2, Done: 2, Unchanged: map[string]string{}, Failed: map[string]string{}}, res)
+	require.Equal(t, inspect.BulkResult{Matched: 2, Done: 2, Unchanged: map[string]string{}, Failed: map[string]error{}}, res)
 	require.Equal(t, idempotency.StatusDiscarded, status(p1))
 	require.Equal(t, idempotency.StatusDiscarded, status(p2))
 	require.Equal(t, idempotency.StatusDead, status(odd))

@@ -96,10 +96,12 @@ func runGuaranteeChild() bool {
 	})
 }
 
-func startGuaranteeChild(t *testing.T) *exec.Cmd {
+// startGuaranteeChild starts a worker process; the channel closes when it
+// exits.
+func startGuaranteeChild(t *testing.T, b *bundle) (*exec.Cmd, <-chan struct{}) {
 	t.Helper()
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), guaranteeChildEnv+"=1", testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema))
+	child.Env = b.childEnv(guaranteeChildEnv)
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	exited := make(chan struct{})
@@ -108,11 +110,8 @@ func startGuaranteeChild(t *testing.T) *exec.Cmd {
 		_ = child.Process.Kill()
 		<-exited
 	})
-	childExited[child] = exited
-	return child
+	return child, exited
 }
-
-var childExited = map[*exec.Cmd]chan struct{}{}
 
 func guaranteeTables(t *testing.T, b *bundle) {
 	t.Helper()
@@ -135,8 +134,7 @@ func TestPoisonJobRetires(t *testing.T) {
 	// takes the job over when the dead one's lease has expired.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		child := startGuaranteeChild(t)
-		exited := childExited[child]
+		_, exited := startGuaranteeChild(t, b)
 		var j idempotency.Job
 		for {
 			j, err = b.store.Get(ctx, res.Job.ID)
@@ -297,12 +295,12 @@ func TestDeployInterruptionCostsNothing(t *testing.T) {
 	ctx := context.Background()
 	res, err := b.client.Enqueue(ctx, deploy.New(order{OrderID: "d1"}))
 	require.NoError(t, err)
-	child := startGuaranteeChild(t)
+	child, exited := startGuaranteeChild(t, b)
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM started`) == 1
 	}, "the child never started the job")
 	require.NoError(t, child.Process.Signal(syscall.SIGTERM))
-	<-childExited[child]
+	<-exited
 
 	j, err := b.store.Get(ctx, res.Job.ID)
 	require.NoError(t, err)
@@ -536,7 +534,7 @@ func TestReplayAfterCompletingInTxIsRefused(t *testing.T) {
 	bulk, err := testworker.Ops(t, b.store, nil).ReplayMatching(ctx, f, n, "ops", "all of them")
 	require.NoError(t, err)
 	require.Equal(t, 0, bulk.Done)
-	require.Contains(t, bulk.Failed[res.Job.ID], "local effects")
+	require.ErrorIs(t, bulk.Failed[res.Job.ID], inspect.ErrEffectsCommitted)
 
 	j, err := b.store.Get(ctx, res.Job.ID)
 	require.NoError(t, err)

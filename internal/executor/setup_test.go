@@ -2,7 +2,7 @@ package executor_test
 
 import (
 	"context"
-	"sync"
+	"os"
 	"testing"
 	"time"
 
@@ -18,23 +18,21 @@ import (
 	"github.com/keeljobs/keel/tasks"
 )
 
-const schema = "keel_test_idempotency"
-
 type bundle struct {
 	pool   *pgxpool.Pool
+	schema string
 	redis  asynq.RedisClientOpt
 	client *tasks.Client
 	store  *jobstore.Store
 }
 
-// setup serialises the package's tests: they share one Redis DB and schema.
-var setupMu sync.Mutex
-
+// setup gives the test a ledger schema and a Redis of its own, and runs it
+// in parallel with the package's other tests.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	setupMu.Lock()
-	t.Cleanup(setupMu.Unlock)
-	b := &bundle{redis: testenv.Redis(t, testenv.DBIdempotency), pool: testenv.Pool(t, schema)}
+	t.Parallel()
+	b := &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
+	b.pool, b.schema = testenv.PrivatePool(t, "keel_test_executor")
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
@@ -45,6 +43,18 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	return b
 }
+
+// childEnv is what a worker process the test starts needs to reach the
+// test's ledger schema and Redis (see redisOpt).
+func (b *bundle) childEnv(which string) []string {
+	return append(os.Environ(), which+"=1", childRedisEnv+"="+b.redis.Addr,
+		testworker.ChildDatabaseURLEnv+"="+testenv.URL(b.schema)+"&application_name="+b.schema)
+}
+
+// childRedisEnv names the Redis address of a child worker.
+const childRedisEnv = "KEEL_EXECUTOR_CHILD_REDIS"
+
+func redisOpt() asynq.RedisClientOpt { return asynq.RedisClientOpt{Addr: os.Getenv(childRedisEnv)} }
 
 // startWorker runs a keel worker on mux until the test ends.
 func (b *bundle) startWorker(t *testing.T, mux *tasks.Mux, mod func(*server.Config)) *server.Server {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -195,4 +196,38 @@ func lockPackage(t testing.TB, key string) {
 	}
 	locked[key] = f // held until the process exits
 	os.Setenv(env, "1")
+}
+
+var privateSchemas atomic.Uint64
+
+// PrivatePool returns a pool on a new, migrated schema of its own, named
+// after prefix and unique to this process, dropped when the test ends: a
+// test with it (and a Redis of its own, StartRedis) shares nothing and can
+// run in parallel with others.
+func PrivatePool(t testing.TB, prefix string) (*pgxpool.Pool, string) {
+	t.Helper()
+	schema := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), privateSchemas.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := PoolConfig(ctx, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if conn, err := pgx.Connect(ctx, DatabaseURL()); err == nil {
+			conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck // a leftover is recreated by name
+			conn.Close(ctx)
+		}
+	})
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		t.Fatalf("testenv: migrate: %v", err)
+	}
+	return pool, schema
 }
