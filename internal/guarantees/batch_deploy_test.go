@@ -22,7 +22,7 @@ var member = tasks.Define[item]("hunt:member", tasks.MaxRetry(0), tasks.Key(func
 // recorded. A deploy then must not turn that success into a crash: the
 // job must not be retired as a poison job, nor charged an attempt.
 func TestADeployWhileAMembersCompletionWaitsForItsBatchCostsNothing(t *testing.T) {
-	e := setup(t)
+	e := setupAlone(t)
 	ctx := context.Background()
 	var runs atomic.Int32
 	mux := tasks.NewMux()

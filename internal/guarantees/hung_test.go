@@ -31,9 +31,9 @@ var (
 // anything. The pool has pgxpool's default size on a two-core host, as
 // the worker command's pool has there.
 func TestHandlersHungInsideInTxDoNotWedgeTheWorker(t *testing.T) {
-	e := setup(t)
+	e := setupAlone(t)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testenv.URL(schema))
+	cfg, err := pgxpool.ParseConfig(testenv.URL(e.schema))
 	require.NoError(t, err)
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

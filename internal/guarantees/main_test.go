@@ -23,7 +23,6 @@ import (
 )
 
 const (
-	schema = "hunt_guarantees"
 	// childEnv names the test a child worker runs for; childRedisEnv its
 	// Redis address.
 	childEnv      = "KEEL_GUARANTEES_CHILD"
@@ -70,13 +69,25 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 type env struct {
 	redis  *testenv.RedisServer
 	pool   *pgxpool.Pool
+	schema string
 	client *tasks.Client
 	store  *jobstore.Store
 }
 
+// setup gives the test a Redis and a ledger schema of its own and runs it
+// in parallel with the package's other tests.
 func setup(t *testing.T) *env {
 	t.Helper()
-	e := &env{redis: testenv.StartRedis(t), pool: testenv.Pool(t, schema)}
+	t.Parallel()
+	return setupAlone(t)
+}
+
+// setupAlone is setup for a test whose margins are CPU time: it runs
+// before the parallel ones, not beside them.
+func setupAlone(t *testing.T) *env {
+	t.Helper()
+	e := &env{redis: testenv.StartRedis(t)}
+	e.pool, e.schema = testenv.PrivatePool(t, "hunt_guarantees")
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redisOpt(), Pool: e.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
@@ -102,7 +113,7 @@ func (e *env) startChild(t *testing.T, which string) (*exec.Cmd, <-chan struct{}
 	t.Helper()
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), childEnv+"="+which, childRedisEnv+"="+e.redis.Addr(),
-		testworker.ChildDatabaseURLEnv+"="+testenv.URL(schema))
+		testworker.ChildDatabaseURLEnv+"="+testenv.URL(e.schema))
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())
 	exited := make(chan struct{})
