@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testsignal"
 )
 
 // Defaults of Config.
@@ -188,6 +189,27 @@ type Alerter struct {
 	pending batch // deaths not yet sent
 	wake    chan struct{}
 	running atomic.Bool
+
+	signals testSignals
+}
+
+// testSignals tell tests what the Alerter did, so they wait on it rather
+// than on the clock; off in production (see export_test.go).
+type testSignals struct {
+	// Flushed is each window's end, once its webhook call is over.
+	Flushed testsignal.Signal[flushed]
+	// Retrying is each failed webhook try that will be tried again.
+	Retrying testsignal.Signal[error]
+}
+
+// flushed is how a window's webhook call ended, as testSignals report it.
+type flushed struct {
+	Deaths int
+	// Err is why the deaths were not delivered; nil when they were.
+	Err error
+	// Kept says the deaths were put back for the final flush (Run's
+	// context ended during the call).
+	Kept bool
 }
 
 // New returns an Alerter, its counter registered on cfg.Registerer.
@@ -306,13 +328,17 @@ func (a *Alerter) flush(ctx context.Context, final bool) {
 	err = a.send(ctx, body)
 	switch {
 	case err == nil:
+		a.signals.Flushed.Signal(flushed{Deaths: b.count})
 	case !final && ctx.Err() != nil && !isFinal(err):
+		n := b.count
 		a.mu.Lock()
 		b.absorb(a.pending)
 		a.pending = b
 		a.mu.Unlock()
+		a.signals.Flushed.Signal(flushed{Deaths: n, Err: err, Kept: true})
 	default:
 		a.cfg.Logger.Error("keel: death alert not delivered", "webhook", a.hook, "deaths", b.count, "err", err)
+		a.signals.Flushed.Signal(flushed{Deaths: b.count, Err: err})
 	}
 }
 
@@ -340,6 +366,7 @@ func (a *Alerter) send(ctx context.Context, body []byte) error {
 			return fmt.Errorf("try %d of %d: %w", try, a.cfg.MaxAttempts, err)
 		}
 		a.cfg.Logger.Warn("keel: death alert webhook failed, trying again", "webhook", a.hook, "try", try, "in", wait, "err", err)
+		a.signals.Retrying.Signal(err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -80,13 +80,15 @@ func (w *webhook) next(t *testing.T) []byte {
 	}
 }
 
-// quiet fails if the webhook is called within d.
-func (w *webhook) quiet(t *testing.T, d time.Duration) {
+// quiet fails if the webhook was called and the call not read. Call it
+// after a Flushed signal: every call of that window has reached the
+// webhook by then, and no other is under way.
+func (w *webhook) quiet(t *testing.T) {
 	t.Helper()
 	select {
 	case b := <-w.calls:
 		t.Fatalf("unexpected webhook call: %s", b)
-	case <-time.After(d):
+	default:
 	}
 }
 
@@ -123,6 +125,7 @@ func (l *logBuffer) records(t *testing.T, msg string) []map[string]any {
 
 type fixture struct {
 	alerter *alert.Alerter
+	signals *alert.TestSignals
 	reg     *prometheus.Registry
 	logs    *logBuffer
 }
@@ -146,7 +149,14 @@ func newAlerter(t *testing.T, url string, mod func(*alert.Config)) fixture {
 	a, err := alert.New(cfg)
 	require.NoError(t, err)
 	f.alerter = a
+	f.signals = alert.InitTestSignals(a)
 	return f
+}
+
+// flushed waits for the end of the next window's webhook call.
+func (f fixture) flushed(t *testing.T) alert.Flushed {
+	t.Helper()
+	return f.signals.Flushed.Wait(t)
 }
 
 // run runs the alerter until the test ends or the returned stop is called.
@@ -192,9 +202,10 @@ func TestBurstIsOneSummary(t *testing.T) {
 		}
 	}
 
+	require.Equal(t, alert.Flushed{Deaths: 50}, f.flushed(t), "a burst must be one window")
 	var s alert.Summary
 	require.NoError(t, json.Unmarshal(hook.next(t), &s))
-	hook.quiet(t, 700*time.Millisecond)
+	hook.quiet(t)
 	require.Equal(t, 1, hook.count(), "a burst must be one webhook call")
 	require.Equal(t, alert.TypeSummary, s.Type)
 	require.Equal(t, 50, s.Count)
@@ -251,7 +262,8 @@ func TestSingleDeathIsOneEvent(t *testing.T) {
 	var raw map[string]any
 	require.NoError(t, json.Unmarshal(body, &raw))
 	require.NotContains(t, raw, "count", "one death is an event, not a summary")
-	hook.quiet(t, 300*time.Millisecond)
+	require.Equal(t, alert.Flushed{Deaths: 1}, f.flushed(t))
+	hook.quiet(t)
 }
 
 func TestWebhookServerErrorsAreRetried(t *testing.T) {
@@ -269,7 +281,8 @@ func TestWebhookServerErrorsAreRetried(t *testing.T) {
 	first := hook.next(t)
 	require.Equal(t, first, hook.next(t), "a retry must send the same body")
 	require.Equal(t, first, hook.next(t))
-	hook.quiet(t, 300*time.Millisecond)
+	require.Equal(t, alert.Flushed{Deaths: 1}, f.flushed(t))
+	hook.quiet(t)
 	require.Equal(t, 3, hook.count(), "delivered once, after three tries")
 	require.Len(t, f.logs.records(t, "keel: death alert webhook failed, trying again"), 2)
 	require.Empty(t, f.logs.records(t, "keel: death alert not delivered"))
@@ -283,9 +296,10 @@ func TestWebhookClientErrorIsNotRetried(t *testing.T) {
 	f.alerter.JobDied(context.Background(), death(1, "order:charge", "permanent"))
 
 	hook.next(t)
-	hook.quiet(t, 300*time.Millisecond)
+	require.ErrorContains(t, f.flushed(t).Err, "400")
+	hook.quiet(t)
 	require.Equal(t, 1, hook.count())
-	testutilEventually(t, func() bool { return len(f.logs.records(t, "keel: death alert not delivered")) == 1 })
+	require.Len(t, f.logs.records(t, "keel: death alert not delivered"), 1)
 	failed := f.logs.records(t, "keel: death alert not delivered")[0]
 	require.Equal(t, 1.0, failed["deaths"])
 	require.Contains(t, failed["err"], "400")
@@ -305,8 +319,9 @@ func TestWebhookRetriesAreBounded(t *testing.T) {
 	for range 3 {
 		hook.next(t)
 	}
-	hook.quiet(t, 300*time.Millisecond)
-	testutilEventually(t, func() bool { return len(f.logs.records(t, "keel: death alert not delivered")) == 1 })
+	require.ErrorContains(t, f.flushed(t).Err, "try 3 of 3")
+	hook.quiet(t)
+	require.Len(t, f.logs.records(t, "keel: death alert not delivered"), 1)
 
 	// The alerter is still alive for the next window.
 	f.alerter.JobDied(context.Background(), death(2, "order:charge", "transient"))
@@ -346,7 +361,8 @@ func TestWebhookNetworkErrorIsRetried(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the alert was not delivered after a network error")
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The window's call is over: no try is left to come.
+	require.Equal(t, alert.Flushed{Deaths: 1}, f.flushed(t))
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, 2, calls)
@@ -390,7 +406,8 @@ func TestShutdownFlushIsBounded(t *testing.T) {
 	start := time.Now()
 	stop()
 	require.Less(t, time.Since(start), 2*time.Second)
-	testutilEventually(t, func() bool { return len(f.logs.records(t, "keel: death alert not delivered")) == 1 })
+	require.ErrorIs(t, f.flushed(t).Err, context.DeadlineExceeded)
+	require.Len(t, f.logs.records(t, "keel: death alert not delivered"), 1)
 }
 
 func TestShutdownDuringSendKeepsTheDeaths(t *testing.T) {
@@ -414,9 +431,7 @@ func TestShutdownDuringSendKeepsTheDeaths(t *testing.T) {
 	f := newAlerter(t, srv.URL, func(c *alert.Config) { c.RetryBackoff = time.Hour })
 	stop := f.run(t)
 	f.alerter.JobDied(context.Background(), death(1, "order:charge", "transient"))
-	testutilEventually(t, func() bool {
-		return len(f.logs.records(t, "keel: death alert webhook failed, trying again")) == 1
-	})
+	require.ErrorContains(t, f.signals.Retrying.Wait(t), "502")
 	f.alerter.JobDied(context.Background(), death(2, "order:charge", "transient"))
 
 	stop()
@@ -458,7 +473,8 @@ func TestJobDiedNeverWaits(t *testing.T) {
 	require.Equal(t, n, total)
 	require.Equal(t, n-alert.MaxGroups*(n/(2*alert.MaxGroups)), s.ByKind[alert.OtherGroup])
 	require.Len(t, s.Examples, alert.MaxExamples)
-	hook.quiet(t, 300*time.Millisecond)
+	require.Equal(t, alert.Flushed{Deaths: n}, f.flushed(t))
+	hook.quiet(t)
 }
 
 func TestWithoutWebhookDeathsAreLoggedAndCounted(t *testing.T) {
@@ -550,9 +566,4 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 5*time.Second, c.FlushTimeout)
 	require.Equal(t, prometheus.DefaultRegisterer, c.Registerer)
 	require.NotNil(t, c.Logger)
-}
-
-func testutilEventually(t *testing.T, cond func() bool) {
-	t.Helper()
-	require.Eventually(t, cond, 5*time.Second, 10*time.Millisecond)
 }

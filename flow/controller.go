@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/testsignal"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -85,7 +86,29 @@ type Controller struct {
 	closing   chan struct{}
 	renewals  sync.WaitGroup
 	closeOnce sync.Once
+
+	signals testSignals
+	// renewTicker, when a test sets it (export_test.go), replaces the
+	// ticker that paces lease renewals, so the test renews by hand.
+	renewTicker func(every time.Duration) <-chan time.Time
 }
+
+// testSignals tell tests what the controller did, so they wait on it rather
+// than on the clock; off in production (see export_test.go).
+type testSignals struct {
+	// Busy names the rule of each try that found every slot taken and
+	// will try again while the job holds.
+	Busy testsignal.Signal[string]
+	// Renewed is the outcome of each lease renewal: nil, the Redis error,
+	// or errLeaseLost.
+	Renewed testsignal.Signal[error]
+	// GivenBack names the rule of each slot given back on a retry after a
+	// failed release.
+	GivenBack testsignal.Signal[string]
+}
+
+// errLeaseLost is the Renewed signal of a slot found gone.
+var errLeaseLost = errors.New("lease lost")
 
 // New returns a controller enforcing cfg.Rules through cfg.Redis, or the
 // error of cfg.Validate. Close it after the worker that uses it has stopped.
@@ -309,6 +332,7 @@ func (c *Controller) acquire(ctx context.Context, r *rule, token string, until t
 		if left <= 0 {
 			return nil, c.noSlot(r, nil)
 		}
+		c.signals.Busy.Signal(r.Name)
 		if err := sleep(ctx, min(left, c.jitter(pollInterval))); err != nil {
 			return nil, c.noSlot(r, err)
 		}
@@ -384,15 +408,21 @@ func (s *slot) renewLoop() {
 	defer s.c.renewals.Done()
 	defer close(s.done)
 	every := s.c.cfg.Lease / 3
-	t := time.NewTicker(every)
-	defer t.Stop()
+	var tick <-chan time.Time
+	if s.c.renewTicker != nil {
+		tick = s.c.renewTicker(every)
+	} else {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-s.c.closing:
 			return
-		case <-t.C:
+		case <-tick:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		renewed := time.Now()
@@ -401,14 +431,17 @@ func (s *slot) renewLoop() {
 		switch {
 		case err == nil && ok:
 			s.expires = renewed.Add(s.c.cfg.Lease)
+			s.c.signals.Renewed.Signal(nil)
 		case err != nil:
 			s.c.stats.redisErrs.Add(1)
 			s.c.cfg.Logger.Warn("keel: flow: slot lease renewal failed", "rule", s.r.Name, "token", s.token, "err", err)
+			s.c.signals.Renewed.Signal(err)
 		case !ok:
 			// The lease ran out (Redis was out of reach) and the slot may
 			// have gone to another job; the handler runs on regardless.
 			s.c.stats.leasesLost.Add(1)
 			s.c.cfg.Logger.Warn("keel: flow: slot lease lost while its job runs", "rule", s.r.Name, "token", s.token)
+			s.c.signals.Renewed.Signal(errLeaseLost)
 			return
 		}
 	}
@@ -457,6 +490,7 @@ func (s *slot) retryRelease() {
 		}
 		if s.giveBack(releaseRetry) == nil {
 			s.c.cfg.Logger.Info("keel: flow: slot given back", "rule", s.r.Name, "token", s.token)
+			s.c.signals.GivenBack.Signal(s.r.Name)
 			return
 		}
 	}

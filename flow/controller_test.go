@@ -61,15 +61,50 @@ func TestSlotsAreSharedAcrossControllers(t *testing.T) {
 	require.Equal(t, uint64(1), b.Stats().NoSlot)
 }
 
+// leaseLeft is how long the slot's one holder has left by Redis's clock,
+// which judges leases.
+func leaseLeft(t *testing.T, rdb *redis.Client) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	held, err := rdb.ZRangeWithScores(ctx, slotsKey, 0, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, held, 1)
+	now, err := rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	return time.UnixMilli(int64(held[0].Score)).Sub(now)
+}
+
+// expireLease moves the slot's lease end into the past, as if its lease
+// had run out without renewal: tests move the lease, not the clock, since
+// Redis's clock judges leases.
+func expireLease(t *testing.T, rdb *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	held, err := rdb.ZRange(ctx, slotsKey, 0, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, held, 1)
+	require.NoError(t, rdb.ZAddXX(ctx, slotsKey, redis.Z{Score: 1, Member: held[0]}).Err())
+}
+
 func TestHeldSlotIsRenewed(t *testing.T) {
-	opt, _ := setupRedis(t)
-	cfg := flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: 300 * time.Millisecond, Hold: flow.NoHold}
+	opt, rdb := setupRedis(t)
+	const lease = time.Minute
+	cfg := flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: lease, Hold: flow.NoHold}
 	a, b := newController(t, opt, cfg), newController(t, opt, cfg)
+	signals := flow.InitTestSignals(a)
+	tick, every := flow.RenewByHand(a)
 	ctx := context.Background()
 
 	release, err := a.Acquire(ctx, "reports")
 	require.NoError(t, err)
-	time.Sleep(time.Second) // three leases
+	require.Equal(t, lease/3, <-every, "renewed every third of a lease")
+	// Three leases pass, the last one renewed just in time.
+	for range 3 {
+		expireLease(t, rdb)
+		tick <- time.Now()
+		require.NoError(t, signals.Renewed.Wait(t))
+		require.Greater(t, leaseLeft(t, rdb), lease/2, "the renewal starts a whole lease")
+	}
 	_, err = b.Acquire(ctx, "reports")
 	require.ErrorIs(t, err, flow.ErrNoSlot, "a slot whose holder lives must not expire")
 	release()
@@ -80,9 +115,9 @@ func TestHeldSlotIsRenewed(t *testing.T) {
 }
 
 func TestDeadHoldersSlotComesBackAfterLease(t *testing.T) {
-	opt, _ := setupRedis(t)
-	const lease = 500 * time.Millisecond
-	cfg := flow.Config{Redis: opt, Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: lease, Hold: 5 * time.Second}
+	opt, rdb := setupRedis(t)
+	const lease = time.Minute
+	cfg := flow.Config{Redis: opt, Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: lease, Hold: flow.NoHold}
 	a, err := flow.New(cfg)
 	require.NoError(t, err)
 	b := newController(t, opt, cfg)
@@ -92,28 +127,38 @@ func TestDeadHoldersSlotComesBackAfterLease(t *testing.T) {
 	require.NoError(t, err)
 	// Closing without releasing is what a dead worker does: renewal stops.
 	require.NoError(t, a.Close())
-	dead := time.Now()
+	_, err = b.Acquire(ctx, "reports")
+	require.ErrorIs(t, err, flow.ErrNoSlot, "the dead holder's slot is held until its lease ends")
+	left := leaseLeft(t, rdb)
+	require.Greater(t, left, time.Duration(0))
+	require.LessOrEqual(t, left, lease)
+
+	expireLease(t, rdb)
 	release, err := b.Acquire(ctx, "reports")
-	require.NoError(t, err, "b holds up to 5s, far longer than the lease")
+	require.NoError(t, err, "the slot comes back once its lease has run out")
 	release()
-	// The slot was free only once the lease (renewed at most a third of a
-	// lease before the holder died) had run out.
-	require.GreaterOrEqual(t, time.Since(dead), lease*2/3-50*time.Millisecond)
 }
 
 func TestHoldWaitsForAFreedSlot(t *testing.T) {
 	opt, _ := setupRedis(t)
-	c := newController(t, opt, flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Hold: 3 * time.Second})
+	// The hold outlasts any slow host: the freed slot is taken within it.
+	c := newController(t, opt, flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Hold: time.Minute})
+	signals := flow.InitTestSignals(c)
 	ctx := context.Background()
 
 	release, err := c.Acquire(ctx, "reports")
 	require.NoError(t, err)
-	time.AfterFunc(300*time.Millisecond, release)
-	start := time.Now()
-	release2, err := c.Acquire(ctx, "reports")
-	require.NoError(t, err)
-	release2()
-	require.Less(t, time.Since(start), 2*time.Second, "the freed slot was taken while holding")
+	got := make(chan error, 1)
+	go func() {
+		release2, err := c.Acquire(ctx, "reports")
+		if err == nil {
+			release2()
+		}
+		got <- err
+	}()
+	require.Equal(t, "reports", signals.Busy.Wait(t), "the second job found the slot taken and holds")
+	release()
+	require.NoError(t, <-got, "the freed slot was taken while holding")
 }
 
 func TestHoldEndsAtTheJobsDeadline(t *testing.T) {
@@ -264,6 +309,7 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
 	c := newController(t, opt, flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Hold: flow.NoHold})
+	signals := flow.InitTestSignals(c)
 	ctx := context.Background()
 
 	release, err := c.Acquire(ctx, "reports")
@@ -275,8 +321,8 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	require.EqualValues(t, 1, c.Stats().RedisErrors)
 
 	require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", "default", "+zrem").Err())
-	testenv.Eventually(t, 5*time.Second, func() bool { return rdb.ZCard(ctx, slotsKey).Val() == 0 },
-		"the slot stayed taken until its lease (30s) ends")
+	require.Equal(t, "reports", signals.GivenBack.Wait(t), "the slot stays taken until its lease (30s) ends")
+	require.Zero(t, rdb.ZCard(ctx, slotsKey).Val())
 	again, err := c.Acquire(ctx, "reports")
 	require.NoError(t, err)
 	again()

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keeljobs/keel/internal/testsignal"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -45,6 +46,21 @@ type Scheduler struct {
 	running                 atomic.Bool
 	fired, existed, failing atomic.Uint64
 	reloaded, refused       atomic.Uint64
+
+	signals testSignals
+}
+
+// testSignals tell tests what Run did, so they wait on it rather than on
+// the clock; off in production (see export_test.go).
+type testSignals struct {
+	// Looked is the time of each step of Run, sent once every tick due by
+	// then is enqueued and recorded, and the next wake-up chosen.
+	Looked testsignal.Signal[time.Time]
+	// Synced names the entries Run runs, each time it takes changed
+	// entries on; their ticks count from then.
+	Synced testsignal.Signal[[]string]
+	// Reloaded is the outcome of each Reload, the file watcher's included.
+	Reloaded testsignal.Signal[error]
 }
 
 // New checks cfg (reading cfg.File if given) and returns a scheduler; Run
@@ -165,11 +181,13 @@ func (s *Scheduler) Reload() error {
 	if err != nil {
 		s.refused.Add(1)
 		s.log.Error("keel scheduler: schedule not reloaded; the running entries stay", "file", s.cfg.File, "err", err)
+		s.signals.Reloaded.Signal(err)
 		return err
 	}
 	s.reloaded.Add(1)
 	s.log.Info("keel scheduler: schedule reloaded", "file", s.cfg.File, "entries", len(s.Entries()),
 		"added", d.added, "changed", d.changed, "removed", d.removed)
+	s.signals.Reloaded.Signal(nil)
 	return nil
 }
 
@@ -230,13 +248,18 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	s.log.Info("keel scheduler started", "entries", len(r.states), "missed_ticks", s.cfg.MissedTicks.String(),
 		"max_catch_up", s.cfg.MaxCatchUp, "file", s.cfg.File)
 	for {
-		wake := r.step(ctx, clock.Now())
+		now := clock.Now()
+		wake := r.step(ctx, now)
+		s.signals.Looked.Signal(now)
 		select {
 		case <-ctx.Done():
 			s.log.Info("keel scheduler stopped", "enqueued", s.fired.Load(), "existed", s.existed.Load())
 			return nil
 		case <-s.changed:
 			r.sync(clock.Now())
+			if s.signals.Synced.On() {
+				s.signals.Synced.Signal(slices.Sorted(maps.Keys(r.states)))
+			}
 		case <-clock.At(wake):
 		}
 	}

@@ -6,40 +6,18 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/tasks"
 )
 
 func everySecond(name string) scheduler.Entry {
 	return scheduler.Entry{Name: name, Spec: "* * * * * *", Kind: tickKind.Name(), Payload: []byte(`{"note":"tick"}`)}
-}
-
-// requireContiguous checks that ticks are one second apart with no gap.
-func requireContiguous(t *testing.T, ticks []time.Time) {
-	t.Helper()
-	for i := 1; i < len(ticks); i++ {
-		require.Equal(t, time.Second, ticks[i].Sub(ticks[i-1]), "gap or repeat between %s and %s", ticks[i-1], ticks[i])
-	}
-}
-
-// requireSpans checks that contiguous ticks cover the run: the first
-// follows the first start, and none is missing before the stop began (the
-// one due as the instances stop may be cut short). How long stopping took
-// does not matter.
-func requireSpans(t *testing.T, ticks []time.Time, began, stopping time.Time) {
-	t.Helper()
-	require.NotEmpty(t, ticks)
-	require.WithinDuration(t, began.Add(time.Second), ticks[0], time.Second, "the first tick follows the first start")
-	last := ticks[len(ticks)-1]
-	require.False(t, last.Before(stopping.Truncate(time.Second).Add(-time.Second)),
-		"ticks stopped early: the last is %s, the stop began at %s", last, stopping)
-	require.False(t, last.After(time.Now()), "a tick from the future: %s", last)
 }
 
 func sumStats(is ...*instance) scheduler.Stats {
@@ -53,53 +31,59 @@ func sumStats(is ...*instance) scheduler.Stats {
 	return s
 }
 
+// seconds returns the n ticks of an every-second entry after t0.
+func seconds(n int) []time.Time {
+	out := make([]time.Time, n)
+	for i := range out {
+		out[i] = t0.Add(time.Duration(i+1) * time.Second)
+	}
+	return out
+}
+
+// Three instances on one clock wake together at each tick and race to
+// enqueue it: the ledger keeps one job per tick.
 func TestInstancesEnqueueEachTickOnce(t *testing.T) {
 	b := setup(t)
-	cfg := scheduler.Config{Entries: []scheduler.Entry{everySecond("fleet")}}
-	began := time.Now()
+	clock := newFakeClock(t0)
+	cfg := scheduler.Config{Entries: []scheduler.Entry{everySecond("fleet")}, Clock: clock}
 	fleet := []*instance{b.start(t, cfg), b.start(t, cfg), b.start(t, cfg)}
-	time.Sleep(11 * time.Second)
-	stopping := time.Now()
+	runUntil(t, clock, t0.Add(10*time.Second), fleet...)
 	for _, in := range fleet {
 		in.stop()
 	}
 
-	ticks := b.ticks(t, "fleet")
-	requireContiguous(t, ticks)
-	requireSpans(t, ticks, began, stopping)
-	st := sumStats(fleet...)
-	require.Equal(t, uint64(len(ticks)), st.Enqueued, "each tick created by one instance: %+v", st)
-	require.Greater(t, st.Existed, uint64(len(ticks)), "the other instances found each tick's job: %+v", st)
-	require.Zero(t, st.Failed)
-	require.Equal(t, len(ticks), b.pending(t, "default"), "one task in Redis per tick")
+	require.Equal(t, seconds(10), b.ticks(t, "fleet"))
+	require.Equal(t, scheduler.Stats{Enqueued: 10, Existed: 20}, sumStats(fleet...),
+		"each tick created by one instance and found by the two others")
+	require.Equal(t, 10, b.pending(t, "default"), "one task in Redis per tick")
 }
 
+// Instances stop and start in turn, one always running: every tick has one
+// job, none missing across the hand-overs.
 func TestRestartedInstanceNeitherRepeatsNorMissesTicks(t *testing.T) {
 	b := setup(t)
-	cfg := scheduler.Config{Entries: []scheduler.Entry{everySecond("restart")}}
-	began := time.Now()
+	clock := newFakeClock(t0)
+	cfg := scheduler.Config{Entries: []scheduler.Entry{everySecond("restart")}, Clock: clock}
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	a := b.start(t, cfg)
 	bb := b.start(t, cfg)
-	time.Sleep(2500 * time.Millisecond)
-	a.stop() // b alone
-	time.Sleep(2500 * time.Millisecond)
+	runUntil(t, clock, at(2500*time.Millisecond), a, bb)
+	a.stop() // bb alone
+	runUntil(t, clock, at(5*time.Second), bb)
 	a2 := b.start(t, cfg)
-	time.Sleep(1500 * time.Millisecond)
+	runUntil(t, clock, at(6500*time.Millisecond), a2, bb)
 	bb.stop() // a2 alone
-	time.Sleep(2500 * time.Millisecond)
+	runUntil(t, clock, at(9*time.Second), a2)
 	b2 := b.start(t, cfg)
-	time.Sleep(2 * time.Second)
-	stopping := time.Now()
+	runUntil(t, clock, at(11*time.Second), a2, b2)
 	a2.stop()
 	b2.stop()
 
-	ticks := b.ticks(t, "restart")
-	requireContiguous(t, ticks)
-	requireSpans(t, ticks, began, stopping)
+	require.Equal(t, seconds(11), b.ticks(t, "restart"))
 	st := sumStats(a, bb, a2, b2)
-	require.Equal(t, uint64(len(ticks)), st.Enqueued, "each tick created once: %+v", st)
+	require.Equal(t, uint64(11), st.Enqueued, "each tick created once: %+v", st)
 	require.Zero(t, st.Failed)
-	require.Equal(t, len(ticks), b.pending(t, "default"), "one task in Redis per tick")
+	require.Equal(t, 11, b.pending(t, "default"), "one task in Redis per tick")
 }
 
 // t0 is the fake clock's start: half a minute before a minute tick.
@@ -127,20 +111,14 @@ func TestMissedTicksAfterDowntimeFollowThePolicy(t *testing.T) {
 			entries := []scheduler.Entry{everyMinute("downtime")}
 			clock := newFakeClock(t0)
 			a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
-			clock.waitSleeping(t)
-			clock.Set(minute(1))
-			clock.waitSleeping(t)
+			advance(t, clock, minute(1), a)
 			require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "downtime"))
 			a.stop()
 
 			// Every scheduler down for ticks 2 to 6; one starts at 6:30.
 			clock = newFakeClock(minute(6).Add(30 * time.Second))
 			cfg := scheduler.Config{Entries: entries, Clock: clock, MissedTicks: tc.policy, MaxCatchUp: tc.maxCatchUp}
-			b.start(t, cfg)
-			clock.waitSleeping(t)
-			clock.Set(minute(7))
-			b.waitTicks(t, "downtime", len(tc.want))
-			// Missed ticks fire before the next tick, so with 7 there all are.
+			advance(t, clock, minute(7), b.start(t, cfg))
 			require.Equal(t, tc.want, b.ticks(t, "downtime"))
 		})
 	}
@@ -151,7 +129,7 @@ func TestStaleScheduleTableDoesNotRunATickTwice(t *testing.T) {
 	entries := []scheduler.Entry{everyMinute("stale")}
 	clock := newFakeClock(t0)
 	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
-	tickMinutes(t, clock, 3)
+	tickMinutes(t, clock, 3, a)
 	require.Len(t, b.ticks(t, "stale"), 3)
 	a.stop()
 	// As if the last writes to keel_schedule were lost.
@@ -160,7 +138,6 @@ func TestStaleScheduleTableDoesNotRunATickTwice(t *testing.T) {
 
 	clock = newFakeClock(minute(3).Add(30 * time.Second))
 	again := b.start(t, scheduler.Config{Entries: entries, Clock: clock, MaxCatchUp: 5})
-	clock.waitSleeping(t)
 	require.Equal(t, scheduler.Stats{Existed: 3}, again.Stats(), "ticks 1-3 caught up again and found in the ledger")
 	require.Equal(t, []time.Time{minute(1), minute(2), minute(3)}, b.ticks(t, "stale"))
 	require.Equal(t, 3, b.pending(t, "default"))
@@ -186,8 +163,12 @@ entries:
     kind: test:scheduler_tick
 `
 	write(first)
-	s := b.start(t, scheduler.Config{File: path, FileCheckInterval: 50 * time.Millisecond})
-	b.waitTicks(t, "first", 1)
+	clock := newFakeClock(t0)
+	// The watcher checks the file on real time: the test waits for what it
+	// found, not for the interval.
+	s := b.start(t, scheduler.Config{File: path, FileCheckInterval: 50 * time.Millisecond, Clock: clock})
+	advance(t, clock, t0.Add(time.Second), s)
+	require.Equal(t, seconds(1), b.ticks(t, "first"))
 
 	write(first + `
   - name: second
@@ -195,8 +176,11 @@ entries:
     kind: test:scheduler_tick
     payload: {note: second}
 `)
-	testenv.Eventually(t, 5*time.Second, func() bool { return len(s.Entries()) == 2 }, "the new entry was not picked up")
-	b.waitTicks(t, "second", 1)
+	require.NoError(t, s.signals.Reloaded.Wait(t))
+	require.Len(t, s.Entries(), 2)
+	s.signals.Synced.WaitFor(t, func(names []string) bool { return slices.Contains(names, "second") })
+	advance(t, clock, t0.Add(2*time.Second), s)
+	require.Equal(t, seconds(2)[1:], b.ticks(t, "second"), "the new entry ticks from its first tick after the reload")
 
 	// A broken file is refused whole; both entries keep running.
 	write(first + `
@@ -204,11 +188,12 @@ entries:
     spec: "* * *"
     kind: test:scheduler_tick
 `)
-	// The watcher looked at the broken file and refused it.
-	testenv.Eventually(t, 5*time.Second, func() bool { return s.Stats().ReloadsRefused >= 1 }, "the broken file was never refused")
+	require.ErrorContains(t, s.signals.Reloaded.Wait(t), `bad spec "* * *"`)
+	require.Equal(t, uint64(1), s.Stats().ReloadsRefused)
 	require.Len(t, s.Entries(), 2)
-	n := len(b.ticks(t, "second"))
-	b.waitTicks(t, "second", n+1)
+	advance(t, clock, t0.Add(3*time.Second), s)
+	require.Equal(t, seconds(3)[1:], b.ticks(t, "second"))
+	require.Equal(t, seconds(3), b.ticks(t, "first"))
 	require.Empty(t, b.ticks(t, "third"))
 
 	// So is a file naming a kind nobody declared, on an explicit reload too.
@@ -309,7 +294,6 @@ func TestRunTwiceAtOnceIsRefused(t *testing.T) {
 	b := setup(t)
 	clock := newFakeClock(t0)
 	in := b.start(t, scheduler.Config{Entries: []scheduler.Entry{everyMinute("once")}, Clock: clock})
-	clock.waitSleeping(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	require.ErrorContains(t, in.Run(ctx), "already running")
@@ -320,12 +304,10 @@ func TestDowntimeBeforeTheFirstTickIsKnown(t *testing.T) {
 	entries := []scheduler.Entry{everyMinute("young")}
 	clock := newFakeClock(t0)
 	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
-	clock.waitSleeping(t)
 	a.stop() // before its first tick
 
 	clock = newFakeClock(minute(3).Add(30 * time.Second))
 	b.start(t, scheduler.Config{Entries: entries, Clock: clock})
-	clock.waitSleeping(t)
 	require.Equal(t, []time.Time{minute(3)}, b.ticks(t, "young"), "the most recent missed tick caught up")
 }
 
@@ -342,7 +324,7 @@ func TestATickOfAKindWithAUniqueWindowRunsOnce(t *testing.T) {
 	entries := []scheduler.Entry{{Name: "unique", Spec: "@every 1m", Kind: uniqueTick.Name()}}
 	clock := newFakeClock(t0)
 	a := b.start(t, scheduler.Config{Entries: entries, Clock: clock})
-	tickMinutes(t, clock, 3)
+	tickMinutes(t, clock, 3, a)
 	a.stop()
 	// The ticks ran, long ago: past the kind's window.
 	_, err := b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now(),
@@ -353,7 +335,6 @@ func TestATickOfAKindWithAUniqueWindowRunsOnce(t *testing.T) {
 
 	clock = newFakeClock(minute(3).Add(30 * time.Second))
 	again := b.start(t, scheduler.Config{Entries: entries, Clock: clock, MaxCatchUp: 5})
-	clock.waitSleeping(t)
 	require.Equal(t, scheduler.Stats{Existed: 3}, again.Stats(), "ticks 1-3 caught up again and found in the ledger")
 	var jobs, superseded int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*), count(superseded_at) FROM keel_jobs WHERE kind = $1`,
@@ -362,14 +343,11 @@ func TestATickOfAKindWithAUniqueWindowRunsOnce(t *testing.T) {
 	require.Zero(t, superseded)
 }
 
-// tickMinutes moves clock through minutes 1 to n, letting the scheduler
-// fire each.
-func tickMinutes(t *testing.T, clock *fakeClock, n int) {
+// tickMinutes moves clock through minutes 1 to n, letting in fire each.
+func tickMinutes(t *testing.T, clock *fakeClock, n int, in *instance) {
 	t.Helper()
 	for m := 1; m <= n; m++ {
-		clock.waitSleeping(t)
-		clock.Set(minute(m))
-		clock.waitSleeping(t)
+		advance(t, clock, minute(m), in)
 	}
 }
 
@@ -385,7 +363,7 @@ func TestATickTakesItsKindsDefaults(t *testing.T) {
 	b := setup(t)
 	clock := newFakeClock(t0)
 	a := b.start(t, scheduler.Config{Entries: []scheduler.Entry{{Name: "low", Spec: "@every 1m", Kind: lowTick.Name()}}, Clock: clock})
-	tickMinutes(t, clock, 1)
+	tickMinutes(t, clock, 1, a)
 	a.stop()
 	var queue string
 	var maxRetry int

@@ -58,11 +58,14 @@ func (b *bundle) client(t *testing.T) *tasks.Client {
 // instance is one running scheduler.
 type instance struct {
 	*scheduler.Scheduler
-	stop func()
+	signals *scheduler.TestSignals
+	stop    func()
 }
 
 // start runs a scheduler on cfg (with a client of its own unless cfg has
-// one) until stop or the end of the test.
+// one) until stop or the end of the test. It returns once the scheduler has
+// looked at its start time: ticks due then are handled, and the clock may
+// move.
 func (b *bundle) start(t *testing.T, cfg scheduler.Config) *instance {
 	t.Helper()
 	if cfg.Client == nil {
@@ -76,6 +79,7 @@ func (b *bundle) start(t *testing.T, cfg scheduler.Config) *instance {
 	}
 	s, err := scheduler.New(cfg)
 	require.NoError(t, err)
+	signals := scheduler.InitTestSignals(s)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -87,7 +91,36 @@ func (b *bundle) start(t *testing.T, cfg scheduler.Config) *instance {
 		})
 	}
 	t.Cleanup(stop)
-	return &instance{Scheduler: s, stop: stop}
+	signals.Looked.Wait(t)
+	return &instance{Scheduler: s, signals: signals, stop: stop}
+}
+
+// looked waits until in has handled every tick due at at.
+func (in *instance) looked(t *testing.T, at time.Time) {
+	t.Helper()
+	in.signals.Looked.WaitFor(t, func(now time.Time) bool { return !now.Before(at) })
+}
+
+// advance moves clock to at, and waits until each of ins has handled the
+// ticks due by then.
+func advance(t *testing.T, clock *fakeClock, at time.Time, ins ...*instance) {
+	t.Helper()
+	clock.Set(at)
+	for _, in := range ins {
+		in.looked(t, at)
+	}
+}
+
+// runUntil moves clock to until through every whole second between,
+// waiting at each until ins have handled its tick. Between seconds nothing
+// is due and no scheduler wakes, so a move to until mid-second is not
+// waited on.
+func runUntil(t *testing.T, clock *fakeClock, until time.Time, ins ...*instance) {
+	t.Helper()
+	for at := clock.Now().Truncate(time.Second).Add(time.Second); !at.After(until); at = at.Add(time.Second) {
+		advance(t, clock, at, ins...)
+	}
+	clock.Set(until)
 }
 
 // ticks returns the ticks of entry that have a ledger job, oldest first,
@@ -113,16 +146,6 @@ func (b *bundle) ticks(t *testing.T, entry string) []time.Time {
 	require.NoError(t, rows.Err())
 	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
 	return out
-}
-
-func (b *bundle) waitTicks(t *testing.T, entry string, n int) []time.Time {
-	t.Helper()
-	var got []time.Time
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		got = b.ticks(t, entry)
-		return len(got) >= n
-	}, "entry %s: want %d ticks, have %v", entry, n, &got)
-	return got
 }
 
 // pending is how many tasks wait in Redis queue q.
@@ -194,15 +217,4 @@ func (c *fakeClock) Set(now time.Time) {
 		w.ch <- now
 	}
 	c.waiters = kept
-}
-
-// waitSleeping waits until a scheduler on c has handled the current time and
-// waits for a later one.
-func (c *fakeClock) waitSleeping(t *testing.T) {
-	t.Helper()
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return len(c.waiters) > 0
-	}, "the scheduler never went to sleep")
 }
