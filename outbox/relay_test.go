@@ -174,7 +174,7 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	c := b.client(t, b.opt)
 	// IdleAfter long enough that the relay is surely still awake when the
 	// straggler's transaction looks, however loaded the machine.
-	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Second})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: 3 * time.Second})
 	runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
