@@ -447,6 +447,12 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.waiter != nil {
 		bg.Go(func() { wake.Listen(bgCtx, s.rc, s.waiter) })
 	}
+	if have, want := int(s.cfg.Pool.Config().MaxConns), PoolSize(s.cfg.Concurrency); have < want {
+		s.cfg.Logger.Warn("keel: the Postgres pool is smaller than this worker's concurrency needs: each InTx and Step holds a connection "+
+			"while it runs, and the guard's rounds and renewals need theirs, so jobs will wait for connections "+
+			"(set pool_max_conns in the database URL, or lower the concurrency)",
+			"pool_max_conns", have, "concurrency", s.cfg.Concurrency, "suggested_pool_max_conns", want)
+	}
 	s.cfg.Logger.Info("keel worker started", "queues", FormatQueues(s.cfg.Queues),
 		"concurrency", s.cfg.Concurrency, "strict_priority", s.cfg.StrictPriority, "holder", s.guard.Holder(),
 		"relay", s.relay != nil, "reconciler", s.recon != nil)
@@ -464,6 +470,12 @@ func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Logger.Info("keel worker stopped")
 	return nil
 }
+
+// PoolSize is the Postgres pool a worker of the given concurrency needs
+// for no job to wait for a connection: one per running handler (an InTx or
+// a Step holds it) and a few for the guard's rounds and renewals, the relay
+// and the reconciler. Run warns when the pool is smaller.
+func PoolSize(concurrency int) int { return concurrency + 4 }
 
 // Close releases what New acquired. Run closes the server itself; call
 // Close only for a server that is never run.
