@@ -24,8 +24,8 @@ type startLog struct {
 }
 
 func (r *startLog) Enabled(context.Context, slog.Level) bool { return true }
-func (r *startLog) WithAttrs([]slog.Attr) slog.Handler      { return r }
-func (r *startLog) WithGroup(string) slog.Handler           { return r }
+func (r *startLog) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *startLog) WithGroup(string) slog.Handler            { return r }
 func (r *startLog) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
