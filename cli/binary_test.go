@@ -190,6 +190,7 @@ func TestYourOwnBinary(t *testing.T) {
 	require.NoError(t, worker.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, worker.Wait(), werr.String())
 	require.Contains(t, werr.String(), "user=42", "the handler logged")
+	require.NotContains(t, werr.String(), "pool is smaller", "the worker sizes its pool for its concurrency")
 }
 
 // JSON asked for anywhere on the line answers a mistake found before it

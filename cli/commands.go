@@ -309,6 +309,9 @@ func workerCmd(e *Env) *cobra.Command {
 				return usageError{fmt.Errorf("%s has no handlers to run: build your own binary with the cli package (see the README, \"Your own worker binary\")", e.app.name())}
 			}
 			ctx := cmd.Context()
+			// Each running handler may hold a connection: pgx's default
+			// (max(4, cores)) would cap the concurrency at that.
+			e.poolConns = server.PoolSize(cfg.Concurrency)
 			svc, err := e.Open(ctx)
 			if err != nil {
 				return err

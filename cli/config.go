@@ -48,6 +48,9 @@ type Env struct {
 	output      string
 	asJSON      bool
 	log         *slog.Logger
+	// poolConns is the least pool size a command needs (a worker's, for
+	// its concurrency); the URL's pool_max_conns, when set, wins.
+	poolConns int
 }
 
 func (e *Env) bind(cmd *cobra.Command) {
@@ -341,6 +344,9 @@ func (e *Env) Pool(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.databaseURL)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(e.databaseURL), err)}
+	}
+	if int(cfg.MaxConns) < e.poolConns && !strings.Contains(e.databaseURL, "pool_max_conns") {
+		cfg.MaxConns = int32(e.poolConns)
 	}
 	// search_path in the URL selects the ledger's schema.
 	if sp := cfg.ConnConfig.RuntimeParams["search_path"]; sp == "" {
