@@ -21,10 +21,10 @@ import (
 
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/redisconn"
-	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/redisurl"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )

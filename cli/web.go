@@ -18,7 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/redisurl"
 	"github.com/keeljobs/keel/web"
 )
 

@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // The guard's statements touch the rows of the jobs at hand, by primary

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/internal/redisconn"
-	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/redisurl"
 )
 
 // replicatedCluster is a Redis Cluster of three masters with a replica each.

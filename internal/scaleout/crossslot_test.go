@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	flowlimit "github.com/keeljobs/keel/flow"
-	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/redisurl"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )

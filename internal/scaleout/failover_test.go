@@ -23,10 +23,10 @@ import (
 
 	flowlimit "github.com/keeljobs/keel/flow"
 	"github.com/keeljobs/keel/idempotency"
-	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/redisurl"
 	"github.com/keeljobs/keel/scheduler"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"

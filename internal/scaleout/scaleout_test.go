@@ -15,10 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
-	"github.com/keeljobs/keel/internal/redisurl"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
+	"github.com/keeljobs/keel/redisurl"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/redisurl"
 )
 
 var parseCases = []struct {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/keeljobs/keel/internal/redisurl"
+	"github.com/keeljobs/keel/redisurl"
 )
 
 func ExampleParse() {
