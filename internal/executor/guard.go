@@ -486,9 +486,10 @@ type ledgerReq struct {
 // runRound runs one round of waiting claims and completions: one statement
 // in the common case, a second one only for claims that did not succeed.
 func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
-	var claimIDs, doneIDs []string
-	var doneRuns []int32
-	completing := map[string]bool{}
+	// Sized for the round at once: a round is built for every few jobs.
+	doneIDs := make([]string, 0, len(reqs))
+	doneRuns := make([]int32, 0, len(reqs))
+	completing := make(map[string]bool, len(reqs))
 	batch := false
 	for _, r := range reqs {
 		if r.complete {
@@ -503,18 +504,13 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	// A claim of a job this worker is completing in this very round is a
 	// duplicate delivery of a job it holds: busy (the next look finds it
 	// finished). Every other id is claimed once; later copies are busy.
-	asked := map[string]bool{}
+	claimIDs := make([]string, 0, len(reqs)-len(doneIDs))
+	asked := make(map[string]bool, len(reqs)-len(doneIDs))
 	for _, r := range reqs {
 		if !r.complete && !completing[r.id] && !asked[r.id] {
 			claimIDs = append(claimIDs, r.id)
 			asked[r.id] = true
 		}
-	}
-	if claimIDs == nil {
-		claimIDs = []string{}
-	}
-	if doneIDs == nil {
-		doneIDs, doneRuns = []string{}, []int32{}
 	}
 	var results map[string]claimResult
 	var done map[string]bool
