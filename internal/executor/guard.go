@@ -612,13 +612,24 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 	})
 }
 
+// A claim's and a completion's answers come on channels of one slot that a
+// round sends on exactly once. A channel goes back to its pool only once
+// its answer has been received (or its request was never queued): one left
+// behind for a late answer is never reused.
+var (
+	claimOuts = sync.Pool{New: func() any { return make(chan claimResult, 1) }}
+	doneOuts  = sync.Pool{New: func() any { return make(chan error, 1) }}
+)
+
 func (g *Guard) claim(ctx context.Context, id string) claimResult {
-	out := make(chan claimResult, 1)
+	out := claimOuts.Get().(chan claimResult)
 	if err := g.ledger.Submit(ctx, ledgerReq{id: id, claimOut: out}); err != nil {
+		claimOuts.Put(out)
 		return claimResult{err: err}
 	}
 	select {
 	case res := <-out:
+		claimOuts.Put(out)
 		return res
 	case <-ctx.Done():
 		// The claim may still land after the delivery gave up on it: give
@@ -644,7 +655,6 @@ func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
 }
 
 func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
-	out := make(chan error, 1)
 	b := g.ledger
 	if jc.batchID != "" {
 		var err error
@@ -653,11 +663,14 @@ func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
 		}
 		defer g.members.release(jc.batchID)
 	}
+	out := doneOuts.Get().(chan error)
 	if err := b.Submit(ctx, ledgerReq{id: jc.id, run: jc.run, inBatch: jc.batchID != "", complete: true, doneOut: out}); err != nil {
+		doneOuts.Put(out)
 		return err
 	}
 	select {
 	case err := <-out:
+		doneOuts.Put(out)
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
