@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -63,6 +64,32 @@ type Worker struct {
 	cancelled  *prometheus.CounterVec
 	expired    *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
+
+	// succeededBy caches, per kind and queue, the series every successful
+	// attempt updates (label lookups hash the values and take a lock).
+	succeededBy sync.Map // kindQueue -> *succeededSeries
+}
+
+type kindQueue struct{ kind, queue string }
+
+// succeededSeries are the series of one kind and queue that a successful
+// attempt updates.
+type succeededSeries struct {
+	duration             prometheus.Observer
+	processed, succeeded prometheus.Counter
+}
+
+func (w *Worker) succeededSeries(kind, queue string) *succeededSeries {
+	k := kindQueue{kind, queue}
+	if s, ok := w.succeededBy.Load(k); ok {
+		return s.(*succeededSeries)
+	}
+	s, _ := w.succeededBy.LoadOrStore(k, &succeededSeries{
+		duration:  w.duration.WithLabelValues(kind),
+		processed: w.processed.WithLabelValues(kind, queue),
+		succeeded: w.succeeded.WithLabelValues(kind, queue),
+	})
+	return s.(*succeededSeries)
 }
 
 // Validate reports everything in c that cannot work.
@@ -201,10 +228,11 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 		err := next.ProcessTask(ctx, t)
 		kind := t.Type()
 		queue, _ := asynq.GetQueueName(ctx)
-		w.duration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+		s := w.succeededSeries(kind, queue)
+		s.duration.Observe(time.Since(start).Seconds())
 		if err == nil {
-			w.processed.WithLabelValues(kind, queue).Inc()
-			w.succeeded.WithLabelValues(kind, queue).Inc()
+			s.processed.Inc()
+			s.succeeded.Inc()
 			return nil
 		}
 		if errors.Is(err, idempotency.ErrCancelled) || errors.Is(context.Cause(ctx), idempotency.ErrCancelled) {
@@ -218,7 +246,7 @@ func (w *Worker) Middleware(next asynq.Handler) asynq.Handler {
 			w.postponed.WithLabelValues(kind, queue).Inc()
 			return err
 		}
-		w.processed.WithLabelValues(kind, queue).Inc()
+		s.processed.Inc()
 		w.failed.WithLabelValues(kind, queue, string(class)).Inc()
 		return err
 	})

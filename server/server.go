@@ -526,40 +526,44 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 			retried, _ := asynq.GetRetryCount(ctx)
 			ctx, noted := outcome.With(ctx)
 			err := next.ProcessTask(ctx, t)
-			attrs := []any{"task_id", id, "kind", t.Type(), "business_key", t.Headers()[jobstore.HeaderBusinessKey],
-				"queue", q, "attempt", retried + 1, "duration", time.Since(start)}
-			withErr := func() []any {
-				if err == nil {
-					return attrs
-				}
-				return append(attrs, "err", err.Error())
-			}
-			// What the guard did, where the handler's error does not say it.
+			// What the guard did, where the handler's error does not say it;
+			// else what the error says. The line's attributes are built only
+			// when its level is logged: most workers do not log at Info.
+			level, msg, withErr := slog.LevelInfo, "", true
+			var extra []any
 			switch noted() {
 			case outcome.Duplicate:
-				log.Info("keel: duplicate delivery acknowledged", attrs...)
-				return err
+				msg, withErr = "keel: duplicate delivery acknowledged", false
 			case outcome.Cancelled:
-				log.Info("keel: job cancelled", withErr()...)
-				return err
+				msg = "keel: job cancelled"
 			case outcome.Interrupted:
-				log.Info("keel: job interrupted by shutdown", withErr()...)
-				return err
+				msg = "keel: job interrupted by shutdown"
 			case outcome.GivenUp:
-				log.Warn("keel: job given up", withErr()...)
-				return err
+				level, msg = slog.LevelWarn, "keel: job given up"
 			case outcome.Retired:
-				log.Warn("keel: job retired as a poison job", attrs...)
+				level, msg, withErr = slog.LevelWarn, "keel: job retired as a poison job", false
+			default:
+				withErr = false
+				switch {
+				case err == nil:
+					msg = "keel: job done"
+				case retry.IsWait(err):
+					msg = "keel: job postponed"
+					extra = []any{"reason", err.Error()}
+				default:
+					level, msg = slog.LevelWarn, "keel: job failed"
+					extra = []any{"err", err.Error(), "class", string(retry.Classify(err))}
+				}
+			}
+			if !log.Enabled(context.Background(), level) {
 				return err
 			}
-			switch {
-			case err == nil:
-				log.Info("keel: job done", attrs...)
-			case retry.IsWait(err):
-				log.Info("keel: job postponed", append(attrs, "reason", err.Error())...)
-			default:
-				log.Warn("keel: job failed", append(attrs, "err", err.Error(), "class", string(retry.Classify(err)))...)
+			attrs := []any{"task_id", id, "kind", t.Type(), "business_key", t.Headers()[jobstore.HeaderBusinessKey],
+				"queue", q, "attempt", retried + 1, "duration", time.Since(start)}
+			if withErr && err != nil {
+				attrs = append(attrs, "err", err.Error())
 			}
+			log.Log(context.Background(), level, msg, append(attrs, extra...)...)
 			return err
 		})
 	}

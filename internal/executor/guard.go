@@ -486,9 +486,10 @@ type ledgerReq struct {
 // runRound runs one round of waiting claims and completions: one statement
 // in the common case, a second one only for claims that did not succeed.
 func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
-	var claimIDs, doneIDs []string
-	var doneRuns []int32
-	completing := map[string]bool{}
+	// Sized for the round at once: a round is built for every few jobs.
+	doneIDs := make([]string, 0, len(reqs))
+	doneRuns := make([]int32, 0, len(reqs))
+	completing := make(map[string]bool, len(reqs))
 	batch := false
 	for _, r := range reqs {
 		if r.complete {
@@ -503,18 +504,13 @@ func (g *Guard) runRound(ctx context.Context, reqs []ledgerReq) {
 	// A claim of a job this worker is completing in this very round is a
 	// duplicate delivery of a job it holds: busy (the next look finds it
 	// finished). Every other id is claimed once; later copies are busy.
-	asked := map[string]bool{}
+	claimIDs := make([]string, 0, len(reqs)-len(doneIDs))
+	asked := make(map[string]bool, len(reqs)-len(doneIDs))
 	for _, r := range reqs {
 		if !r.complete && !completing[r.id] && !asked[r.id] {
 			claimIDs = append(claimIDs, r.id)
 			asked[r.id] = true
 		}
-	}
-	if claimIDs == nil {
-		claimIDs = []string{}
-	}
-	if doneIDs == nil {
-		doneIDs, doneRuns = []string{}, []int32{}
 	}
 	var results map[string]claimResult
 	var done map[string]bool
@@ -616,13 +612,24 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 	})
 }
 
+// A claim's and a completion's answers come on channels of one slot that a
+// round sends on exactly once. A channel goes back to its pool only once
+// its answer has been received (or its request was never queued): one left
+// behind for a late answer is never reused.
+var (
+	claimOuts = sync.Pool{New: func() any { return make(chan claimResult, 1) }}
+	doneOuts  = sync.Pool{New: func() any { return make(chan error, 1) }}
+)
+
 func (g *Guard) claim(ctx context.Context, id string) claimResult {
-	out := make(chan claimResult, 1)
+	out := claimOuts.Get().(chan claimResult)
 	if err := g.ledger.Submit(ctx, ledgerReq{id: id, claimOut: out}); err != nil {
+		claimOuts.Put(out)
 		return claimResult{err: err}
 	}
 	select {
 	case res := <-out:
+		claimOuts.Put(out)
 		return res
 	case <-ctx.Done():
 		// The claim may still land after the delivery gave up on it: give
@@ -648,7 +655,6 @@ func (g *Guard) undoLateClaim(id string, out <-chan claimResult) {
 }
 
 func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
-	out := make(chan error, 1)
 	b := g.ledger
 	if jc.batchID != "" {
 		var err error
@@ -657,11 +663,14 @@ func (g *Guard) complete(ctx context.Context, jc *jobContext) error {
 		}
 		defer g.members.release(jc.batchID)
 	}
+	out := doneOuts.Get().(chan error)
 	if err := b.Submit(ctx, ledgerReq{id: jc.id, run: jc.run, inBatch: jc.batchID != "", complete: true, doneOut: out}); err != nil {
+		doneOuts.Put(out)
 		return err
 	}
 	select {
 	case err := <-out:
+		doneOuts.Put(out)
 		return err
 	case <-ctx.Done():
 		return ctx.Err()

@@ -129,9 +129,12 @@ func Round(ctx context.Context, db DB, a RoundArgs, fn func(Claimed)) error {
 		return err
 	}
 	defer rows.Close()
+	// One row and one list of destinations for every row: fn gets a copy.
+	var c Claimed
+	dest := []any{&c.ID, &c.Attempts, &c.Budget, &c.WaitedMS, &c.MaxWaitMS, &c.BatchID, &c.Run, &c.Alone, &c.Deadline}
 	for rows.Next() {
-		var c Claimed // its own Deadline pointer: fn may keep it
-		if err := rows.Scan(&c.ID, &c.Attempts, &c.Budget, &c.WaitedMS, &c.MaxWaitMS, &c.BatchID, &c.Run, &c.Alone, &c.Deadline); err != nil {
+		c = Claimed{} // a nil Deadline: each row's gets its own pointer, which fn may keep
+		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
 		fn(c)
