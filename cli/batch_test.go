@@ -8,16 +8,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/tasks"
 )
 
 // `batch ls` and `batch show` in a program's own binary.
 func TestBatchCommands(t *testing.T) {
-	redis := testenv.Redis(t, testenv.DBCmd)
-	const schema = "keel_test_cli_batch"
-	pool := testenv.Pool(t, schema)
-	env := []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL(schema)}
+	e := setup(t)
+	redis, pool := e.redis, e.pool
+	env := []string{"REDIS_URL=" + e.redisURL(), "DATABASE_URL=" + e.databaseURL()}
 	ctx := context.Background()
 	client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool})
 	require.NoError(t, err)
@@ -109,8 +107,8 @@ func TestBatchCommands(t *testing.T) {
 // batch show keeps a batch's description on its row: one typed with a line
 // break "state  complete" must not show an open batch as complete.
 func TestBatchShowKeepsTheDescriptionOnItsRow(t *testing.T) {
-	redis := testenv.Redis(t, testenv.DBCmd)
-	pool := testenv.Pool(t, schema)
+	e := setup(t)
+	redis, pool := e.redis, e.pool
 	ctx := context.Background()
 	client, err := tasks.NewClient(tasks.ClientConfig{Redis: redis, Pool: pool})
 	require.NoError(t, err)
@@ -119,7 +117,7 @@ func TestBatchShowKeepsTheDescriptionOnItsRow(t *testing.T) {
 	require.NoError(t, err)
 	_, err = client.Enqueue(ctx, tasks.NewRaw("odd\nkind", []byte(`{}`), "k1", tasks.InBatch(batch.ID)))
 	require.NoError(t, err)
-	out, _, err := greeter(t, "", "batch", "show", batch.ID)
+	out, _, err := e.greeter(t, "", "batch", "show", batch.ID)
 	require.NoError(t, err)
 	var states []string
 	for _, line := range strings.Split(out, "\n") {

@@ -87,8 +87,6 @@ func welcome(t *testing.T, env []string, args ...string) run {
 	return run{stdout: stdout.String(), stderr: stderr.String(), code: code}
 }
 
-func redisURL(db int) string { return "redis://" + testenv.RedisAddr() + "/" + strconv.Itoa(db) }
-
 // closedPort is a loopback address nothing listens on.
 func closedPort(t *testing.T) string {
 	t.Helper()
@@ -103,9 +101,9 @@ func closedPort(t *testing.T) string {
 // subcommands for their own kind. Built with go build, then run: version,
 // enqueue, and a worker that runs the job.
 func TestYourOwnBinary(t *testing.T) {
-	testenv.Redis(t, testenv.DBCmd)
-	pool := testenv.Pool(t, "keel_test_cli_binary")
-	env := []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL("keel_test_cli_binary")}
+	e := setup(t)
+	pool := e.pool
+	env := []string{"REDIS_URL=" + e.redisURL(), "DATABASE_URL=" + e.databaseURL()}
 
 	r := welcome(t, env, "version")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -223,12 +221,11 @@ func TestJSONAskedAfterABadFlag(t *testing.T) {
 // without the schema and a database that does not exist: one line on
 // stderr that says which, exit status 1, nothing else.
 func TestFailsFastWithOneClearLine(t *testing.T) {
-	testenv.Redis(t, testenv.DBCmd)
+	e := setup(t) // migrated, for the Redis cases
 	const empty = "keel_test_cli_noschema"
 	_, err := testenv.PoolConfig(context.Background(), empty) // a fresh schema, not migrated
 	require.NoError(t, err)
-	testenv.Pool(t, "keel_test_cli_fail") // migrated, for the Redis cases
-	good := testenv.URL("keel_test_cli_fail")
+	good := e.databaseURL()
 	down := "redis://" + closedPort(t) + "/0"
 	const id = "01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f"
 
@@ -274,7 +271,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 	})
 	t.Run("redis database out of range", func(t *testing.T) {
 		for _, args := range [][]string{{"enqueue", "user:send_welcome", "--payload", `{"user_id":"1"}`}, {"worker"}, {"web", "--addr", "127.0.0.1:0"}} {
-			r := welcome(t, []string{"REDIS_URL=" + redisURL(99), "DATABASE_URL=" + good}, args...)
+			r := welcome(t, []string{"REDIS_URL=redis://" + e.redis.Addr + "/99", "DATABASE_URL=" + good}, args...)
 			oneLine(t, r, "has no such database")
 			require.Contains(t, r.stderr, "DB index is out of range")
 		}
@@ -284,7 +281,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 		{"dead", "ls"}, {"dead", "show", id}, {"cancel", id}, {"ledger"}, {"worker"}, {"web", "--addr", "127.0.0.1:0"}, {"relay"}, {"healthcheck"},
 	} {
 		t.Run("no schema/"+strings.Join(args[:min(2, len(args))], " "), func(t *testing.T) {
-			oneLine(t, welcome(t, []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL(empty)}, args...),
+			oneLine(t, welcome(t, []string{"REDIS_URL=" + e.redisURL(), "DATABASE_URL=" + testenv.URL(empty)}, args...),
 				"the ledger has no schema yet: run `welcome migrate`")
 		})
 	}
@@ -292,7 +289,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 		u := strings.Replace(testenv.DatabaseURL(), "/keel_test?", "/keel_test_no_such_database?", 1)
 		require.NotEqual(t, testenv.DatabaseURL(), u, "the test database URL has an unexpected shape")
 		for _, args := range [][]string{{"status", "user:send_welcome", "user:1"}, {"worker"}} {
-			r := welcome(t, []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + u}, args...)
+			r := welcome(t, []string{"REDIS_URL=" + e.redisURL(), "DATABASE_URL=" + u}, args...)
 			oneLine(t, r, `database "keel_test_no_such_database" does not exist: run `+"`welcome migrate`")
 			require.NotContains(t, r.stderr, "not answering")
 		}

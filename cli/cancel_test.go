@@ -12,15 +12,13 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/jobstore"
-	"github.com/keeljobs/keel/internal/testenv"
 )
 
 // `cancel` in a program's own binary, as an operator runs it.
 func TestCancelCommand(t *testing.T) {
-	redis := testenv.Redis(t, testenv.DBCmd)
-	const schema = "keel_test_cli_cancel"
-	pool := testenv.Pool(t, schema)
-	env := []string{"REDIS_URL=" + redisURL(testenv.DBCmd), "DATABASE_URL=" + testenv.URL(schema)}
+	e := setup(t)
+	redis, pool := e.redis, e.pool
+	env := []string{"REDIS_URL=" + e.redisURL(), "DATABASE_URL=" + e.databaseURL()}
 	store := jobstore.NewStore(pool)
 	ctx := context.Background()
 	insp := asynq.NewInspector(redis)

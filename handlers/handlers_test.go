@@ -28,9 +28,12 @@ type app struct {
 	mux     func() // starts the worker
 }
 
+// newApp gives the test a Redis of its own beside the harness's own
+// schema, and runs it in parallel with the package's other tests.
 func newApp(t *testing.T, faults handlers.Faults) *app {
 	t.Helper()
-	h := keeltest.New(t, keeltest.Options{RedisDB: testenv.DBHandlers})
+	t.Parallel()
+	h := keeltest.New(t, keeltest.Options{RedisAddr: testenv.StartRedis(t).Addr()})
 	require.NoError(t, handlers.Migrate(context.Background(), h.Pool))
 	a := &app{h: h, mail: handlers.NewMailSim(faults, 1)}
 	mailSrv := httptest.NewServer(a.mail)

@@ -24,6 +24,7 @@ func lazyPool(t *testing.T) *pgxpool.Pool {
 }
 
 func TestNewRelayRefusesAConfigThatCannotWork(t *testing.T) {
+	t.Parallel()
 	pool, opt := lazyPool(t), asynq.RedisClientOpt{Addr: testenv.RedisAddr(), DB: testenv.DBOutbox}
 	for _, tc := range []struct {
 		name string
@@ -62,6 +63,7 @@ func TestNewRelayRefusesAConfigThatCannotWork(t *testing.T) {
 }
 
 func TestNewReconcilerRefusesAConfigThatCannotWork(t *testing.T) {
+	t.Parallel()
 	pool, opt := lazyPool(t), asynq.RedisClientOpt{Addr: testenv.RedisAddr(), DB: testenv.DBOutbox}
 	for _, tc := range []struct {
 		name string

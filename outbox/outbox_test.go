@@ -40,21 +40,27 @@ type item struct {
 var work = tasks.Define[item]("outbox:work", tasks.Key(func(i item) string { return i.ID }))
 
 type bundle struct {
-	pool  *pgxpool.Pool
-	redis *testenv.RedisServer
-	opt   asynq.RedisClientOpt
+	pool   *pgxpool.Pool
+	schema string
+	redis  *testenv.RedisServer
+	opt    asynq.RedisClientOpt
 }
 
-var setupMu sync.Mutex
-
-// setup gives each test a private Redis (these tests stop and flush it) and
-// the package's schema.
+// setup gives the test a ledger schema and a Redis of its own (these tests
+// stop and flush it), and runs it in parallel with the package's others.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	setupMu.Lock()
-	t.Cleanup(setupMu.Unlock)
+	t.Parallel()
+	return setupAlone(t)
+}
+
+// setupAlone is setup for a test that changes a package variable or whose
+// margins are CPU time: it runs before the parallel ones, not beside them.
+func setupAlone(t *testing.T) *bundle {
+	t.Helper()
 	rs := testenv.StartRedis(t)
-	b := &bundle{pool: testenv.Pool(t, "keel_test_outbox"), redis: rs, opt: asynq.RedisClientOpt{Addr: rs.Addr()}}
+	b := &bundle{redis: rs, opt: asynq.RedisClientOpt{Addr: rs.Addr()}}
+	b.pool, b.schema = testenv.PrivatePool(t, "keel_test_outbox")
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE effects (item text NOT NULL, job_id text NOT NULL)`)
 	require.NoError(t, err)
 	return b

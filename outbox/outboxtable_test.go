@@ -289,7 +289,7 @@ func TestRelayWithABrokenOutboxStillDrainsRowsWrittenUnpublished(t *testing.T) {
 // not at the relay's next look at such rows (an hour here).
 func TestAwakeRelayClaimsANotifiedUnpublishedRowAtOnce(t *testing.T) {
 	outbox.SetLegacyPollForTest(t, time.Hour)
-	b := setup(t)
+	b := setupAlone(t)
 	c := b.client(t, b.opt)
 	insp := b.inspector(t)
 	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})

@@ -105,7 +105,7 @@ func TestReconcilePassFindsLostJobsAmongManyWithFewRoundTrips(t *testing.T) {
 // keel's default settings bring back every job a flushed Redis lost within
 // 30 seconds, each run once.
 func TestDefaultsHealAFlushedRedisWithin30s(t *testing.T) {
-	b := setup(t)
+	b := setupAlone(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
 	const n = 2000

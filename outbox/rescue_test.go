@@ -293,7 +293,7 @@ func TestKilledWorkersJobStartsAgainWithinSeconds(t *testing.T) {
 	c := b.client(t, b.opt)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"=1", testworker.ChildDatabaseURLEnv+"="+testenv.URL("keel_test_outbox"),
+	child.Env = append(os.Environ(), childEnv+"=1", testworker.ChildDatabaseURLEnv+"="+testenv.URL(b.schema),
 		"KEEL_CHILD_REDIS_ADDR="+b.opt.Addr)
 	child.Stdout, child.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, child.Start())

@@ -58,7 +58,7 @@ func TestFormatQueuesIsParseQueuesInverse(t *testing.T) {
 // it to be there.
 func lazyPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.URL(schema))
+	pool, err := pgxpool.New(context.Background(), testenv.URL("keel_test_server"))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

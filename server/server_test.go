@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -318,16 +319,18 @@ func TestRecoverTurnsPanicIntoError(t *testing.T) {
 }
 
 func TestRunRefusesUnmigratedLedger(t *testing.T) {
-	setupMu.Lock()
-	defer setupMu.Unlock()
+	t.Parallel()
 	ctx := context.Background()
-	cfg, err := testenv.PoolConfig(ctx, schema) // an empty schema
+	empty := fmt.Sprintf("keel_test_server_empty_%d", os.Getpid())
+	cfg, err := testenv.PoolConfig(ctx, empty) // an empty schema
 	require.NoError(t, err)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{empty}.Sanitize()) //nolint:errcheck // a leftover is recreated by name
 
-	srv, err := server.New(server.Config{Redis: testenv.Redis(t, testenv.DBServer), Pool: pool, Logger: testLogger()}, tasks.NewMux())
+	redis := asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}
+	srv, err := server.New(server.Config{Redis: redis, Pool: pool, Logger: testLogger()}, tasks.NewMux())
 	require.NoError(t, err)
 	runCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

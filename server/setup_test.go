@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,24 +20,22 @@ import (
 	"github.com/keeljobs/keel/tasks"
 )
 
-const schema = "keel_test_server"
-
 type bundle struct {
 	pool   *pgxpool.Pool
+	schema string
 	redis  asynq.RedisClientOpt
 	client *tasks.Client
 	store  *jobstore.Store
 	insp   *asynq.Inspector
 }
 
-// setup serialises the package's tests: they share one Redis DB and schema.
-var setupMu sync.Mutex
-
+// setup gives the test a ledger schema and a Redis of its own, and runs it
+// in parallel with the package's other tests.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	setupMu.Lock()
-	t.Cleanup(setupMu.Unlock)
-	b := &bundle{redis: testenv.Redis(t, testenv.DBServer), pool: testenv.Pool(t, schema)}
+	t.Parallel()
+	b := &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
+	b.pool, b.schema = testenv.PrivatePool(t, "keel_test_server")
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

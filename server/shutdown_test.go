@@ -28,6 +28,8 @@ const (
 	childEnv         = "KEEL_SERVER_CHILD"          // "1": run as a child worker
 	childWorkEnv     = "KEEL_SERVER_CHILD_WORK"     // how long its handler works
 	childShutdownEnv = "KEEL_SERVER_CHILD_SHUTDOWN" // its ShutdownTimeout
+	childSchemaEnv   = "KEEL_SERVER_CHILD_SCHEMA"   // the test's ledger schema
+	childRedisEnv    = "KEEL_SERVER_CHILD_REDIS"    // the test's Redis address
 	childLease       = 3 * time.Second              // its ledger lease, short so a takeover is quick
 )
 
@@ -47,7 +49,7 @@ func runChildWorker() int {
 		log.Error("child: bad settings", "err", err)
 		return 2
 	}
-	pool, err := pgxpool.New(context.Background(), testenv.URL(schema))
+	pool, err := pgxpool.New(context.Background(), testenv.URL(os.Getenv(childSchemaEnv)))
 	if err != nil {
 		log.Error("child: pool", "err", err)
 		return 2
@@ -68,7 +70,7 @@ func runChildWorker() int {
 		return mark(context.WithoutCancel(ctx), pool, id, "completed", "child")
 	})
 	cfg := server.Config{
-		Redis:           asynq.RedisClientOpt{Addr: testenv.RedisAddr(), DB: testenv.DBServer},
+		Redis:           asynq.RedisClientOpt{Addr: os.Getenv(childRedisEnv)},
 		Pool:            pool,
 		Concurrency:     2,
 		ShutdownTimeout: shutdown,
@@ -94,11 +96,11 @@ type child struct {
 	done chan error
 }
 
-func startChild(t *testing.T, workFor, shutdown time.Duration) *child {
+func startChild(t *testing.T, b *bundle, workFor, shutdown time.Duration) *child {
 	t.Helper()
 	c := &child{done: make(chan error, 1)}
 	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	c.cmd.Env = append(os.Environ(), childEnv+"=1",
+	c.cmd.Env = append(os.Environ(), childEnv+"=1", childSchemaEnv+"="+b.schema, childRedisEnv+"="+b.redis.Addr,
 		childWorkEnv+"="+workFor.String(), childShutdownEnv+"="+shutdown.String())
 	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
 	require.NoError(t, c.cmd.Start())
@@ -158,7 +160,7 @@ func TestSIGTERMRequeuesUnfinishedJob(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, work.New(order{OrderID: "long"}))
 	require.NoError(t, err)
 
-	c := startChild(t, 30*time.Second, time.Second)
+	c := startChild(t, b, 30*time.Second, time.Second)
 	c.waitStarted(t, b, res.Job.ID)
 	took := c.terminate(t)
 	t.Logf("the worker exited %s after SIGTERM", took)
@@ -201,7 +203,7 @@ func TestSIGTERMLetsRunningJobFinish(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, work.New(order{OrderID: "short"}))
 	require.NoError(t, err)
 
-	c := startChild(t, time.Second, 5*time.Second)
+	c := startChild(t, b, time.Second, 5*time.Second)
 	c.waitStarted(t, b, res.Job.ID)
 	c.terminate(t)
 

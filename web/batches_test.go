@@ -95,7 +95,7 @@ func TestBrowserBatchPage(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
 	}
-	b := setup(t, nil)
+	b := setupAlone(t, nil)
 	batch, jobs := b.batchWithMembers(t, "billing run 11")
 
 	ctx := newBrowser(t)

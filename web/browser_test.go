@@ -164,7 +164,7 @@ func TestBrowser(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
 	}
-	b := setup(t, nil)
+	b := setupAlone(t, nil)
 	shots := t.TempDir()
 
 	// A real worker whose handler fails permanently until told otherwise.
@@ -329,7 +329,7 @@ func TestBrowserJobsList(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
 	}
-	b := setup(t, nil)
+	b := setupAlone(t, nil)
 	shots := t.TempDir()
 	dead1 := b.deadJob(t, "order:send_receipt", "order:1", "card declined")
 	dead2 := b.deadJob(t, "order:send_receipt", "order:2", "card declined")

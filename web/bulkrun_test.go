@@ -74,7 +74,7 @@ var bulkPage = regexp.MustCompile(`^/bulk/[0-9a-f]{32}$`)
 // A bulk action still running when its request has waited long enough
 // sends the operator to a page that shows its progress until it is done.
 func TestLongBulkActionShowsItsProgress(t *testing.T) {
-	b := setup(t, nil)
+	b := setupAlone(t, nil)
 	web.SetBulkInlineWait(t, 0)
 	const n = 40
 	b.deadMany(t, "order:send_receipt", n)

@@ -152,7 +152,7 @@ func TestBrowserCancel(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
 	}
-	b := setup(t, nil)
+	b := setupAlone(t, nil)
 	one, two, three := b.waitingJob(t, "order:1"), b.waitingJob(t, "order:2"), b.waitingJob(t, "order:3")
 	dead := b.deadJob(t, "order:send_receipt", "order:4", "boom")
 

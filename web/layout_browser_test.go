@@ -33,7 +33,7 @@ func TestBrowserLayout(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
 	}
-	b := setup(t, nil)
+	b := setupAlone(t, nil)
 	shots := t.TempDir()
 	if dir := os.Getenv("KEEL_WEB_SCREENSHOT_DIR"); dir != "" {
 		shots = dir

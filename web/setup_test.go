@@ -27,8 +27,6 @@ import (
 	"github.com/keeljobs/keel/web"
 )
 
-const schema = "keel_test_web"
-
 // Passwords of the test users; hashed at the lowest cost to keep tests fast.
 const (
 	operatorName, operatorPassword = "olga", "operator-password"
@@ -68,14 +66,20 @@ type bundle struct {
 // testKinds are the kinds the dashboard under test declares.
 var testKinds = tasks.NewKinds(plainKind, panickySummary, bidiKind)
 
-// setup serialises the package's tests: they share one Redis DB and schema.
-var setupMu sync.Mutex
-
+// setup gives the test a dashboard on a ledger schema and a Redis of its
+// own, and runs it in parallel with the package's other tests.
 func setup(t *testing.T, mod func(*web.Config)) *bundle {
 	t.Helper()
-	setupMu.Lock()
-	t.Cleanup(setupMu.Unlock)
-	b := &bundle{redis: testenv.Redis(t, testenv.DBWeb), pool: testenv.Pool(t, schema)}
+	t.Parallel()
+	return setupAlone(t, mod)
+}
+
+// setupAlone is setup for a test that drives a browser (CPU-heavy) or sets
+// a package variable: it runs before the parallel ones, not beside them.
+func setupAlone(t *testing.T, mod func(*web.Config)) *bundle {
+	t.Helper()
+	b := &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
+	b.pool, _ = testenv.PrivatePool(t, "keel_test_web")
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

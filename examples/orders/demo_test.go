@@ -33,18 +33,19 @@ func TestDemoSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo for half a minute")
 	}
+	t.Parallel()
 	const demoSchema = "keel_test_demo"
 	ctx := context.Background()
 	cfg, err := testenv.PoolConfig(ctx, demoSchema) // a fresh schema; the demo migrates it
 	require.NoError(t, err)
-	testenv.Redis(t, testenv.DBCmd)
+	redis := testenv.StartRedis(t)
 	webAddr, apiAddr, mailAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 
 	root := cli.New(app())
 	var out testenv.SyncBuffer
 	root.SetOut(&out)
 	root.SetErr(&bytes.Buffer{})
-	root.SetArgs([]string{"--redis-url", "redis://" + testenv.RedisAddr() + "/" + strconv.Itoa(testenv.DBCmd),
+	root.SetArgs([]string{"--redis-url", "redis://" + redis.Addr() + "/0",
 		"--database-url", testenv.URL(demoSchema), "--log-level", "error",
 		"demo", "--duration", "30s", "--rate", "15", "--web-addr", webAddr, "--api-addr", apiAddr, "--mail-addr", mailAddr,
 		"--shutdown-timeout", "3s"})

@@ -21,25 +21,25 @@ import (
 	"github.com/keeljobs/keel/internal/testenv"
 )
 
-const schema = "keel_test_orders"
-
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// orders runs the example's CLI in-process against the package's schema
-// and Redis DB.
-func orders(t *testing.T, stdin string, args ...string) (string, error) {
-	t.Helper()
-	root := cli.New(app())
-	var out bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&out)
-	root.SetIn(strings.NewReader(stdin))
-	root.SetArgs(append([]string{"--redis-url", "redis://" + testenv.RedisAddr() + "/" + itoa(testenv.DBCmd),
-		"--database-url", testenv.URL(schema), "--log-level", "error"}, args...))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	err := root.ExecuteContext(ctx)
-	return out.String(), err
+// ordersCLI runs the example's CLI in-process against the Redis at
+// redisAddr and the ledger in schema.
+func ordersCLI(redisAddr, schema string) func(t *testing.T, stdin string, args ...string) (string, error) {
+	return func(t *testing.T, stdin string, args ...string) (string, error) {
+		t.Helper()
+		root := cli.New(app())
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetIn(strings.NewReader(stdin))
+		root.SetArgs(append([]string{"--redis-url", "redis://" + redisAddr + "/0",
+			"--database-url", testenv.URL(schema), "--log-level", "error"}, args...))
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		err := root.ExecuteContext(ctx)
+		return out.String(), err
+	}
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -52,8 +52,9 @@ type statusJSON struct {
 }
 
 func TestCLI(t *testing.T) {
-	testenv.Redis(t, testenv.DBCmd)
-	pool := testenv.Pool(t, schema) // fresh schema; migrate below must be a no-op
+	t.Parallel()
+	pool, schema := testenv.PrivatePool(t, "keel_test_orders") // migrate below must be a no-op
+	orders := ordersCLI(testenv.StartRedis(t).Addr(), schema)
 	ctx := context.Background()
 
 	out, err := orders(t, "", "version")
