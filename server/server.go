@@ -514,7 +514,7 @@ func Recover(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 
 // Log writes one structured line per attempt with the task id, kind,
 // business key, queue, attempt and duration. Its message says what keel did
-// with the delivery: done, postponed, failed, or, where the guard says so
+// with the delivery: done (at Debug), postponed, failed, or, where the guard says so
 // (outcome.With), a duplicate delivery acknowledged, a job
 // cancelled, interrupted by shutdown or given up.
 func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
@@ -546,7 +546,9 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 				withErr = false
 				switch {
 				case err == nil:
-					msg = "keel: job done"
+					// One line per success is noise at any rate worth
+					// running keel for; the ledger keeps the record.
+					level, msg = slog.LevelDebug, "keel: job done"
 				case retry.IsWait(err):
 					msg = "keel: job postponed"
 					extra = []any{"reason", err.Error()}

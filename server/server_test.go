@@ -430,7 +430,7 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 		return ctx.Err()
 	})
 	cfg := server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 4, ShutdownTimeout: time.Second,
-		Logger: slog.New(slog.NewTextHandler(log, nil))}
+		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	cfg.Guard.Lease = time.Second // the renewal finds a cancel within 200 ms
 	// And the worker's metrics count the same: neither the cancelled run
 	// nor the interrupted one is a failed attempt (a deploy would fire the
