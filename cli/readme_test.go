@@ -22,13 +22,13 @@ func TestReadmeShowsTheWelcomeProgram(t *testing.T) {
 	require.LessOrEqual(t, strings.Count(string(program), "\n"), 35, "the program stays short")
 }
 
-// The README says what a bulk dead-letter action asks, in its words
+// The failures guide says what a bulk dead-letter action asks, in its words
 // (TestResolveAStepInDoubtFromTheCommandLine sees the CLI ask it), and how to skip it.
-func TestReadmeSaysHowABulkActionIsConfirmed(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+func TestFailuresGuideSaysHowABulkActionIsConfirmed(t *testing.T) {
+	readme, err := os.ReadFile("../docs/failures.md")
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(readme), "\n## Failures and dead letters\n")
-	require.True(t, ok, "the README has no section \"Failures and dead letters\"")
+	require.True(t, ok, "docs/failures.md has no section \"Failures and dead letters\"")
 	section, _, _ = strings.Cut(section, "\n## ")
 	section = strings.Join(strings.Fields(section), " ")
 	require.Contains(t, section, "`type 49 to discard them:`")

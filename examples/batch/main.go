@@ -1,4 +1,4 @@
-// Command batch is the README's "Batches" example: a billing run sends its
+// Command batch is the example of the batches guide (docs/batches.md): a billing run sends its
 // invoices as one batch, and its summary is sent once, when every invoice
 // job has ended.
 package main
