@@ -1,0 +1,5 @@
+// Package docs holds the test that keeps keel's Markdown true to itself:
+// every relative link in the README, BENCHMARKS.md, CHANGELOG.md and the
+// guides in docs/ leads to a file that exists and, with a fragment, to a
+// heading it has.
+package docs
