@@ -1,7 +1,8 @@
 package keeltest_test
 
-// This file is the README's "Adding your own task" and "Testing your
-// handlers": if it stops compiling or passing, the README is wrong.
+// This file is the handlers guide's (docs/handlers.md) "Adding your own
+// task" and "Testing your handlers": if it stops compiling or passing, the
+// guide is wrong.
 
 import (
 	"context"
