@@ -76,6 +76,13 @@ func Redis(t testing.TB, db int) asynq.RedisClientOpt {
 func Pool(t testing.TB, schema string) *pgxpool.Pool {
 	t.Helper()
 	lockPackage(t, schema)
+	return migratedPool(t, schema, nil)
+}
+
+// migratedPool (re)creates schema, migrates it and returns a pool on it,
+// closed when the test ends; cleanup, if set, runs after the close.
+func migratedPool(t testing.TB, schema string, cleanup func()) *pgxpool.Pool {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg, err := PoolConfig(ctx, schema)
@@ -86,7 +93,12 @@ func Pool(t testing.TB, schema string) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() {
+		pool.Close()
+		if cleanup != nil {
+			cleanup()
+		}
+	})
 	if _, err := migrate.Up(ctx, pool); err != nil {
 		t.Fatalf("testenv: migrate: %v", err)
 	}
@@ -207,27 +219,12 @@ var privateSchemas atomic.Uint64
 func PrivatePool(t testing.TB, prefix string) (*pgxpool.Pool, string) {
 	t.Helper()
 	schema := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), privateSchemas.Add(1))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cfg, err := PoolConfig(ctx, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
+	return migratedPool(t, schema, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if conn, err := pgx.Connect(ctx, DatabaseURL()); err == nil {
 			conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck // a leftover is recreated by name
 			conn.Close(ctx)
 		}
-	})
-	if _, err := migrate.Up(ctx, pool); err != nil {
-		t.Fatalf("testenv: migrate: %v", err)
-	}
-	return pool, schema
+	}), schema
 }
