@@ -13,6 +13,8 @@ type Status = ledger.Status
 
 // The ledger's statuses.
 const (
+	// StatusWaiting: the job waits for other jobs to succeed (tasks.After).
+	StatusWaiting   = ledger.StatusWaiting
 	StatusPending   = ledger.StatusPending
 	StatusRunning   = ledger.StatusRunning
 	StatusSucceeded = ledger.StatusSucceeded

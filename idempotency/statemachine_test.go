@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // docs/state_machine.md draws every status, ends exactly the terminal ones,
@@ -21,8 +21,7 @@ func TestStateMachineDocumentsEveryStatus(t *testing.T) {
 	if diagram == nil {
 		t.Fatal("no mermaid diagram")
 	}
-	for _, st := range []idempotency.Status{idempotency.StatusPending, idempotency.StatusRunning, idempotency.StatusSucceeded,
-		idempotency.StatusFailed, idempotency.StatusDead, idempotency.StatusDiscarded, idempotency.StatusCancelled} {
+	for _, st := range ledger.Statuses() {
 		s := string(st)
 		if !regexp.MustCompile(`(?m)^\s*(` + s + ` --> |\S+ --> ` + s + `:)`).MatchString(diagram[1]) {
 			t.Errorf("the diagram has no move of %s", s)

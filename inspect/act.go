@@ -41,6 +41,8 @@ func judged(a Action, v ledger.Verdict) outcome {
 			o.unchanged = fmt.Sprintf("the job is %s, not dead", v.Status)
 		case ActionDiscard:
 			o.unchanged = fmt.Sprintf("already discarded by %s: %q", v.ResolvedBy, v.ResolutionNote)
+		case ActionRelease:
+			o.unchanged = fmt.Sprintf("the job is %s, not waiting", v.Status)
 		default:
 			o.unchanged = fmt.Sprintf("already cancelled by %s", v.ResolvedBy)
 		}
@@ -59,6 +61,8 @@ func judged(a Action, v ledger.Verdict) outcome {
 			o.err = fmt.Errorf("%w: job %s was %s", ErrNotDead, v.ID, v.Status)
 		case ActionDiscard:
 			o.err = &StatusError{Err: ErrNotDead, JobID: v.ID, Status: idempotency.Status(v.Status)}
+		case ActionRelease:
+			o.err = &StatusError{Err: ErrNotWaiting, JobID: v.ID, Status: idempotency.Status(v.Status)}
 		default:
 			o.err = &StatusError{Err: ErrNotCancellable, JobID: v.ID, Status: idempotency.Status(v.Status)}
 		}
@@ -149,7 +153,7 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 				os[i].acted, os[i].wasRunning = true, x.WasRunning
 			}
 		}
-		if a == ActionReplay {
+		if a == ActionReplay || a == ActionRelease {
 			return jobstore.NotifyRelay(ctx, tx)
 		}
 		return nil
@@ -157,7 +161,7 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 	if err != nil {
 		return nil, err
 	}
-	if in.insp == nil || a == ActionReplay {
+	if in.insp == nil || a == ActionReplay || a == ActionRelease {
 		return os, nil
 	}
 	for i := range os {

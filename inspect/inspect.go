@@ -45,6 +45,9 @@ var (
 	// (succeeded, dead, discarded): there is nothing left to stop. The
 	// error names the job's status.
 	ErrNotCancellable = errors.New("keel: job cannot be cancelled")
+	// ErrNotWaiting means a release named a job that has ended: only a
+	// waiting job can be released.
+	ErrNotWaiting = errors.New("keel: job is not waiting")
 )
 
 // StatusError is an action refused because of the job's status: Err is
@@ -187,12 +190,15 @@ const (
 	ActionReplay  = ledger.Replay
 	ActionDiscard = ledger.Discard
 	ActionCancel  = ledger.Cancel
+	// ActionRelease starts waiting jobs without waiting for their parents.
+	ActionRelease = ledger.ReleaseWaiting
 )
 
-// ParseAction returns the action named s: replay, discard or cancel.
+// ParseAction returns the action named s: replay, discard, cancel or
+// release.
 func ParseAction(s string) (Action, bool) {
 	switch a := Action(s); a {
-	case ActionReplay, ActionDiscard, ActionCancel:
+	case ActionReplay, ActionDiscard, ActionCancel, ActionRelease:
 		return a, true
 	}
 	return "", false
@@ -247,6 +253,28 @@ func needNote(a Action, note string) error {
 		return ErrNoteRequired
 	}
 	return nil
+}
+
+// ReleaseResult says what a release did.
+type ReleaseResult struct {
+	Job idempotency.Job
+	// AlreadyReleased is true when the job was no longer waiting (its
+	// parents released it, or an earlier release did); nothing was changed.
+	AlreadyReleased bool
+}
+
+// Release starts a waiting job (tasks.After) now, without waiting for its
+// parents: a person decides the parents' outcome does not matter (one
+// died and will not be replayed, say). The job goes to the relay like a
+// replayed one; its parents' later success changes nothing. Releasing a
+// job that no longer waits is a no-op (AlreadyReleased); a job that has
+// ended is refused with ErrNotWaiting.
+func (in *Inspector) Release(ctx context.Context, id, actor, note string) (ReleaseResult, error) {
+	o, err := in.one(ctx, ActionRelease, id, actor, note)
+	if err != nil {
+		return ReleaseResult{}, err
+	}
+	return ReleaseResult{Job: o.job, AlreadyReleased: o.unchanged != ""}, nil
 }
 
 // CancelResult says what a cancel did.

@@ -48,7 +48,7 @@ func (c *Client) EnqueueMany(ctx context.Context, ts ...*Task) ([]*Result, error
 }
 
 func (c *Client) enqueueMany(ctx context.Context, ts []*Task, span enqueueSpan) ([]*Result, error) {
-	njs, err := c.validateAll(ts, span)
+	njs, err := c.validateMany(ts, span)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,7 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, ts ...*Task) ([]*
 }
 
 func (c *Client) enqueueManyTx(ctx context.Context, tx pgx.Tx, ts []*Task, span enqueueSpan) ([]*Result, error) {
-	njs, err := c.validateAll(ts, span)
+	njs, err := c.validateMany(ts, span)
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +124,22 @@ func (c *Client) validateAll(ts []*Task, span enqueueSpan) ([]jobstore.NewJob, e
 		}
 		span.apply(&nj)
 		njs[i] = nj
+	}
+	return njs, nil
+}
+
+// validateMany is validateAll for the bulk calls, which write no
+// dependencies: one statement cannot lock each task's parents first.
+func (c *Client) validateMany(ts []*Task, span enqueueSpan) ([]jobstore.NewJob, error) {
+	njs, err := c.validateAll(ts, span)
+	if err != nil {
+		return nil, err
+	}
+	for i, nj := range njs {
+		if len(nj.After) > 0 {
+			return nil, &TaskError{Index: i, Kind: nj.Kind, BusinessKey: nj.BusinessKey,
+				Err: fmt.Errorf("%w: a task with tasks.After goes through Enqueue, EnqueueTx or a Workflow, not EnqueueMany", ErrInvalidTask)}
+		}
 	}
 	return njs, nil
 }

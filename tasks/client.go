@@ -188,6 +188,10 @@ func (c *Client) enqueue(ctx context.Context, t *Task, span enqueueSpan) (*Resul
 		return nil, enqueueError(t, err)
 	}
 	span.apply(&nj)
+	if len(nj.After) > 0 {
+		// Its own transaction: its parents are locked until it commits.
+		return c.enqueueDependent(ctx, nj)
+	}
 	if nj.BatchID != "" {
 		// Not through the group commit: a sealed batch must fail this
 		// call alone, not the round it would share.
@@ -279,6 +283,7 @@ func (c *Client) validate(t *Task) (jobstore.NewJob, error) {
 		TraceID:          t.s.traceID,
 		UniqueWindow:     t.s.unique,
 		BatchID:          t.s.batchID,
+		After:            t.s.after,
 	}
 	// And what the ledger checks (a summary or trace id that is not UTF-8),
 	// so that Check refuses all the insert would.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/retry"
 )
@@ -37,6 +38,7 @@ type settings struct {
 	traceID     string
 	unique      time.Duration
 	batchID     string
+	after       []jobstore.Ref
 }
 
 // Option sets a default of a kind (in Define) or of one task (in New).

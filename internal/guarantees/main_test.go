@@ -59,6 +59,9 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		hungNeighbourHandlers(mux, pool)
 	case "doomed":
 		doomedHandlers(&cfg, mux, pool)
+	case "deps":
+		cfg.Guard.Lease = 2 * time.Second
+		depsHandlers(mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second
 		oneShotHandlers(mux, pool)

@@ -70,6 +70,12 @@ type NewJob struct {
 	// inserting into a sealed batch fails with ErrBatchSealed. A job whose
 	// key exists already is returned as it is, in whatever batch it is.
 	BatchID string
+	// After names the jobs this one waits for: it is written waiting and
+	// runs once every one of them has succeeded (see tasks.After). Insert
+	// then needs a transaction (a pool: it begins one).
+	After []Ref
+	// WorkflowID and WorkflowTask place the job in a workflow.
+	WorkflowID, WorkflowTask string
 }
 
 // Insert records nj in db (a pool or the caller's transaction). When a row for
@@ -93,7 +99,7 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	if nj.Payload == nil {
 		nj.Payload = []byte{} // a task without a payload; the column is NOT NULL
 	}
-	if nj.UniqueWindow > 0 {
+	if nj.UniqueWindow > 0 || len(nj.After) > 0 || nj.WorkflowID != "" {
 		if p, ok := db.(*pgxpool.Pool); ok {
 			// Superseding and inserting commit together: a failed insert
 			// must not leave the key with no job at all.
@@ -103,8 +109,13 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 			})
 			return job, existed, err
 		}
-		if err := supersede(ctx, db, []string{nj.Kind}, []string{nj.BusinessKey}, []int64{nj.UniqueWindow.Milliseconds()}); err != nil {
-			return Job{}, false, err
+		if nj.UniqueWindow > 0 {
+			if err := supersede(ctx, db, []string{nj.Kind}, []string{nj.BusinessKey}, []int64{nj.UniqueWindow.Milliseconds()}); err != nil {
+				return Job{}, false, err
+			}
+		}
+		if len(nj.After) > 0 || nj.WorkflowID != "" {
+			return s.insertDependent(ctx, db, nj, deadline, runAt)
 		}
 	}
 	// Two tries: the conflicting row can vanish between the insert and the

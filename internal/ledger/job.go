@@ -16,6 +16,9 @@ type Status string
 // retry) | dead (waits for a person) → replayed (pending) or discarded. A
 // job not yet finished (pending, running, failed) may be cancelled.
 const (
+	// StatusWaiting: the job waits for its parents to succeed; nothing
+	// publishes it until the last one does (see deps.go).
+	StatusWaiting   Status = "waiting"
 	StatusPending   Status = "pending"
 	StatusRunning   Status = "running"
 	StatusSucceeded Status = "succeeded"
@@ -24,6 +27,12 @@ const (
 	StatusDiscarded Status = "discarded"
 	StatusCancelled Status = "cancelled"
 )
+
+// Statuses are every status a job can have, in the order of a job's life.
+func Statuses() []Status {
+	return []Status{StatusWaiting, StatusPending, StatusRunning, StatusSucceeded, StatusFailed,
+		StatusDead, StatusDiscarded, StatusCancelled}
+}
 
 // Terminal reports whether the job is closed for good: nothing runs it again.
 func (s Status) Terminal() bool {
@@ -87,6 +96,12 @@ type Job struct {
 	// only when the handler then failed: the job is dead with its local
 	// effects in, and Replay refuses to run them again.
 	EffectsCommittedAt *time.Time
+	// WaitingOn counts the parents a waiting job still waits for (see
+	// tasks.After); 0 once released.
+	WaitingOn int
+	// WorkflowID and WorkflowTask place the job in a workflow: the id its
+	// caller gave and the job's task name in it; empty for most jobs.
+	WorkflowID, WorkflowTask string
 }
 
 // OriginalKey is the business key of a superseded job whose row stores it
@@ -121,7 +136,8 @@ const JobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	coalesce(last_error, ''), coalesce(error_class, ''), coalesce(trace_id, ''),
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
 	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
-	coalesce(batch_id, ''), effects_committed_at, extra_runs, expire_stale, in_doubt`
+	coalesce(batch_id, ''), effects_committed_at, extra_runs, expire_stale, in_doubt,
+	waiting_on, coalesce(workflow_id, ''), coalesce(workflow_task, '')`
 
 // PublishColumns are what publishing reads of a job's row (taskMessage,
 // the publish spans, PublishMany's mark): the relay's claims read only
@@ -147,7 +163,8 @@ func ScanJob(row pgx.Row) (Job, error) {
 		&j.MaxRetry, &timeoutMS, &j.Deadline, &j.RunAt, &j.PublishedAt, &j.LeaseHolder, &j.LeaseUntil,
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
 		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
-		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt, &j.ExtraRuns, &j.ExpireAtDeadline, &j.InDoubt)
+		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt, &j.ExtraRuns, &j.ExpireAtDeadline, &j.InDoubt,
+		&j.WaitingOn, &j.WorkflowID, &j.WorkflowTask)
 	if j.SupersededAt != nil {
 		j.BusinessKey = OriginalKey(j.BusinessKey, j.ID)
 	}

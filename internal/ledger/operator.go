@@ -17,6 +17,8 @@ const (
 	Replay  Action = "replay"
 	Discard Action = "discard"
 	Cancel  Action = "cancel"
+	// ReleaseWaiting starts a waiting job without waiting for its parents.
+	ReleaseWaiting Action = "release"
 )
 
 // A verdict is what an action makes of one job: the rules live here once,
@@ -54,8 +56,10 @@ var verdictSQL = map[Action]string{
 		WHEN EXISTS (` + inDoubtSQL + `) THEN 'doubt'
 		ELSE 'ok' END`,
 	Discard: `CASE j.status WHEN 'dead' THEN 'ok' WHEN 'discarded' THEN 'already' ELSE 'status' END`,
-	Cancel: `CASE WHEN j.status IN ('pending', 'running', 'failed') THEN 'ok'
+	Cancel: `CASE WHEN j.status IN ('waiting', 'pending', 'running', 'failed') THEN 'ok'
 		WHEN j.status = 'cancelled' THEN 'already' WHEN j.status = 'dead' THEN 'dead' ELSE 'status' END`,
+	ReleaseWaiting: `CASE WHEN j.status = 'waiting' THEN 'ok'
+		WHEN j.status IN ('pending', 'running', 'failed', 'succeeded') THEN 'already' ELSE 'status' END`,
 }
 
 func verdictOf(a Action) string {
@@ -147,7 +151,16 @@ const (
 	SELECT * FROM done`
 )
 
-var actSQL = map[Action]string{Replay: replayJobsSQL, Discard: discardJobsSQL, Cancel: cancelJobsSQL}
+// A released job goes to the relay as a replayed one does (unpublished,
+// for its claim of due rows); its parents' rows stay, and their later
+// success finds it no longer waiting.
+const releaseJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'pending', waiting_on = 0, published_at = NULL,
+		updated_at = coalesce($4::timestamptz, now())
+		WHERE j.id = ANY($1) AND %s = 'ok' RETURNING j.id, j.queue, false),
+	audit AS (INSERT INTO keel_audit (job_id, action, actor, note, at) SELECT id, 'release', $2, $3, coalesce($4::timestamptz, now()) FROM done)
+	SELECT * FROM done`
+
+var actSQL = map[Action]string{Replay: replayJobsSQL, Discard: discardJobsSQL, Cancel: cancelJobsSQL, ReleaseWaiting: releaseJobsSQL}
 
 // Act does action a to those of the jobs ids it applies to, as actor with
 // note, auditing each in the same statement, and returns the jobs changed.

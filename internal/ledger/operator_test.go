@@ -17,7 +17,7 @@ func TestOperatorPlans(t *testing.T) {
 	ctx := context.Background()
 	p := plan(t, func(db ledger.DB) { ledger.LockJobs(ctx, db, someIDs) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_pkey"}, "keel_jobs")
-	for _, a := range []ledger.Action{ledger.Replay, ledger.Discard, ledger.Cancel} {
+	for _, a := range []ledger.Action{ledger.Replay, ledger.Discard, ledger.Cancel, ledger.ReleaseWaiting} {
 		p = plan(t, func(db ledger.DB) { ledger.Judge(ctx, db, a, someIDs) }) //nolint:errcheck
 		usesIndex(t, p, []string{"keel_jobs_pkey", "keel_steps_pkey"}, "keel_jobs", "keel_steps")
 		p = plan(t, func(db ledger.DB) { ledger.Act(ctx, db, a, someIDs, "ops", "why", nil) }) //nolint:errcheck
@@ -77,7 +77,7 @@ func TestFilterPlans(t *testing.T) {
 // each change beside it.
 func TestActFollowsJudge(t *testing.T) {
 	ctx := context.Background()
-	for _, a := range []ledger.Action{ledger.Replay, ledger.Discard, ledger.Cancel} {
+	for _, a := range []ledger.Action{ledger.Replay, ledger.Discard, ledger.Cancel, ledger.ReleaseWaiting} {
 		t.Run(string(a), func(t *testing.T) {
 			tx, err := big.Begin(ctx)
 			require.NoError(t, err)
@@ -85,6 +85,9 @@ func TestActFollowsJudge(t *testing.T) {
 			var ids []string
 			for g := 1; g <= 600; g++ {
 				ids = append(ids, "j"+pad(g))
+			}
+			for g := 1; g <= 50; g++ {
+				ids = append(ids, "a"+pad(g))
 			}
 			require.NoError(t, ledger.LockJobs(ctx, tx, ids))
 			vs, err := ledger.Judge(ctx, tx, a, ids)

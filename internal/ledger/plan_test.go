@@ -55,7 +55,7 @@ func run(m *testing.M) int {
 	}
 	// As autovacuum leaves a ledger (this schema's tables only):
 	// statistics, and the visibility map that index-only scans read.
-	if _, err := big.Exec(ctx, "VACUUM ANALYZE keel_jobs, keel_steps, keel_batches, keel_outbox, keel_audit, keel_prune_log, keel_schedule, keel_web_sessions_ended"); err != nil {
+	if _, err := big.Exec(ctx, "VACUUM ANALYZE keel_jobs, keel_job_deps, keel_steps, keel_batches, keel_outbox, keel_audit, keel_prune_log, keel_schedule, keel_web_sessions_ended"); err != nil {
 		fmt.Fprintln(os.Stderr, "vacuum:", err)
 		return 1
 	}
@@ -89,6 +89,21 @@ SELECT 'j' || lpad(g::text, 8, '0'), 'kind' || (g % 7), 'key' || g, (ARRAY['defa
 FROM generate_series(1, 60000) g,
 	LATERAL (SELECT (ARRAY['succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded',
 		'dead', 'pending', 'running', 'failed', 'discarded', 'cancelled'])[1 + g % 12] AS status) s;
+
+-- Jobs waiting for others (a tenth of them in workflows), each on a
+-- parent among the j rows.
+INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, waiting_on, published_at, run_at,
+	workflow_id, workflow_task, created_at, updated_at)
+SELECT 'a' || lpad(g::text, 8, '0'), 'kind' || (g % 7), 'wkey' || g, 'default', '\x7b7d', 3, 'waiting', 1, now(), now(),
+	CASE WHEN g % 10 = 0 THEN 'wf' || (g / 100) END, CASE WHEN g % 10 = 0 THEN 'task' || g END,
+	now() - g * interval '1 minute', now()
+FROM generate_series(1, 200) g;
+INSERT INTO keel_job_deps (parent_id, child_id)
+SELECT 'j' || lpad((g * 7)::text, 8, '0'), 'a' || lpad(g::text, 8, '0') FROM generate_series(1, 200) g;
+UPDATE keel_jobs SET has_dependents = true WHERE id IN (SELECT parent_id FROM keel_job_deps);
+-- And the dependencies of jobs released long ago.
+INSERT INTO keel_job_deps (parent_id, child_id)
+SELECT 'j' || lpad(g::text, 8, '0'), 'j' || lpad((g + 1)::text, 8, '0') FROM generate_series(1, 30000) g;
 
 -- A few deaths whose alert is owed (their worker was killed first).
 UPDATE keel_jobs SET alert_owed = true WHERE status = 'dead' AND id LIKE '%77';

@@ -83,17 +83,22 @@ func RescuePage(ctx context.Context, db DB, after string, limit int, now Now) ([
 // pruneSQL stays on keel_jobs_finished. ANY(ARRAY(…)) makes the delete
 // probe the primary key per row; with IN (subquery) the planner hashes the
 // batch and scans the whole table.
-const pruneSQL = `DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
+// A pruned job's dependencies (as a child) go with it; those naming it as
+// a parent stay while their child does, which shows the parent as pruned.
+const pruneSQL = `WITH gone AS (DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
 	SELECT id FROM keel_jobs
 	WHERE status IN ('succeeded', 'discarded', 'cancelled') AND finished_at < coalesce($3::timestamptz, now()) - $1 * interval '1 millisecond'
-	ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING id),
+deps AS (DELETE FROM keel_job_deps WHERE child_id = ANY (ARRAY (SELECT id FROM gone)))
+SELECT count(*) FROM gone`
 
 // Prune deletes up to limit succeeded, discarded and cancelled jobs (their
 // steps go with them) finished longer than retention ago, oldest first,
 // and returns how many.
 func Prune(ctx context.Context, db DB, retention time.Duration, limit int, now Now) (int, error) {
-	tag, err := db.Exec(ctx, pruneSQL, retention.Milliseconds(), limit, now)
-	return int(tag.RowsAffected()), err
+	var n int
+	err := db.QueryRow(ctx, pruneSQL, retention.Milliseconds(), limit, now).Scan(&n)
+	return n, err
 }
 
 // pruneBatchesSQL deletes batches that completed longer than the retention

@@ -1,0 +1,61 @@
+package inspect
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/keeljobs/keel/internal/ledger"
+)
+
+// Related is a job at the other end of a dependency (tasks.After): a
+// parent or a child, with its status.
+type Related = ledger.Related
+
+// Dependencies are the jobs a job waits (or waited) for and those that
+// wait for it. A parent pruned since (it succeeded longer ago than the
+// retention) is not listed.
+type Dependencies struct {
+	Parents, Children []Related
+}
+
+// Waits names the parents a waiting job still waits for: those not
+// succeeded, a dead one among them (its replay would release the job).
+func (d Dependencies) Waits() []Related {
+	var out []Related
+	for _, p := range d.Parents {
+		if p.Status != ledger.StatusSucceeded {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Dependencies returns job id's parents and children.
+func (in *Inspector) Dependencies(ctx context.Context, id string) (Dependencies, error) {
+	var d Dependencies
+	var err error
+	if d.Parents, err = ledger.ParentsOf(ctx, in.pool, id); err != nil {
+		return d, interpret(err)
+	}
+	if d.Children, err = ledger.ChildrenOf(ctx, in.pool, id); err != nil {
+		return d, interpret(err)
+	}
+	return d, nil
+}
+
+// WorkflowNode is one job of a workflow: its task name, status and the
+// ids of the jobs it waits for.
+type WorkflowNode = ledger.WorkflowNode
+
+// Workflow returns the jobs of workflow id (tasks.Workflow), parents
+// before children; ErrNotFound when it has none.
+func (in *Inspector) Workflow(ctx context.Context, id string) ([]WorkflowNode, error) {
+	nodes, err := ledger.Workflow(ctx, in.pool, id)
+	if err != nil {
+		return nil, interpret(err)
+	}
+	if len(nodes) == 0 {
+		return nil, fmt.Errorf("%w: no workflow with id %s", ErrNotFound, id)
+	}
+	return nodes, nil
+}

@@ -1,0 +1,127 @@
+package jobstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keeljobs/keel/internal/ledger"
+)
+
+var (
+	// ErrUnknownParent means a job was to wait for a job that does not
+	// exist.
+	ErrUnknownParent = errors.New("keel: unknown parent job")
+	// ErrParentEnded means a job was to wait for a job that was cancelled
+	// or discarded: it would never succeed, so the new job would never run.
+	ErrParentEnded = errors.New("keel: parent job was cancelled or discarded")
+)
+
+// Ref names a job another waits for: by id, or by kind and business key.
+type Ref struct {
+	ID, Kind, Key string
+}
+
+func (r Ref) String() string {
+	if r.ID != "" {
+		return r.ID
+	}
+	return r.Kind + "/" + r.Key
+}
+
+// validate checks what a ref can name before a statement is sent.
+func (r Ref) validate() error {
+	if r.ID != "" {
+		if r.Kind != "" || r.Key != "" {
+			return fmt.Errorf("a parent is named by id or by kind and key, not both")
+		}
+		if _, err := uuid.Parse(r.ID); err != nil {
+			return fmt.Errorf("%w: %q is not a job id", ErrUnknownParent, r.ID)
+		}
+		return nil
+	}
+	if err := ledger.ValidateKey("parent kind", r.Kind); err != nil {
+		return err
+	}
+	return ledger.ValidateKey("parent business key", r.Key)
+}
+
+// insertDependent is Insert for a job with parents (nj.After), in tx: the
+// parents are locked and marked, checked, and the job written waiting for
+// those that have not succeeded, with a row per parent.
+func (s *Store) insertDependent(ctx context.Context, tx DB, nj NewJob, deadline, runAt *time.Time) (Job, bool, error) {
+	var ids, kinds, keys []string
+	for _, r := range nj.After {
+		if err := r.validate(); err != nil {
+			return Job{}, false, fmt.Errorf("keel: %w", err)
+		}
+		if r.ID != "" {
+			ids = append(ids, r.ID)
+		} else {
+			kinds, keys = append(kinds, r.Kind), append(keys, r.Key)
+		}
+	}
+	found, err := ledger.LockParents(ctx, tx, ids, kinds, keys)
+	if err != nil {
+		return Job{}, false, Interpret(err)
+	}
+	byID := make(map[string]ledger.Parent, len(found))
+	byKey := make(map[[2]string]ledger.Parent, len(found))
+	for _, p := range found {
+		byID[p.ID] = p
+		byKey[[2]string{p.Kind, p.BusinessKey}] = p
+	}
+	w := ledger.Waiting{WorkflowID: nj.WorkflowID, Task: nj.WorkflowTask}
+	seen := map[string]bool{}
+	for _, r := range nj.After {
+		p, ok := byID[r.ID]
+		if r.ID == "" {
+			p, ok = byKey[[2]string{r.Kind, r.Key}]
+		}
+		if !ok {
+			return Job{}, false, fmt.Errorf("%w: %s", ErrUnknownParent, r)
+		}
+		if p.Status == ledger.StatusCancelled || p.Status == ledger.StatusDiscarded {
+			return Job{}, false, fmt.Errorf("%w: %s (%s/%s) is %s", ErrParentEnded, p.ID, p.Kind, p.BusinessKey, p.Status)
+		}
+		if seen[p.ID] {
+			continue
+		}
+		seen[p.ID] = true
+		w.Parents = append(w.Parents, p.ID)
+		if p.Status != ledger.StatusSucceeded {
+			w.WaitingOn++
+		}
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Job{}, false, err
+	}
+	row, err := ledger.InsertWaiting(ctx, tx, ledger.JobInsert{ID: id.String(), Kind: nj.Kind, BusinessKey: nj.BusinessKey,
+		Queue: nj.Queue, Payload: nj.Payload, MaxRetry: nj.MaxRetry, TimeoutMS: nj.Timeout.Milliseconds(),
+		Deadline: deadline, RunAt: runAt, PayloadSummary: nj.PayloadSummary, TraceID: nj.TraceID,
+		MaxWaitMS: nj.MaxWait.Milliseconds(), TraceParent: nj.TraceParent, TraceState: nj.TraceState,
+		BatchID: nj.BatchID, ExpireStale: nj.ExpireAtDeadline}, w)
+	if err == nil {
+		j := newJob(row, nj)
+		j.WaitingOn, j.WorkflowID, j.WorkflowTask = w.WaitingOn, nj.WorkflowID, nj.WorkflowTask
+		if w.WaitingOn > 0 {
+			j.Status = ledger.StatusWaiting
+		}
+		return j, false, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Job{}, false, Interpret(err)
+	}
+	// The key exists: that job is the business action, with whatever
+	// parents it was given.
+	job, err := LookupIn(ctx, tx, nj.Kind, nj.BusinessKey)
+	if err != nil {
+		return Job{}, false, err
+	}
+	return job, true, nil
+}
