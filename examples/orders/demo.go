@@ -165,7 +165,7 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 		return cli.UsageError(err)
 	}
 	ob.Attach(srv)
-	// Long jobs get a worker pool of their own, as the README advises.
+	// Long jobs get a worker pool of their own, as docs/configuration.md advises.
 	reportsCfg := cfg
 	reportsCfg.Queues = map[string]int{handlers.ReportsQueue: 1}
 	reportsCfg.Concurrency = 2
