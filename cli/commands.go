@@ -485,10 +485,17 @@ func statusCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			deps, err := loadDeps(ctx, pool, job)
+			if err != nil {
+				return err
+			}
 			if e.JSON() {
-				return printJSON(cmd.OutOrStdout(), toStatusJSON(job, steps))
+				sj := toStatusJSON(job, steps)
+				sj.Dependencies = deps
+				return printJSON(cmd.OutOrStdout(), sj)
 			}
 			printStatus(cmd.OutOrStdout(), e.app.name(), job, steps)
+			printDeps(cmd.OutOrStdout(), e.app.name(), job, deps)
 			return nil
 		},
 	}
@@ -536,6 +543,9 @@ type statusJSON struct {
 	ResolvedBy         string     `json:"resolved_by,omitempty"`
 	NextRetryAt        *time.Time `json:"next_retry_at,omitempty"`
 	Steps              []stepJSON `json:"steps"`
+	// Dependencies: what the job waits (or waited) for, and what waits
+	// for it; absent for a job with none.
+	Dependencies *depsJSON `json:"dependencies,omitempty"`
 }
 
 func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON {
