@@ -67,6 +67,11 @@ type DeadCount struct {
 	N                  int
 }
 
+// WaitingCount is the jobs of one kind waiting for their parents: how
+// many, how many of them on a dead parent, and when the oldest was
+// enqueued.
+type WaitingCount = ledger.WaitingCount
+
 // Snapshot is what one read of Redis and the ledger found.
 type Snapshot struct {
 	Queues   []QueueState
@@ -80,7 +85,9 @@ type Snapshot struct {
 	// BatchesOpen counts batches still filling (not sealed); BatchesSealed
 	// those sealed and waiting for members.
 	BatchesOpen, BatchesSealed int
-	PostgresErr                error // nil when the ledger was read
+	// Waiting counts the jobs waiting for their parents, by kind.
+	Waiting     []WaitingCount
+	PostgresErr error // nil when the ledger was read
 }
 
 // Ledger is a prometheus.Collector that reads queue sizes from asynq and
@@ -95,6 +102,7 @@ type Ledger struct {
 	redisBusy atomic.Bool
 
 	queueSize, oldestPending, paused, dead, backlog, lag, batches, up, duration *prometheus.Desc
+	waiting, waitingOnDead, waitingOldest                                       *prometheus.Desc
 }
 
 // NewLedger returns a collector, or the error of cfg.Validate; register it
@@ -119,6 +127,12 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 			"How long the oldest job not yet handed to Redis has waited (0 when none).", nil, nil),
 		batches: prometheus.NewDesc("keel_batches_open",
 			"Batches not complete: state open (members may join) or sealed (waiting for members to end).", []string{"state"}, nil),
+		waiting: prometheus.NewDesc("keel_jobs_waiting",
+			"Jobs waiting for their parents to succeed (tasks.After, workflows), by kind.", []string{"kind"}, nil),
+		waitingOnDead: prometheus.NewDesc("keel_jobs_waiting_on_dead",
+			"Waiting jobs with a dead parent: they wait for a person (replay the parent, or release or cancel the job).", []string{"kind"}, nil),
+		waitingOldest: prometheus.NewDesc("keel_jobs_waiting_oldest_seconds",
+			"Age of the oldest waiting job of a kind.", []string{"kind"}, nil),
 		up: prometheus.NewDesc("keel_collector_up",
 			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
 		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
@@ -128,7 +142,8 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 
 // Describe implements prometheus.Collector.
 func (l *Ledger) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.batches, l.up, l.duration} {
+	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.batches,
+		l.waiting, l.waitingOnDead, l.waitingOldest, l.up, l.duration} {
 		ch <- d
 	}
 }
@@ -162,6 +177,11 @@ func (l *Ledger) Collect(ch chan<- prometheus.Metric) {
 			gauge(l.lag, s.OutboxLag.Seconds())
 			gauge(l.batches, float64(s.BatchesOpen), "open")
 			gauge(l.batches, float64(s.BatchesSealed), "sealed")
+			for _, w := range s.Waiting {
+				gauge(l.waiting, float64(w.N), w.Kind)
+				gauge(l.waitingOnDead, float64(w.OnDead), w.Kind)
+				gauge(l.waitingOldest, max(time.Since(w.Oldest), 0).Seconds(), w.Kind)
+			}
 		}
 	}
 	gauge(l.duration, time.Since(start).Seconds())
@@ -273,5 +293,8 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 		return fmt.Errorf("keel: reading batches: %w", err)
 	}
 	s.BatchesOpen, s.BatchesSealed = int(open), int(sealed)
+	if s.Waiting, err = ledger.WaitingByKind(ctx, l.cfg.Pool); err != nil {
+		return fmt.Errorf("keel: reading waiting jobs: %w", err)
+	}
 	return nil
 }

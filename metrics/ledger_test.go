@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -159,4 +160,40 @@ func TestLedgerCountsOpenBatches(t *testing.T) {
 keel_batches_open{state="open"} 2
 keel_batches_open{state="sealed"} 1
 `), "keel_batches_open"))
+}
+
+// Waiting jobs are counted by kind, those on a dead parent apart, with the
+// age of the oldest.
+func TestLedgerCountsWaitingJobs(t *testing.T) {
+	pool, _ := testenv.PrivatePool(t, "keel_test_metrics_waiting")
+	ctx := context.Background()
+	store := jobstore.NewStore(pool)
+	parent := insertJob(t, pool, "default", "export", "e1")
+	doomed := insertJob(t, pool, "default", "export", "e2")
+	for i, p := range []string{parent.ID, parent.ID, doomed.ID} {
+		_, _, err := store.Insert(ctx, pool, jobstore.NewJob{Kind: "report", BusinessKey: fmt.Sprint("r", i), Queue: "default",
+			Payload: []byte(`{}`), MaxRetry: 3, After: []jobstore.Ref{{ID: p}}})
+		require.NoError(t, err)
+	}
+	// The second export died (as the guard records a death).
+	_, err := pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', finished_at = now() WHERE id = $1`, doomed.ID)
+	require.NoError(t, err)
+
+	l := newLedger(t, metrics.LedgerConfig{Pool: pool})
+	s := l.Read(ctx)
+	require.NoError(t, s.PostgresErr)
+	require.Len(t, s.Waiting, 1)
+	require.Equal(t, "report", s.Waiting[0].Kind)
+	require.Equal(t, int64(3), s.Waiting[0].N)
+	require.Equal(t, int64(1), s.Waiting[0].OnDead)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP keel_jobs_waiting Jobs waiting for their parents to succeed (tasks.After, workflows), by kind.
+# TYPE keel_jobs_waiting gauge
+keel_jobs_waiting{kind="report"} 3
+# HELP keel_jobs_waiting_on_dead Waiting jobs with a dead parent: they wait for a person (replay the parent, or release or cancel the job).
+# TYPE keel_jobs_waiting_on_dead gauge
+keel_jobs_waiting_on_dead{kind="report"} 1
+`), "keel_jobs_waiting", "keel_jobs_waiting_on_dead"))
 }

@@ -88,6 +88,32 @@ func OpenBatches(ctx context.Context, db DB) (open, sealed int64, err error) {
 	return open, sealed, err
 }
 
+// WaitingCount is the jobs of one kind waiting for their parents.
+type WaitingCount struct {
+	Kind string
+	N    int64
+	// OnDead counts those with a dead parent: they wait for a person (a
+	// replay of the parent, or a release or cancel of the job).
+	OnDead int64
+	// Oldest is when the oldest of them was enqueued.
+	Oldest time.Time
+}
+
+const waitingByKindSQL = `SELECT j.kind, count(*),
+		count(*) FILTER (WHERE EXISTS (SELECT 1 FROM keel_job_deps d JOIN keel_jobs p ON p.id = d.parent_id
+			WHERE d.child_id = j.id AND p.status = 'dead')),
+		min(j.created_at)
+	FROM keel_jobs j WHERE j.status = 'waiting' GROUP BY j.kind ORDER BY j.kind`
+
+// WaitingByKind counts the jobs waiting for their parents, by kind.
+func WaitingByKind(ctx context.Context, db DB) ([]WaitingCount, error) {
+	rows, err := db.Query(ctx, waitingByKindSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[WaitingCount])
+}
+
 const newestKeyOfKindSQL = `SELECT business_key FROM keel_jobs WHERE kind = $1 ORDER BY id DESC LIMIT 1`
 
 // NewestKeyOfKind returns the business key of the newest job of kind,
