@@ -226,6 +226,10 @@ CREATE TABLE chaos_late (
 	step_err     text NOT NULL,
 	tx_err       text NOT NULL);
 -- Effects a handler tried to write twice (the unique index refused them).
+-- Workflows variant: a run that started before a parent of its job had
+-- succeeded, and every committed effect of a workflow job.
+CREATE TABLE chaos_flow_early (job_id text NOT NULL, parent text NOT NULL);
+CREATE TABLE chaos_flow_effects (job_id text NOT NULL);
 -- Every committed run of a batch callback (batches variant).
 CREATE TABLE chaos_batch_callbacks (
 	batch_id     text NOT NULL,
@@ -278,6 +282,7 @@ CREATE TABLE chaos_violations (
 // chaosMux is the workers' handler set.
 func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.Mux {
 	mux := tasks.NewMux()
+	tasks.Handle(mux, flowKind, runFlowStep(pool))
 	tasks.Handle(mux, okKind, func(ctx context.Context, o order) error {
 		return writeEffect(ctx, pool, okKind.Name(), o.Key)
 	})

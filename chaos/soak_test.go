@@ -72,6 +72,9 @@ type soakConfig struct {
 	// (job n into batch n%Batches), sealed once the submissions are done;
 	// each batch's callbacks must run once (see checkBatches).
 	Batches int
+	// Workflows, when positive, also enqueues this many workflows of five
+	// dependent jobs over the submission window (see checkWorkflows).
+	Workflows int
 }
 
 // keyRecord is what the driver knows of one business key.
@@ -242,6 +245,7 @@ func soak(t *testing.T, cfg soakConfig) {
 	subCtx, stopSubs := context.WithDeadline(bg, d.start.Add(cfg.Deadline))
 	defer stopSubs()
 	subsDone := d.submitAll(subCtx)
+	flowsDone := d.submitWorkflows(subCtx)
 
 	for _, ev := range d.events(pgRestart) {
 		if !d.sleepUntil(ev.at) {
@@ -251,13 +255,15 @@ func soak(t *testing.T, cfg soakConfig) {
 		ev.do()
 	}
 	<-subsDone
+	<-flowsDone
 	d.sealBatches(subCtx)
 	stopSched()
 	<-schedDone
 	d.schedStop = time.Now()
 	d.note(fmt.Sprintf("submissions done, scheduler stopped (%+v)", sched.Stats()))
 
-	converged := d.converge(d.start.Add(cfg.Deadline)) && d.batchesConverge(d.start.Add(cfg.Deadline))
+	converged := d.converge(d.start.Add(cfg.Deadline)) && d.batchesConverge(d.start.Add(cfg.Deadline)) &&
+		d.workflowsConverge(d.start.Add(cfg.Deadline))
 	elapsed := time.Since(d.start)
 	d.note(fmt.Sprintf("converged=%v after %s", converged, elapsed.Round(time.Second)))
 
@@ -272,6 +278,7 @@ func soak(t *testing.T, cfg soakConfig) {
 
 	rep := d.check(ctx)
 	rep.failures = append(rep.failures, d.checkBatches(ctx)...)
+	rep.failures = append(rep.failures, d.checkWorkflows(ctx)...)
 	t.Logf("chaos soak: %d jobs, %d workers, %d kills, %d workers killed by poison jobs, %d deploys, %d Redis restarts, runtime %s\n%s",
 		cfg.Jobs, cfg.Workers, len(cfg.Kills), d.poisonExits.Load(), len(cfg.Deploys), len(cfg.RedisRestarts), elapsed.Round(time.Second), rep.table)
 	t.Logf("worker logs:\n%s", d.logSummary())
