@@ -95,6 +95,13 @@ func TestUpkeepTakesNow(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, pruned)
 	require.Equal(t, 0, count())
+	// A pruned job's dependencies as a child go with it; those naming a
+	// pruned parent stay with their child.
+	var childless, kept int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM keel_jobs c WHERE c.id = d.child_id)),
+		count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM keel_jobs p WHERE p.id = d.parent_id)) FROM keel_job_deps d`).Scan(&childless, &kept))
+	require.Zero(t, childless, "dependencies of pruned children")
+	require.Positive(t, kept, "dependencies on pruned parents, kept with their children")
 	gone, err := ledger.PruneBatches(ctx, tx, 100*24*time.Hour, 100000, later)
 	require.NoError(t, err)
 	require.Positive(t, gone, "a year on, the batches whose members were pruned go")
