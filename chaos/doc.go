@@ -186,6 +186,14 @@
 //
 //	go test -tags chaos -run TestChaosBatches -timeout 10m -v ./chaos
 //
+// The workflows variant (chaos build tag) is the short soak with 60
+// workflows of five dependent jobs (a fan-out, a fan-in and a tail) among
+// its jobs: every workflow job must succeed once (one committed effect),
+// none may start before each of its parents has succeeded, none may be
+// left waiting, and none may be lost.
+//
+//	go test -tags chaos -run TestChaosWorkflows -timeout 10m -v ./chaos
+//
 // All of them use the test Redis and Postgres of the other packages' tests
 // (KEEL_TEST_DATABASE_URL), in their own schema and a private redis-server.
 // The long version is meant to restart Postgres as well, which must never
