@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/jobstore"
@@ -79,6 +80,10 @@ type Config struct {
 	// Asynq is an asynq inspector already open on that Redis, used instead
 	// of opening one from Redis; Close leaves it open.
 	Asynq *asynq.Inspector
+	// RedisClient is a client already open on that Redis, for pausing
+	// queues, used instead of opening one from Redis; Close leaves it
+	// open.
+	RedisClient redis.UniversalClient
 	// Poll is how often WaitDone reads the ledger. Default 500ms.
 	Poll time.Duration
 }
@@ -102,6 +107,9 @@ type Inspector struct {
 	insp  *asynq.Inspector
 	owned bool
 	poll  time.Duration
+	// rdb pauses and resumes queues; ownedRDB: New opened it.
+	rdb      redis.UniversalClient
+	ownedRDB bool
 }
 
 // New returns an Inspector on cfg's ledger and Redis.
@@ -116,15 +124,24 @@ func New(cfg Config) (*Inspector, error) {
 	if in.insp == nil && cfg.Redis != nil {
 		in.insp, in.owned = asynq.NewInspector(cfg.Redis), true
 	}
+	in.rdb = cfg.RedisClient
+	if in.rdb == nil && cfg.Redis != nil {
+		// Every asynq.RedisConnOpt makes a go-redis universal client.
+		in.rdb, in.ownedRDB = cfg.Redis.MakeRedisClient().(redis.UniversalClient), true
+	}
 	return in, nil
 }
 
 // Close releases the Redis connection the Inspector opened, if it did.
 func (in *Inspector) Close() error {
+	var err error
 	if in.owned {
-		return in.insp.Close()
+		err = in.insp.Close()
 	}
-	return nil
+	if in.ownedRDB {
+		err = errors.Join(err, in.rdb.Close())
+	}
+	return err
 }
 
 // interpret makes a ledger error keel's, as idempotency does.

@@ -106,7 +106,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		tracer: tracing.New(cfg.TracerProvider),
 	}
 	// On the client's Redis connections: closed with them.
-	c.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: asynq.NewInspectorFromRedisClient(rdb)})
+	c.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: asynq.NewInspectorFromRedisClient(rdb), RedisClient: rdb})
 	if err != nil {
 		return nil, err
 	}

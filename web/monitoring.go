@@ -207,7 +207,7 @@ func (s *Server) monitoring(w http.ResponseWriter, r *http.Request) {
 		// Every write through asynqmon is audited, under the task's id when
 		// it names one (asynq's task id is keel's job id).
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		if !s.runThroughKeel(rec, r, p) && !s.cancelThroughKeel(rec, r, p) && !s.archiveThroughKeel(rec, r) {
+		if !s.runThroughKeel(rec, r, p) && !s.cancelThroughKeel(rec, r, p) && !s.archiveThroughKeel(rec, r) && !s.pauseThroughKeel(rec, r, p) {
 			s.monRW.ServeHTTP(rec, r)
 		}
 		action := "asynqmon " + r.Method + " " + strings.TrimPrefix(r.URL.Path, MonitoringPath+"/api")

@@ -87,7 +87,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.insp = asynq.NewInspector(cfg.Redis)
-	if s.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: s.insp}); err != nil {
+	if s.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: s.insp, Redis: cfg.Redis}); err != nil {
 		return nil, err
 	}
 	s.reg = cfg.Registry
@@ -263,4 +263,5 @@ func (s *Server) closeClients() {
 	_ = s.monRO.h.Close()
 	_ = s.monRW.h.Close()
 	_ = s.insp.Close()
+	_ = s.ops.Close()
 }

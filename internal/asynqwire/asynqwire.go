@@ -28,6 +28,29 @@ func QueuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
 // TaskKey is the hash of one task.
 func TaskKey(queue, id string) string { return QueuePrefix(queue) + "t:" + id }
 
+// pausedKey exists while asynq's servers leave queue alone (asynq's
+// Inspector.PauseQueue writes it, with the pause's Unix time).
+func pausedKey(queue string) string { return QueuePrefix(queue) + "paused" }
+
+// Pause pauses queue as asynq's inspector does, whether or not asynq knows
+// the queue yet, and reports whether it was running.
+func Pause(ctx context.Context, rdb redis.Cmdable, queue string, now time.Time) (bool, error) {
+	return rdb.SetNX(ctx, pausedKey(queue), now.Unix(), 0).Result()
+}
+
+// Unpause lets asynq's servers take queue's tasks again, and reports
+// whether it was paused.
+func Unpause(ctx context.Context, rdb redis.Cmdable, queue string) (bool, error) {
+	n, err := rdb.Del(ctx, pausedKey(queue)).Result()
+	return n == 1, err
+}
+
+// Paused reports whether queue is paused.
+func Paused(ctx context.Context, rdb redis.Cmdable, queue string) (bool, error) {
+	n, err := rdb.Exists(ctx, pausedKey(queue)).Result()
+	return n == 1, err
+}
+
 // Task states, the "state" field of a task's hash.
 const (
 	StateActive      = "active"

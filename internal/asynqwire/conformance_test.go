@@ -153,3 +153,40 @@ func TestKeelRecognisesAsynqsFetchAndForward(t *testing.T) {
 	require.Positive(t, rec.dequeues, "asynq's fetch was not recognised")
 	require.Positive(t, rec.forwards, "asynq's forwarder was not recognised")
 }
+
+// keel's pause is asynq's: its inspector sees what keel pauses and
+// resumes, and keel sees what its inspector pauses.
+func TestKeelPausesAsAsynqDoes(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	opt := asynq.RedisClientOpt{Addr: rs.Addr()}
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	_, err := client.Enqueue(asynq.NewTask("wire:kind", nil), asynq.Queue("held"))
+	require.NoError(t, err)
+
+	changed, err := asynqwire.Pause(ctx, rdb, "held", time.Now())
+	require.NoError(t, err)
+	require.True(t, changed)
+	info, err := insp.GetQueueInfo("held")
+	require.NoError(t, err)
+	require.True(t, info.Paused)
+	changed, err = asynqwire.Pause(ctx, rdb, "held", time.Now())
+	require.NoError(t, err)
+	require.False(t, changed, "paused already")
+	changed, err = asynqwire.Unpause(ctx, rdb, "held")
+	require.NoError(t, err)
+	require.True(t, changed)
+	info, err = insp.GetQueueInfo("held")
+	require.NoError(t, err)
+	require.False(t, info.Paused)
+
+	require.NoError(t, insp.PauseQueue("held"))
+	paused, err := asynqwire.Paused(ctx, rdb, "held")
+	require.NoError(t, err)
+	require.True(t, paused)
+}

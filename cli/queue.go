@@ -1,0 +1,159 @@
+package cli
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/spf13/cobra"
+
+	"github.com/keeljobs/keel/inspect"
+)
+
+// queueCmd lists, pauses and resumes queues; a pause is the ledger's, so
+// it outlives a Redis that loses its data.
+func queueCmd(e *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "queue",
+		Short: "List queues, pause one on every worker, resume it",
+	}
+	var actor, note string
+	action := func(resume bool) func(cmd *cobra.Command, args []string) error {
+		return func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(actor) == "" {
+				return usageError{inspect.ErrActorRequired}
+			}
+			if err := checkNote(note); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			ops, _, done, err := e.operator(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer done()
+			verb, changed := "paused", false
+			if resume {
+				verb = "resumed"
+				changed, err = ops.ResumeQueue(ctx, args[0], actor, note)
+			} else {
+				changed, err = ops.PauseQueue(ctx, args[0], actor, note)
+			}
+			if err != nil {
+				return err
+			}
+			if e.JSON() {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"queue": args[0], "action": strings.TrimSuffix(verb, "d"), "changed": changed})
+			}
+			if changed {
+				fmt.Fprintf(cmd.OutOrStdout(), "queue %s: %s\n", args[0], verb)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "queue %s: %s already\n", args[0], verb)
+			}
+			return nil
+		}
+	}
+	pause := &cobra.Command{
+		Use:   "pause QUEUE",
+		Short: "Stop every worker from starting the queue's jobs (running ones finish); kept in the ledger",
+		Args:  cobra.ExactArgs(1),
+		RunE:  action(false),
+	}
+	resume := &cobra.Command{
+		Use:   "resume QUEUE",
+		Short: "Let workers take the queue's jobs again",
+		Args:  cobra.ExactArgs(1),
+		RunE:  action(true),
+	}
+	for _, c := range []*cobra.Command{pause, resume} {
+		c.Flags().StringVar(&actor, "actor", defaultActor(), "who is acting (kept in the audit log)")
+		c.Flags().StringVar(&note, "note", "", "why (kept in the audit log)")
+	}
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List the queues: their sizes, and who paused which",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			ops, _, done, err := e.operator(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer done()
+			pauses, err := ops.PausedQueues(ctx)
+			if err != nil {
+				return err
+			}
+			redisOpt, err := e.Redis(ctx)
+			if err != nil {
+				return err
+			}
+			insp := asynq.NewInspector(redisOpt)
+			defer insp.Close()
+			names, err := insp.Queues()
+			if err != nil {
+				return err
+			}
+			byName := map[string]inspect.QueuePause{}
+			for _, p := range pauses {
+				byName[p.Queue] = p
+				if !slices.Contains(names, p.Queue) {
+					names = append(names, p.Queue)
+				}
+			}
+			slices.Sort(names)
+			type row struct {
+				Queue    string     `json:"queue"`
+				Paused   bool       `json:"paused"`
+				PausedBy string     `json:"paused_by,omitempty"`
+				PausedAt *time.Time `json:"paused_at,omitempty"`
+				Note     string     `json:"note,omitempty"`
+				// RedisOnly: paused in Redis by asynq's own tools, not
+				// through keel; a Redis that loses its data forgets it.
+				RedisOnly bool `json:"paused_in_redis_only,omitempty"`
+				Pending   int  `json:"pending"`
+				Active    int  `json:"active"`
+				Scheduled int  `json:"scheduled"`
+				Retry     int  `json:"retry"`
+			}
+			rows := make([]row, 0, len(names))
+			for _, q := range names {
+				r := row{Queue: q}
+				if info, err := insp.GetQueueInfo(q); err == nil {
+					r.Paused, r.Pending, r.Active, r.Scheduled, r.Retry = info.Paused, info.Pending, info.Active, info.Scheduled, info.Retry
+				}
+				if p, ok := byName[q]; ok {
+					at := p.PausedAt
+					r.PausedBy, r.PausedAt, r.Note = p.PausedBy, &at, p.Note
+				} else if r.Paused {
+					r.RedisOnly = true
+				}
+				rows = append(rows, r)
+			}
+			if e.JSON() {
+				return printJSON(cmd.OutOrStdout(), rows)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "QUEUE\tPENDING\tACTIVE\tSCHEDULED\tRETRY\tPAUSED")
+			for _, r := range rows {
+				paused := "no"
+				switch {
+				case r.RedisOnly:
+					paused = "in Redis only (not through keel: a Redis that loses its data forgets it)"
+				case r.PausedBy != "":
+					paused = fmt.Sprintf("by %s %s", oneRow(r.PausedBy), r.PausedAt.Format(time.RFC3339))
+					if r.Note != "" {
+						paused += ": " + oneRow(r.Note)
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", oneRow(r.Queue), r.Pending, r.Active, r.Scheduled, r.Retry, paused)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.AddCommand(ls, pause, resume)
+	return cmd
+}

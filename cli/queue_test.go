@@ -1,0 +1,67 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/tasks"
+)
+
+// `queue pause` and `resume` as an operator runs them, and `queue ls`
+// saying who paused what, and what asynq's own tools paused.
+func TestQueueCommands(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool})
+	require.NoError(t, err)
+	defer client.Close()
+	_, err = client.Enqueue(ctx, Greet.New(Greeting{Name: "ada"}))
+	require.NoError(t, err)
+	_, err = client.Enqueue(ctx, Greet.New(Greeting{Name: "bo"}, tasks.Queue("low")))
+	require.NoError(t, err)
+	insp := asynq.NewInspector(e.redis)
+	defer insp.Close()
+
+	out, _, err := e.greeter(t, "", "queue", "pause", "default", "--actor", "ops:ann", "--note", "supplier outage")
+	require.NoError(t, err)
+	require.Equal(t, "queue default: paused\n", out)
+	info, err := insp.GetQueueInfo("default")
+	require.NoError(t, err)
+	require.True(t, info.Paused)
+	out, _, err = e.greeter(t, "", "queue", "pause", "default")
+	require.NoError(t, err)
+	require.Equal(t, "queue default: paused already\n", out)
+	require.NoError(t, insp.PauseQueue("low")) // asynq's own tools
+
+	out, _, err = e.greeter(t, "", "queue", "ls")
+	require.NoError(t, err)
+	require.Regexp(t, `QUEUE\s+PENDING\s+ACTIVE\s+SCHEDULED\s+RETRY\s+PAUSED\n`, out)
+	require.Regexp(t, `default\s+1\s+0\s+0\s+0\s+by ops:ann \S+: supplier outage\n`, out)
+	require.Regexp(t, `low\s+1\s+0\s+0\s+0\s+in Redis only`, out)
+	out, _, err = e.greeter(t, "", "queue", "ls", "--json")
+	require.NoError(t, err)
+	var rows []struct {
+		Queue     string `json:"queue"`
+		Paused    bool   `json:"paused"`
+		PausedBy  string `json:"paused_by"`
+		RedisOnly bool   `json:"paused_in_redis_only"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rows))
+	require.Len(t, rows, 2)
+	require.True(t, rows[0].Paused)
+	require.Equal(t, "ops:ann", rows[0].PausedBy)
+	require.True(t, rows[1].RedisOnly)
+
+	out, _, err = e.greeter(t, "", "queue", "resume", "default", "--json")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"queue": "default", "action": "resume", "changed": true}`, out)
+	info, err = insp.GetQueueInfo("default")
+	require.NoError(t, err)
+	require.False(t, info.Paused)
+	_, _, err = e.greeter(t, "", "queue", "pause", "no such queue!")
+	require.ErrorContains(t, err, "queue")
+}

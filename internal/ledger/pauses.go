@@ -1,0 +1,52 @@
+package ledger
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Paused queues (keel_pauses, migration 0026): the ledger's record of a
+// person's pause, which reconcilers apply to Redis.
+
+// Pause is a queue a person paused.
+type Pause struct {
+	Queue    string
+	PausedAt time.Time
+	PausedBy string
+	Note     string
+}
+
+// pauseSQL records a pause and audits it in one statement; a queue paused
+// already keeps its first record (and nothing is audited).
+const pauseSQL = `WITH p AS (INSERT INTO keel_pauses (queue, paused_by, note) VALUES ($1, $2, $3)
+	ON CONFLICT (queue) DO NOTHING RETURNING queue)
+INSERT INTO keel_audit (job_id, action, actor, note) SELECT '', 'pause-queue:' || queue, $2, $3 FROM p`
+
+// PauseQueue records queue as paused by actor, and reports whether it was
+// not already.
+func PauseQueue(ctx context.Context, db DB, queue, actor, note string) (bool, error) {
+	tag, err := db.Exec(ctx, pauseSQL, queue, actor, note)
+	return tag.RowsAffected() == 1, err
+}
+
+const resumeSQL = `WITH r AS (DELETE FROM keel_pauses WHERE queue = $1 RETURNING queue)
+INSERT INTO keel_audit (job_id, action, actor, note) SELECT '', 'resume-queue:' || queue, $2, $3 FROM r`
+
+// ResumeQueue deletes queue's pause, and reports whether there was one.
+func ResumeQueue(ctx context.Context, db DB, queue, actor, note string) (bool, error) {
+	tag, err := db.Exec(ctx, resumeSQL, queue, actor, note)
+	return tag.RowsAffected() == 1, err
+}
+
+const pausesSQL = `SELECT queue, paused_at, paused_by, note FROM keel_pauses ORDER BY queue`
+
+// Pauses returns the paused queues, by name.
+func Pauses(ctx context.Context, db DB) ([]Pause, error) {
+	rows, err := db.Query(ctx, pausesSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Pause])
+}

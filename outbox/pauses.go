@@ -1,0 +1,32 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/keeljobs/keel/internal/asynqwire"
+	"github.com/keeljobs/keel/internal/ledger"
+)
+
+// applyPauses pauses in Redis every queue the ledger holds paused (see
+// inspect.PauseQueue): a Redis that lost its data, or a pause recorded
+// while Redis was down, gets it back within a pass. It never resumes a
+// queue: a queue paused in Redis alone was paused by a person with
+// asynq's own tools.
+func (r *Reconciler) applyPauses(ctx context.Context) error {
+	ps, err := ledger.Pauses(ctx, r.pool)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		changed, err := asynqwire.Pause(ctx, r.rdb, p.Queue, time.Now())
+		if err != nil {
+			return err
+		}
+		if changed {
+			r.cfg.Logger.Warn("keel reconciler: paused a queue again in Redis, which had lost its pause",
+				"queue", p.Queue, "paused_by", p.PausedBy, "paused_at", p.PausedAt)
+		}
+	}
+	return nil
+}
