@@ -29,7 +29,7 @@ type pages struct {
 	set map[string]*template.Template
 }
 
-var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error", "batches", "batch"}
+var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error", "batches", "batch", "workflow"}
 
 func newPages() (*pages, error) {
 	p := &pages{css: template.CSS(stylesheet), set: map[string]*template.Template{}}
