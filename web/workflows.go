@@ -6,14 +6,89 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
+	"strings"
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 )
 
-// The workflow page (/workflows/{id}): a workflow's tasks as a graph and
-// a table.
+// Dependencies on the job page, the workflow page (/workflows/{id}) with
+// its graph, and the Release button of a waiting job.
+
+// relatedShown bounds the parents and the children a job's page lists: a
+// fan-out may have thousands.
+const relatedShown = 100
+
+// depsView is the job page's section on what a job waits for and what
+// waits for it.
+type depsView struct {
+	Parents, Children []inspect.Related
+	// MoreParents, MoreChildren: those not listed (relatedShown).
+	MoreParents, MoreChildren int
+	// Waiting: the job waits for its parents.
+	Waiting                  bool
+	WorkflowID, WorkflowTask string
+	WorkflowURL              string
+}
+
+// jobDeps reads job j's dependencies; nil when it has none and is in no
+// workflow.
+func (s *Server) jobDeps(ctx context.Context, j idempotency.Job) (*depsView, error) {
+	deps, err := s.ops.Dependencies(ctx, j.ID)
+	if err != nil {
+		return nil, err
+	}
+	if len(deps.Parents) == 0 && len(deps.Children) == 0 && j.WorkflowID == "" && j.Status != idempotency.StatusWaiting {
+		return nil, nil
+	}
+	d := &depsView{Parents: deps.Parents, Children: deps.Children, Waiting: j.Status == idempotency.StatusWaiting,
+		WorkflowID: j.WorkflowID, WorkflowTask: j.WorkflowTask}
+	if j.WorkflowID != "" {
+		d.WorkflowURL = workflowURL(j.WorkflowID)
+	}
+	if len(d.Parents) > relatedShown {
+		// Those still waited for first: they are why the job waits.
+		done := func(r inspect.Related) bool { return r.Status == idempotency.StatusSucceeded }
+		slices.SortStableFunc(d.Parents, func(a, b inspect.Related) int {
+			if done(a) == done(b) {
+				return 0
+			}
+			if done(a) {
+				return 1
+			}
+			return -1
+		})
+		d.Parents, d.MoreParents = d.Parents[:relatedShown], len(d.Parents)-relatedShown
+	}
+	if len(d.Children) > relatedShown {
+		d.Children, d.MoreChildren = d.Children[:relatedShown], len(d.Children)-relatedShown
+	}
+	return d, nil
+}
+
+// workflowURL is the page of workflow id, an id of the caller's that may
+// hold any character.
+func workflowURL(id string) string { return "/workflows/" + url.PathEscape(id) }
+
+// releaseJob is the job page's Release button: a waiting job starts
+// without waiting for its parents.
+func (s *Server) releaseJob(w http.ResponseWriter, r *http.Request) {
+	id, p := r.PathValue("id"), principalFrom(r.Context())
+	note := strings.TrimSpace(r.PostForm.Get("note"))
+	res, err := s.ops.Release(r.Context(), id, p.Name, note)
+	if err != nil {
+		s.actionFailed(w, r, id, "release", err, note)
+		return
+	}
+	done := "released"
+	if res.AlreadyReleased {
+		done = "already-released"
+	}
+	s.cfg.Logger.Info("keel web: job released", "job_id", id, "actor", p.Name, "already", res.AlreadyReleased)
+	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
+}
 
 // graphMaxNodes bounds the workflows drawn: a larger one is listed only,
 // as a drawing of it would be too big to read.
