@@ -112,6 +112,10 @@ func TestWorkflowPage(t *testing.T) {
 	lone := b.deadJob(t, "order:send_receipt", "order:1", "boom")
 	require.NotContains(t, v.get(t, "/jobs/"+lone.ID).body, `id="deps"`)
 
+	// The jobs list filters on waiting, and an operator may select a
+	// waiting job to cancel it.
+	require.Equal(t, []string{d}, listed(t, v, "/jobs?status=waiting"))
+
 	// Release: operators only, with the form token.
 	res = v.post(t, "/jobs/"+d+"/release", url.Values{"csrf": {v.token(t)}})
 	require.Equal(t, http.StatusForbidden, res.status)
@@ -119,6 +123,7 @@ func TestWorkflowPage(t *testing.T) {
 	res = op.get(t, "/jobs/"+d)
 	require.Contains(t, res.body, `id="release"`)
 	require.Contains(t, res.body, `id="cancel"`, "a waiting job can be cancelled")
+	require.Regexp(t, `<tr id="row-`+d+`">\s*<td><input type="checkbox" name="id" value="`+d+`"`, op.get(t, "/jobs?status=waiting").body)
 	res = op.post(t, "/jobs/"+d+"/release", url.Values{"note": {"no token"}})
 	require.Equal(t, http.StatusForbidden, res.status)
 	require.Equal(t, idempotency.StatusWaiting, b.status(t, d))
