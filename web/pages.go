@@ -274,16 +274,16 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 type lookupData struct {
-	Kind, Key, ID string
+	Kind, Key, ID, Workflow string
 }
 
-// lookup finds a job by business key (kind + key) or by id and sends the
-// browser to its page.
+// lookup finds a job by business key (kind + key) or by id, or a workflow
+// by its id, and sends the browser to its page.
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	q := r.URL.Query()
-	if err := tooLong(q, "kind", "key", "id"); err != nil {
+	if err := tooLong(q, "kind", "key", "id", "workflow"); err != nil {
 		s.render(w, r, http.StatusBadRequest, "lookup", view{Title: "Look up a job", Nav: "lookup", Error: err.Error(), Data: lookupData{}})
 		return
 	}
@@ -291,7 +291,12 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	// given, and trimmed only when no key is so (one pasted with stray
 	// spaces).
 	rawKey := q.Get("key")
-	d := lookupData{Kind: strings.TrimSpace(q.Get("kind")), Key: strings.TrimSpace(rawKey), ID: strings.TrimSpace(q.Get("id"))}
+	d := lookupData{Kind: strings.TrimSpace(q.Get("kind")), Key: strings.TrimSpace(rawKey), ID: strings.TrimSpace(q.Get("id")),
+		Workflow: strings.TrimSpace(q.Get("workflow"))}
+	if d.Workflow != "" {
+		s.lookupWorkflow(w, r, d)
+		return
+	}
 	var j idempotency.Job
 	var err error
 	switch {

@@ -90,6 +90,22 @@ func (s *Server) releaseJob(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/jobs/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
 }
 
+// lookupWorkflow sends the look-up of a workflow id to its page.
+func (s *Server) lookupWorkflow(w http.ResponseWriter, r *http.Request, d lookupData) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	_, err := s.ops.Workflow(ctx, d.Workflow)
+	switch {
+	case errors.Is(err, inspect.ErrNotFound):
+		s.render(w, r, http.StatusNotFound, "lookup", view{Title: "Look up a job", Nav: "lookup",
+			Error: fmt.Sprintf("no workflow with id %q", d.Workflow), Data: d})
+	case err != nil:
+		s.ledgerError(w, r, err)
+	default:
+		http.Redirect(w, r, workflowURL(d.Workflow), http.StatusSeeOther)
+	}
+}
+
 // graphMaxNodes bounds the workflows drawn: a larger one is listed only,
 // as a drawing of it would be too big to read.
 const graphMaxNodes = 300

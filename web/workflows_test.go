@@ -92,6 +92,15 @@ func TestWorkflowPage(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, res.status)
 	require.Contains(t, res.body, "no workflow with id")
 	require.Equal(t, http.StatusFound, b.anonymous().get(t, page).status, "signing in is required")
+	// The look-up forms take a workflow's id.
+	res = v.get(t, "/jobs?workflow="+url.QueryEscape(" fulfil 7/ship?x "))
+	require.Equal(t, http.StatusSeeOther, res.status, res.body)
+	require.Equal(t, page, res.header.Get("Location"))
+	require.Equal(t, http.StatusOK, v.get(t, res.header.Get("Location")).status)
+	res = v.get(t, "/jobs?workflow=nope")
+	require.Equal(t, http.StatusNotFound, res.status)
+	require.Contains(t, res.body, `no workflow with id &#34;nope&#34;`)
+	require.Contains(t, res.body, `name="workflow" value="nope"`)
 
 	// d's page: what it waits for, the dead parent that holds it, its
 	// workflow; no Release for a viewer.
