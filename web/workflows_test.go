@@ -224,4 +224,13 @@ func TestBrowserWorkflowPage(t *testing.T) {
 	run(t, ctx, chromedp.Click(chromedp.ID("workflow-link")), chromedp.WaitVisible(chromedp.ID("graph")))
 	require.True(t, eval[bool](t, ctx, `document.querySelector('#graph a.node[data-task="d"]').classList.contains('status-pending')`))
 	require.False(t, strings.Contains(eval[string](t, ctx, `document.body.innerText`), "Refused"))
+
+	// On a phone the graph shrinks to its card, and neither page scrolls
+	// sideways.
+	run(t, ctx, chromedp.EmulateViewport(390, 900), chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("graph")))
+	noPageOverflow(t, ctx, "the workflow page")
+	require.True(t, eval[bool](t, ctx, `document.querySelector('#graph').getBoundingClientRect().right <=
+		document.querySelector('#graph').closest('.card').getBoundingClientRect().right`), "the graph is wider than its card")
+	run(t, ctx, chromedp.Navigate(b.ts.URL+"/jobs/"+d), chromedp.WaitVisible(chromedp.ID("deps")))
+	noPageOverflow(t, ctx, "a job's dependencies")
 }
