@@ -183,6 +183,11 @@ func (s *Server) workflow(w http.ResponseWriter, r *http.Request) {
 		s.ledgerError(w, r, err)
 		return
 	}
+	s.render(w, r, http.StatusOK, "workflow", view{Title: "Workflow " + id, Nav: "jobs", Data: newWorkflowData(id, nodes)})
+}
+
+// newWorkflowData lays out workflow id's nodes for its page.
+func newWorkflowData(id string, nodes []inspect.WorkflowNode) workflowData {
 	d := workflowData{ID: id}
 	depth, order := layout(nodes)
 	byID := make(map[string]inspect.WorkflowNode, len(nodes))
@@ -210,7 +215,7 @@ func (s *Server) workflow(w http.ResponseWriter, r *http.Request) {
 	if d.TooBig = len(nodes) > graphMaxNodes; !d.TooBig {
 		d.Graph = drawWorkflow(nodes, depth, order)
 	}
-	s.render(w, r, http.StatusOK, "workflow", view{Title: "Workflow " + id, Nav: "jobs", Data: d})
+	return d
 }
 
 // layout gives each node its depth, the longest path to it from a node

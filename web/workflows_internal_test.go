@@ -1,10 +1,12 @@
 package web
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 )
 
@@ -40,4 +42,17 @@ func TestWorkflowLayout(t *testing.T) {
 	// A cycle (keel refuses to write one) does not hang the page.
 	depth, _ = layout([]inspect.WorkflowNode{node("p", "q"), node("q", "p")})
 	require.Len(t, depth, 2)
+
+	// Too many tasks to draw: listed only.
+	var many []inspect.WorkflowNode
+	for i := range graphMaxNodes + 1 {
+		n := node(strconv.Itoa(i))
+		n.Status = idempotency.StatusPending
+		many = append(many, n)
+	}
+	d := newWorkflowData("big", many)
+	require.True(t, d.TooBig)
+	require.Nil(t, d.Graph)
+	require.Len(t, d.Rows, graphMaxNodes+1)
+	require.Equal(t, []statusCount{{Status: idempotency.StatusPending, N: graphMaxNodes + 1}}, d.Counts)
 }
