@@ -36,8 +36,11 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) {
 
 // cancellable reports whether a job in status may still be cancelled.
 func cancellable(st idempotency.Status) bool {
-	return st == idempotency.StatusPending || st == idempotency.StatusRunning || st == idempotency.StatusFailed
+	return st == idempotency.StatusWaiting || st == idempotency.StatusPending || st == idempotency.StatusRunning || st == idempotency.StatusFailed
 }
+
+// Cancellable says whether the job page offers Cancel.
+func (d jobData) Cancellable() bool { return cancellable(d.Job.Status) }
 
 // monitorCancel matches asynqmon's API calls that stop or remove a task:
 // cancelling an active one, deleting a pending, scheduled or retrying one.

@@ -19,7 +19,10 @@
 // operator's name. The jobs list shows every job in the ledger, filtered by
 // status (or "in doubt"), kind, queue, business-key prefix and error text,
 // in keyset pages, optionally refreshing itself with a meta refresh; dead
-// jobs ticked there go through the same confirmed-count bulk actions. Pages
+// jobs ticked there go through the same confirmed-count bulk actions. A
+// job's page also says what the job waits for and what waits for it
+// (tasks.After), and an operator may release a waiting job; a workflow's
+// page (/workflows/{id}) draws its tasks as a graph in inline SVG. Pages
 // are rendered on the server with html/template, so everything a job
 // carries is escaped (and invisible or bidi control characters are shown as
 // codes), and they run no script at all.

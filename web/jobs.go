@@ -26,8 +26,8 @@ import (
 const statusInDoubt = "in-doubt"
 
 var listStatuses = []string{
-	string(idempotency.StatusPending), string(idempotency.StatusRunning), string(idempotency.StatusFailed),
-	string(idempotency.StatusDead), string(idempotency.StatusSucceeded), string(idempotency.StatusDiscarded),
+	string(idempotency.StatusWaiting), string(idempotency.StatusPending), string(idempotency.StatusRunning),
+	string(idempotency.StatusFailed), string(idempotency.StatusDead), string(idempotency.StatusSucceeded), string(idempotency.StatusDiscarded),
 	string(idempotency.StatusCancelled), statusInDoubt,
 }
 

@@ -274,16 +274,16 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 type lookupData struct {
-	Kind, Key, ID string
+	Kind, Key, ID, Workflow string
 }
 
-// lookup finds a job by business key (kind + key) or by id and sends the
-// browser to its page.
+// lookup finds a job by business key (kind + key) or by id, or a workflow
+// by its id, and sends the browser to its page.
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
 	defer cancel()
 	q := r.URL.Query()
-	if err := tooLong(q, "kind", "key", "id"); err != nil {
+	if err := tooLong(q, "kind", "key", "id", "workflow"); err != nil {
 		s.render(w, r, http.StatusBadRequest, "lookup", view{Title: "Look up a job", Nav: "lookup", Error: err.Error(), Data: lookupData{}})
 		return
 	}
@@ -291,7 +291,12 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) {
 	// given, and trimmed only when no key is so (one pasted with stray
 	// spaces).
 	rawKey := q.Get("key")
-	d := lookupData{Kind: strings.TrimSpace(q.Get("kind")), Key: strings.TrimSpace(rawKey), ID: strings.TrimSpace(q.Get("id"))}
+	d := lookupData{Kind: strings.TrimSpace(q.Get("kind")), Key: strings.TrimSpace(rawKey), ID: strings.TrimSpace(q.Get("id")),
+		Workflow: strings.TrimSpace(q.Get("workflow"))}
+	if d.Workflow != "" {
+		s.lookupWorkflow(w, r, d)
+		return
+	}
 	var j idempotency.Job
 	var err error
 	switch {
@@ -344,6 +349,8 @@ type jobData struct {
 	// declare, whose redaction it cannot apply; PayloadShown: an operator
 	// asked to see it anyway.
 	PayloadHidden, PayloadShown bool
+	// Deps: what the job waits for and what waits for it (job_deps.html).
+	Deps *depsView
 }
 
 // flashes are the only messages a redirect can ask a page to show: the
@@ -358,6 +365,8 @@ var flashes = map[string]string{
 	"cancelled":         "Cancelled: the job will not run.",
 	"cancelled-running": "Cancelled: the job was running; its handler is being stopped, and nothing it does from now on can commit.",
 	"already-cancelled": "Nothing to do: the job was already cancelled; its resolution below is the first cancel's.",
+	"released":          "Released: the job no longer waits for its parents; it is pending, and the relay hands it to a worker.",
+	"already-released":  "Nothing to do: the job was no longer waiting (its last parent succeeded, or someone released it first); its status is below.",
 }
 
 func (s *Server) job(w http.ResponseWriter, r *http.Request) {
@@ -427,6 +436,9 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 	if d.Steps, err = s.store.Steps(ctx, j.ID); err == nil {
 		d.Audit, err = s.ops.Audit(ctx, j.ID)
 	}
+	if err == nil {
+		d.Deps, err = s.jobDeps(ctx, j)
+	}
 	if err != nil {
 		s.ledgerError(w, r, err)
 		return
@@ -453,6 +465,9 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 // asked of this page at 3 a.m. relay: a relay has still to publish it.
 func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 	switch j.Status {
+	case idempotency.StatusWaiting:
+		return fmt.Sprintf("Waiting for %d of the jobs below to succeed; the last one's success makes it pending, and the relay hands it to a worker. "+
+			"An operator can release it to start it now.", j.WaitingOn)
 	case idempotency.StatusPending:
 		if j.RunAt.After(time.Now()) {
 			return "Runs at " + j.RunAt.UTC().Format("2006-01-02 15:04:05 UTC") + " (in " + time.Until(j.RunAt).Round(time.Second).String() +
@@ -584,7 +599,7 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 	case errors.Is(err, inspect.ErrNoteRequired):
 		status = http.StatusBadRequest
 	case errors.Is(err, inspect.ErrNotDead), errors.Is(err, inspect.ErrStepsInDoubt), errors.Is(err, inspect.ErrEffectsCommitted),
-		errors.Is(err, inspect.ErrNotCancellable), errors.Is(err, inspect.ErrTaskActive):
+		errors.Is(err, inspect.ErrNotCancellable), errors.Is(err, inspect.ErrTaskActive), errors.Is(err, inspect.ErrNotWaiting):
 	default:
 		status = http.StatusInternalServerError
 		s.cfg.Logger.Error("keel web: action failed", "action", action, "job_id", id, "err", err)

@@ -129,10 +129,12 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("GET /jobs/{id}", s.job)
 	app.HandleFunc("GET /batches", s.batches)
 	app.HandleFunc("GET /batches/{id}", s.batch)
+	app.HandleFunc("GET /workflows/{id}", s.workflow)
 	app.HandleFunc("POST /jobs/{id}/replay", operatorOnly(checkToken(s.replay)))
 	app.HandleFunc("POST /jobs/{id}/discard", operatorOnly(checkToken(s.discard)))
 	app.HandleFunc("POST /jobs/{id}/resolve", operatorOnly(checkToken(s.resolve)))
 	app.HandleFunc("POST /jobs/{id}/cancel", operatorOnly(checkToken(s.cancelJob)))
+	app.HandleFunc("POST /jobs/{id}/release", operatorOnly(checkToken(s.releaseJob)))
 	app.HandleFunc("POST /jobs/{id}/payload", operatorOnly(checkToken(s.showPayload)))
 	app.HandleFunc("POST /logout", checkToken(s.logout))
 	app.HandleFunc("GET "+MonitoringPath, func(w http.ResponseWriter, r *http.Request) {

@@ -29,12 +29,17 @@ type pages struct {
 	set map[string]*template.Template
 }
 
-var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error", "batches", "batch"}
+var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error", "batches", "batch", "workflow"}
+
+// pageParts are the templates a page includes besides the layout and its
+// own: sections kept in files of their own.
+var pageParts = map[string][]string{"job": {"templates/job_deps.html"}}
 
 func newPages() (*pages, error) {
 	p := &pages{css: template.CSS(stylesheet), set: map[string]*template.Template{}}
 	for _, name := range pageNames {
-		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		files := append([]string{"templates/layout.html", "templates/" + name + ".html"}, pageParts[name]...)
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, files...)
 		if err != nil {
 			return nil, fmt.Errorf("keel web: template %s: %w", name, err)
 		}
