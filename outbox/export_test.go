@@ -46,3 +46,18 @@ func InitRelaySignals(r *Relay) *RelaySignals {
 	r.signals.Passed.Init()
 	return &r.signals
 }
+
+// ReconcileSignals are a reconciler's test signals; ReconcilePass and
+// RescuePass are what they carry.
+type (
+	ReconcileSignals = reconcileSignals
+	ReconcilePass    = reconcilePass
+	RescuePass       = rescuePass
+)
+
+// InitReconcileSignals turns r's test signals on; call it before Run.
+func InitReconcileSignals(r *Reconciler) *ReconcileSignals {
+	r.signals.Passed.Init()
+	r.signals.Rescued.Init()
+	return &r.signals
+}
