@@ -269,10 +269,16 @@ func TestADeployLetsAStepsCallInFlightFinish(t *testing.T) {
 	require.NoError(t, err)
 	close(release)
 	testenv.Eventually(t, 10*time.Second, func() bool { return answered.Load() == 1 }, "the provider never answered")
-	go func() {
-		time.Sleep(time.Second)
-		_ = hold.Rollback(ctx)
-	}()
+	holdPID := int(hold.Conn().PgConn().PID())
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, holdPID) > 0
+	}, "the call's record never waited for the step's row")
+	select {
+	case err := <-stopped:
+		t.Fatalf("the worker stopped while the call's answer waited to be recorded: %v", err)
+	default:
+	}
+	require.NoError(t, hold.Rollback(ctx))
 	require.NoError(t, <-stopped)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_steps WHERE job_id = $1 AND name = 'charge' AND status = 'done'`, res.Job.ID),
 		"the worker stopped before the call's answer was recorded")
