@@ -175,10 +175,13 @@ type reconcileSignals struct {
 	Rescued testsignal.Signal[rescuePass]
 }
 
-// reconcilePass is one pass of Run, as reconcileSignals report it: this
-// pass's share of ReconcileStats (Rescued aside; rescues run on their own),
-// and its first error.
+// reconcilePass is one pass of Run, as reconcileSignals report it.
 type reconcilePass struct {
+	// Published is what Reconcile returned: the jobs Redis had lost and
+	// those taken off the outbox.
+	Published int
+	// ReconcileStats is the pass's share of the counters, Rescued aside:
+	// rescues run on their own.
 	ReconcileStats
 	Err error
 }
@@ -263,20 +266,19 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			before = r.Stats()
 		}
 		n, err := r.Reconcile(ctx)
-		errs := []error{err}
-		if _, serr := r.SettleFinished(ctx); serr != nil && ctx.Err() == nil {
-			errs = append(errs, serr)
+		_, serr := r.SettleFinished(ctx)
+		if serr != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("keel reconciler: settling finished jobs asynq still runs failed", "err", serr)
 		}
+		var perr error
 		if r.cfg.Retention > 0 && time.Since(lastPrune) >= r.cfg.PruneInterval && ctx.Err() == nil {
 			lastPrune = time.Now()
-			if _, perr := r.Prune(ctx); perr != nil && ctx.Err() == nil {
-				errs = append(errs, perr)
+			if _, perr = r.Prune(ctx); perr != nil && ctx.Err() == nil {
 				r.cfg.Logger.Warn("keel reconciler: prune failed", "err", perr)
 			}
 		}
 		if r.signals.Passed.On() {
-			r.signals.Passed.Signal(reconcilePass{ReconcileStats: r.Stats().minus(before), Err: errors.Join(errs...)})
+			r.signals.Passed.Signal(reconcilePass{Published: n, ReconcileStats: r.Stats().minus(before), Err: errors.Join(err, serr, perr)})
 		}
 		return n, err
 	})

@@ -179,9 +179,9 @@ func TestCancelledJobsAreNotPublishedAgain(t *testing.T) {
 }
 
 // Run rescues and reconciles on schedules of their own, each at once when
-// it starts: a dead worker's job is handed back by a rescue, a job Redis
-// lost is published again and an expired job pruned by a pass, and the
-// next pass finds nothing more to do.
+// it starts: a dead worker's job is handed back by a rescue; a job Redis
+// lost and one no relay took off the outbox are published by a pass, which
+// prunes an expired job too; and the next pass finds nothing more to do.
 func TestReconcilerRunRescuesRepairsAndPrunes(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
@@ -196,6 +196,9 @@ func TestReconcilerRunRescuesRepairsAndPrunes(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, insp.DeleteTask("default", lost.Job.ID))
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour' WHERE id = $1`, lost.Job.ID)
+	require.NoError(t, err)
+	noRelay := enqueueTx(t, c, b, "no-relay", nil)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes' WHERE job_id = $1`, noRelay)
 	require.NoError(t, err)
 	old, err := c.Enqueue(ctx, work.New(item{ID: "old"}, tasks.Delay(time.Hour)))
 	require.NoError(t, err)
@@ -219,9 +222,11 @@ func TestReconcilerRunRescuesRepairsAndPrunes(t *testing.T) {
 	require.Equal(t, asynq.TaskStatePending, b.state(t, insp, orphan.Job.ID))
 	pass := signals.Passed.Wait(t)
 	require.NoError(t, pass.Err)
-	require.EqualValues(t, 1, pass.Republished)
+	require.Equal(t, 2, pass.Published)
+	require.EqualValues(t, 1, pass.Republished, "the job no relay took was not lost")
 	require.EqualValues(t, 1, pass.Pruned)
 	require.Equal(t, asynq.TaskStateScheduled, b.state(t, insp, lost.Job.ID))
+	require.Equal(t, asynq.TaskStatePending, b.state(t, insp, noRelay))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1`, old.Job.ID))
 
 	n, err := r.Reconcile(ctx)
