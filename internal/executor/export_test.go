@@ -72,6 +72,7 @@ func InitTestSignals(cfg *GuardConfig) *TestSignals {
 	cfg.signals.Renewed.Init()
 	cfg.signals.Overran.Init()
 	cfg.signals.Busy.Init()
+	cfg.signals.Skipped.Init()
 	return &cfg.signals
 }
 

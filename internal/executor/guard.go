@@ -136,6 +136,9 @@ type testSignals struct {
 	// Busy is the id of each delivery that found another run holding its
 	// job's lease, sent before it is put back to wait.
 	Busy testsignal.Signal[string]
+	// Skipped is the id of each delivery acknowledged without a run, its
+	// job having ended.
+	Skipped testsignal.Signal[string]
 }
 
 // renewal is one tick of the renew loop, as testSignals report it.
@@ -863,6 +866,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			g.stats.skipped.Add(1)
 			outcome.Note(ctx, outcome.Duplicate)
 			g.cfg.Logger.Debug("keel: duplicate delivery acknowledged", "job_id", id, "status", res.status)
+			g.cfg.signals.Skipped.Signal(id)
 			return nil
 		case claimBusy:
 			g.stats.busy.Add(1)
