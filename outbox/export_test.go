@@ -13,10 +13,51 @@ func SetLegacyPollForTest(t *testing.T, d time.Duration) {
 	t.Cleanup(func() { legacyPoll = old })
 }
 
-// SleepsForTest is how many times r went back to sleep after being awake:
-// it let go of its locks and waits for a writer's notification again.
-func (r *Relay) SleepsForTest() uint64 { return r.sleeps.Load() }
+// RelaySignals are a relay's test signals; RelayPass is what Passed
+// carries.
+type (
+	RelaySignals = relaySignals
+	RelayPass    = relayPass
+	RelayState   = relayState
+)
 
-// AwakeForTest tells whether r is polling every AwakePoll: it holds the
-// awake lock, or is waiting for the writers that counted on it to finish.
-func (r *Relay) AwakeForTest() bool { return r.awake.Load() }
+// The states a RelayPass reports.
+const (
+	RelayAsleep   = asleep
+	RelayAwake    = awake
+	RelaySettling = settling
+)
+
+func (s relayState) String() string {
+	switch s {
+	case asleep:
+		return "asleep"
+	case awake:
+		return "awake"
+	case settling:
+		return "settling"
+	}
+	return "relayState(?)"
+}
+
+// InitRelaySignals turns r's test signals on; call it before Run.
+func InitRelaySignals(r *Relay) *RelaySignals {
+	r.signals.Listening.Init()
+	r.signals.Passed.Init()
+	return &r.signals
+}
+
+// ReconcileSignals are a reconciler's test signals; ReconcilePass and
+// RescuePass are what they carry.
+type (
+	ReconcileSignals = reconcileSignals
+	ReconcilePass    = reconcilePass
+	RescuePass       = rescuePass
+)
+
+// InitReconcileSignals turns r's test signals on; call it before Run.
+func InitReconcileSignals(r *Reconciler) *ReconcileSignals {
+	r.signals.Passed.Init()
+	r.signals.Rescued.Init()
+	return &r.signals
+}

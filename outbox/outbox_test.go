@@ -495,7 +495,7 @@ func TestEnqueueTxWakesTheRelay(t *testing.T) {
 	ctx := context.Background()
 	c := b.client(t, b.opt)
 	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour})
-	runRelay(t, r)
+	signals := runRelay(t, r)
 
 	var id string
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
@@ -511,10 +511,8 @@ func TestEnqueueTxWakesTheRelay(t *testing.T) {
 	}))
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		_, err := insp.GetTaskInfo("default", id)
-		return err == nil
-	}, "the relay was not woken by the commit")
+	require.Equal(t, 3, waitPublished(t, signals).Published, "the commit's jobs were not published in one look")
+	require.True(t, inRedis(t, insp, id), "the relay was not woken by the commit")
 	require.EqualValues(t, 3, r.Published())
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/jobstore"
-	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/outbox"
 )
 
@@ -130,16 +129,20 @@ func TestRelayPublishesRowsWrittenOffTheOutbox(t *testing.T) {
 	c := b.client(t, b.opt)
 	insp := b.inspector(t)
 	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
-	runRelay(t, relay)
+	signals := runRelay(t, relay)
 	oldWriter := func(key string, notify bool) string { return writeUnpublished(t, b, key, notify) }
 
 	asleep := oldWriter("old-writer-asleep", true)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, asleep) }, "a sleeping relay did not publish a notified row")
-
+	waitPublished(t, signals)
+	require.True(t, inRedis(t, insp, asleep), "a sleeping relay did not publish a notified row")
+	// The notified row woke the relay; it may sleep again only after an
+	// hour without work.
 	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.AwakeForTest() }, "the relay did not wake")
+	require.Equal(t, outbox.RelayAwake, waitPublished(t, signals).State, "the relay did not wake")
+	require.True(t, inRedis(t, insp, awake))
 	unnotified := oldWriter("old-writer-awake", false)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, unnotified) }, "an awake relay did not publish a row off the outbox")
+	waitPublished(t, signals)
+	require.True(t, inRedis(t, insp, unnotified), "an awake relay did not publish a row off the outbox")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
 }
 
@@ -259,11 +262,12 @@ func TestOutboxRowsOfGoneJobsDoNotHoldUpTheRest(t *testing.T) {
 	// Asleep, and it stays asleep unless a pass publishes something: only
 	// a pass that goes on past the dropped rows finds the job.
 	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, BatchSize: 200})
-	runRelay(t, relay)
+	signals := runRelay(t, relay)
 	c := b.client(t, b.opt)
 	id := enqueueTx(t, c, b, "behind-the-gone", nil)
 	insp := b.inspector(t)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, id) }, "the job behind the dropped rows was not published")
+	waitPublished(t, signals)
+	require.True(t, inRedis(t, insp, id), "the job behind the dropped rows was not published")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_outbox`))
 }
 
@@ -279,9 +283,9 @@ func TestRelayWithABrokenOutboxStillDrainsRowsWrittenUnpublished(t *testing.T) {
 	require.NoError(t, err)
 	// Its first pass, at start, is the only one before an hour's poll.
 	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, BatchSize: 200})
-	runRelay(t, relay)
-	testenv.Eventually(t, 10*time.Second, func() bool { return relay.Published() == 450 },
-		"the relay stopped draining when its outbox failed")
+	pass := runRelay(t, relay).Passed.Wait(t)
+	require.ErrorContains(t, pass.Err, "keel_outbox")
+	require.Equal(t, 450, pass.Published, "the relay stopped draining when its outbox failed")
 }
 
 // A writer of an unpublished row that notifies (a replay, a batch's
@@ -293,12 +297,14 @@ func TestAwakeRelayClaimsANotifiedUnpublishedRowAtOnce(t *testing.T) {
 	c := b.client(t, b.opt)
 	insp := b.inspector(t)
 	relay := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
-	runRelay(t, relay)
+	signals := runRelay(t, relay)
 	awake := enqueueTx(t, c, b, "wakes-the-relay", nil)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, awake) && relay.AwakeForTest() }, "the relay did not wake")
+	require.Equal(t, outbox.RelayAwake, waitPublished(t, signals).State, "the relay did not wake")
+	require.True(t, inRedis(t, insp, awake))
 
 	id := writeUnpublished(t, b, "notified", true)
-	testenv.Eventually(t, 10*time.Second, func() bool { return inRedis(t, insp, id) }, "the awake relay left a notified row to its next look")
+	waitPublished(t, signals)
+	require.True(t, inRedis(t, insp, id), "the awake relay left a notified row to its next look")
 }
 
 // writeUnpublished commits a job as an older binary (or a replay) writes

@@ -21,6 +21,7 @@ import (
 	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/testsignal"
 )
 
 // Defaults of ReconcilerConfig.
@@ -160,6 +161,35 @@ type Reconciler struct {
 	cfg   ReconcilerConfig
 
 	repaired, rescued, pruned, prunedBatches, settled, owedAlerts atomic.Uint64
+
+	signals reconcileSignals
+}
+
+// reconcileSignals tell tests what Run did, so they wait on it rather than
+// on the clock; off in production (see export_test.go).
+type reconcileSignals struct {
+	// Passed is what each pass of Run did (repair, settle, prune, owed
+	// alerts), sent once it is over.
+	Passed testsignal.Signal[reconcilePass]
+	// Rescued is each rescue of Run, sent once it is over.
+	Rescued testsignal.Signal[rescuePass]
+}
+
+// reconcilePass is one pass of Run, as reconcileSignals report it.
+type reconcilePass struct {
+	// Published is what Reconcile returned: the jobs Redis had lost and
+	// those taken off the outbox.
+	Published int
+	// ReconcileStats is the pass's share of the counters, Rescued aside:
+	// rescues run on their own.
+	ReconcileStats
+	Err error
+}
+
+// rescuePass is one rescue of Run: how many jobs it handed back.
+type rescuePass struct {
+	Rescued int
+	Err     error
 }
 
 // NewReconciler returns a reconciler; Run it, then Close it. It fails when
@@ -207,25 +237,48 @@ func (r *Reconciler) Stats() ReconcileStats {
 		PrunedBatches: r.prunedBatches.Load(), Settled: r.settled.Load(), OwedAlerts: r.owedAlerts.Load()}
 }
 
+// minus is what s counts beyond before, but for rescues, which run apart
+// from passes.
+func (s ReconcileStats) minus(before ReconcileStats) ReconcileStats {
+	return ReconcileStats{Republished: s.Republished - before.Republished, Pruned: s.Pruned - before.Pruned,
+		PrunedBatches: s.PrunedBatches - before.PrunedBatches, Settled: s.Settled - before.Settled,
+		OwedAlerts: s.OwedAlerts - before.OwedAlerts}
+}
+
 // Run rescues every RescueInterval, reconciles every Interval and prunes
 // every PruneInterval until ctx ends. Rescues run on their own, so a long
 // pass never delays them.
 func (r *Reconciler) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	if r.cfg.RescueInterval > 0 {
-		wg.Go(func() { r.every(ctx, r.cfg.RescueInterval, "rescue", r.Rescue) })
+		wg.Go(func() {
+			r.every(ctx, r.cfg.RescueInterval, "rescue", func(ctx context.Context) (int, error) {
+				n, err := r.Rescue(ctx)
+				r.signals.Rescued.Signal(rescuePass{Rescued: n, Err: err})
+				return n, err
+			})
+		})
 	}
 	var lastPrune time.Time
 	r.every(ctx, r.cfg.Interval, "pass", func(ctx context.Context) (int, error) {
+		var before ReconcileStats
+		if r.signals.Passed.On() {
+			before = r.Stats()
+		}
 		n, err := r.Reconcile(ctx)
-		if _, serr := r.SettleFinished(ctx); serr != nil && ctx.Err() == nil {
+		_, serr := r.SettleFinished(ctx)
+		if serr != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("keel reconciler: settling finished jobs asynq still runs failed", "err", serr)
 		}
+		var perr error
 		if r.cfg.Retention > 0 && time.Since(lastPrune) >= r.cfg.PruneInterval && ctx.Err() == nil {
 			lastPrune = time.Now()
-			if _, perr := r.Prune(ctx); perr != nil && ctx.Err() == nil {
+			if _, perr = r.Prune(ctx); perr != nil && ctx.Err() == nil {
 				r.cfg.Logger.Warn("keel reconciler: prune failed", "err", perr)
 			}
+		}
+		if r.signals.Passed.On() {
+			r.signals.Passed.Signal(reconcilePass{Published: n, ReconcileStats: r.Stats().minus(before), Err: errors.Join(err, serr, perr)})
 		}
 		return n, err
 	})

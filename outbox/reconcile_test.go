@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/server"
+	"github.com/keeljobs/keel/tasks"
 )
 
 // countingOpt connects to the real Redis and counts round trips: each
@@ -175,4 +176,63 @@ func TestCancelledJobsAreNotPublishedAgain(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, idempotency.StatusCancelled, j.Status)
 	}
+}
+
+// Run rescues and reconciles on schedules of their own, each at once when
+// it starts: a dead worker's job is handed back by a rescue; a job Redis
+// lost and one no relay took off the outbox are published by a pass, which
+// prunes an expired job too; and the next pass finds nothing more to do.
+func TestReconcilerRunRescuesRepairsAndPrunes(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.opt)
+	insp := asynq.NewInspector(b.opt)
+	defer insp.Close()
+	orphan, err := c.Enqueue(ctx, work.New(item{ID: "orphan"}))
+	require.NoError(t, err)
+	b.fetchAsDeadWorker(t, 20*time.Second)
+	b.orphan(t, orphan.Job.ID)
+	lost, err := c.Enqueue(ctx, work.New(item{ID: "lost"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	require.NoError(t, insp.DeleteTask("default", lost.Job.ID))
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET updated_at = now() - interval '1 hour' WHERE id = $1`, lost.Job.ID)
+	require.NoError(t, err)
+	noRelay := enqueueTx(t, c, b, "no-relay", nil)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_outbox SET queued_at = now() - interval '2 minutes' WHERE job_id = $1`, noRelay)
+	require.NoError(t, err)
+	old, err := c.Enqueue(ctx, work.New(item{ID: "old"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now() - interval '45 days' WHERE id = $1`, old.Job.ID)
+	require.NoError(t, err)
+
+	// Grace keeps the orphan, updated a moment ago, out of the pass: only
+	// the rescue hands it back. The second pass comes when the test asks.
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Grace: time.Minute,
+		Interval: time.Hour, RescueInterval: time.Hour, PruneInterval: time.Hour})
+	defer r.Close()
+	signals := outbox.InitReconcileSignals(r)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+
+	rescue := signals.Rescued.Wait(t)
+	require.NoError(t, rescue.Err)
+	require.Equal(t, 1, rescue.Rescued)
+	require.Equal(t, asynq.TaskStatePending, b.state(t, insp, orphan.Job.ID))
+	pass := signals.Passed.Wait(t)
+	require.NoError(t, pass.Err)
+	require.Equal(t, 2, pass.Published)
+	require.EqualValues(t, 1, pass.Republished, "the job no relay took was not lost")
+	require.EqualValues(t, 1, pass.Pruned)
+	require.Equal(t, asynq.TaskStateScheduled, b.state(t, insp, lost.Job.ID))
+	require.Equal(t, asynq.TaskStatePending, b.state(t, insp, noRelay))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1`, old.Job.ID))
+
+	n, err := r.Reconcile(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a job published again by the pass was published twice")
+	require.Equal(t, outbox.ReconcileStats{Republished: 1, Rescued: 1, LeasesReleased: 1, Pruned: 1}, r.Stats())
+	signals.Passed.RequireEmpty(t)
+	signals.Rescued.RequireEmpty(t)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/redisconn"
+	"github.com/keeljobs/keel/internal/testsignal"
 )
 
 // Defaults of RelayConfig.
@@ -119,9 +120,32 @@ type Relay struct {
 	cfg   RelayConfig
 
 	published atomic.Uint64
-	sleeps    atomic.Uint64
-	awake     atomic.Bool
 	listening atomic.Bool
+
+	signals relaySignals
+}
+
+// relaySignals tell tests what Run did, so they wait on it rather than on
+// the clock; off in production (see export_test.go).
+type relaySignals struct {
+	// Listening is sent each time the relay starts listening for writers'
+	// notifications.
+	Listening testsignal.Signal[struct{}]
+	// Passed is each look of Run at the ledger that published or failed,
+	// changed the relay's state or found it still waiting to settle, once
+	// the state follows from what it found. The looks of an awake relay
+	// that found nothing, every AwakePoll, are not sent.
+	Passed testsignal.Signal[relayPass]
+}
+
+// relayPass is one look of Run, as relaySignals report it.
+type relayPass struct {
+	// Published is how many jobs the look published.
+	Published int
+	Err       error
+	// State is the relay's state after the look: asleep, it waits for a
+	// notification or its poll.
+	State relayState
 }
 
 // NewRelay returns a relay; Run it, then Close it. It fails when
@@ -165,7 +189,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Go(func() { r.listen(ctx, wake) })
 	locks := &relayLocks{pool: r.pool}
 	defer locks.close()
-	defer r.awake.Store(false)
 
 	tick := time.NewTicker(r.cfg.PollInterval)
 	defer tick.Stop()
@@ -185,6 +208,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if n > 0 {
 			lastWork = time.Now()
 		}
+		was := state
 		switch {
 		case err != nil:
 			// The ledger or Redis is failing: no point polling fast.
@@ -197,11 +221,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			state = settling
 		case state == settling:
-			if state = r.settle(ctx, locks); state == asleep {
-				r.sleeps.Add(1)
-			}
+			var settled int
+			state, settled = r.settle(ctx, locks)
+			n += settled
 		}
-		r.awake.Store(state != asleep)
+		if r.signals.Passed.On() && (n > 0 || err != nil || state != was || state == settling) {
+			r.signals.Passed.Signal(relayPass{Published: n, Err: err, State: state})
+		}
 		if state == asleep || err != nil {
 			select {
 			case <-ctx.Done():
@@ -324,26 +350,27 @@ func (r *Relay) wakeUp(ctx context.Context, locks *relayLocks) relayState {
 }
 
 // settle returns asleep once every writer that did not notify has ended and
-// one last pass has published what they wrote.
-func (r *Relay) settle(ctx context.Context, locks *relayLocks) relayState {
+// one last pass has published what they wrote, and how many it published.
+func (r *Relay) settle(ctx context.Context, locks *relayLocks) (relayState, int) {
 	got, err := locks.try(ctx, ledger.RelaySettleLock)
 	if err != nil {
 		locks.close()
-		return settling
+		return settling, 0
 	}
 	if !got {
-		return settling
+		return settling, 0
 	}
 	defer func() {
 		if err := locks.unlock(ctx, ledger.RelaySettleLock); err != nil {
 			locks.close()
 		}
 	}()
-	if _, err := r.drain(ctx, true); err != nil {
+	n, err := r.drain(ctx, true)
+	if err != nil {
 		r.cfg.Logger.Warn("keel relay: publish pass failed", "err", err)
-		return settling
+		return settling, n
 	}
-	return asleep
+	return asleep, n
 }
 
 // relayLocks holds the relay's session-level advisory locks on a connection
@@ -460,6 +487,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	}
 	r.listening.Store(true)
 	defer r.listening.Store(false)
+	r.signals.Listening.Signal(struct{}{})
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err

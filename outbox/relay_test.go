@@ -36,14 +36,31 @@ func enqueueTx(t *testing.T, c *tasks.Client, b *bundle, key string, check func(
 	return id
 }
 
-// runRelay runs r until the test ends and waits until it listens.
-func runRelay(t *testing.T, r *outbox.Relay) {
+// runRelay runs r until the test ends, waits until it listens, and
+// returns its test signals.
+func runRelay(t *testing.T, r *outbox.Relay) *outbox.RelaySignals {
 	t.Helper()
+	signals := outbox.InitRelaySignals(r)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; r.Close() })
-	testenv.Eventually(t, 5*time.Second, r.Listening, "the relay never listened")
+	signals.Listening.Wait(t)
+	require.True(t, r.Listening())
+	return signals
+}
+
+// waitPublished waits for the relay's next look that published a job and
+// returns it.
+func waitPublished(t *testing.T, signals *outbox.RelaySignals) outbox.RelayPass {
+	t.Helper()
+	return signals.Passed.WaitFor(t, func(p outbox.RelayPass) bool { return p.Published > 0 })
+}
+
+// waitState waits for the relay's next look that left it in state.
+func waitState(t *testing.T, signals *outbox.RelaySignals, state outbox.RelayState) outbox.RelayPass {
+	t.Helper()
+	return signals.Passed.WaitFor(t, func(p outbox.RelayPass) bool { return p.State == state })
 }
 
 // relayLocksHeld tells which relay locks tx holds: every writer holds the
@@ -122,7 +139,7 @@ func TestAwakeRelayPublishesWithoutNotification(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.opt)
 	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
-	runRelay(t, r)
+	signals := runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
 
@@ -131,15 +148,18 @@ func TestAwakeRelayPublishesWithoutNotification(t *testing.T) {
 		require.True(t, settle)
 		require.True(t, awake, "with no relay awake the writer must notify")
 	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
-	testenv.Eventually(t, 5*time.Second, r.AwakeForTest, "the relay did not stay awake after finding work")
+	pass := waitPublished(t, signals)
+	require.Equal(t, outbox.RelayAwake, pass.State, "the relay did not stay awake after finding work")
+	require.True(t, inRedis(t, insp, first))
 
 	second := enqueueTx(t, c, b, "second", func(tx pgx.Tx) {
 		settle, awake := relayLocksHeld(t, tx)
 		require.True(t, settle, "a writer that skips the notification holds the settle lock")
 		require.False(t, awake, "a writer must not notify an awake relay")
 	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, second) }, "the awake relay did not poll")
+	pass = waitPublished(t, signals)
+	require.Equal(t, outbox.RelayAwake, pass.State)
+	require.True(t, inRedis(t, insp, second), "the awake relay did not poll")
 }
 
 // A relay that found nothing for IdleAfter goes back to sleep; then the
@@ -148,21 +168,20 @@ func TestIdleRelaySleepsAndIsWokenAgain(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.opt)
 	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: 20 * time.Millisecond})
-	runRelay(t, r)
+	signals := runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
 	first := enqueueTx(t, c, b, "first", nil)
-	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
-	// Not !AwakeForTest(): that is also true in the moment between the first
-	// publish and the relay waking up.
-	testenv.Eventually(t, 5*time.Second, func() bool { return r.SleepsForTest() > 0 }, "the relay did not go back to sleep")
-	require.False(t, r.AwakeForTest())
+	require.Equal(t, outbox.RelayAwake, waitPublished(t, signals).State, "the notification did not wake the relay")
+	require.True(t, inRedis(t, insp, first))
+	waitState(t, signals, outbox.RelayAsleep)
 
 	second := enqueueTx(t, c, b, "second", func(tx pgx.Tx) {
 		_, awake := relayLocksHeld(t, tx)
 		require.True(t, awake, "with the relay asleep the writer must notify")
 	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, second) }, "the sleeping relay was not woken")
+	waitPublished(t, signals)
+	require.True(t, inRedis(t, insp, second), "the sleeping relay was not woken")
 }
 
 // A writer that counted on the awake relay and commits after the relay let
@@ -175,11 +194,12 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	// IdleAfter long enough that the relay is surely still awake when the
 	// straggler's transaction looks, however loaded the machine.
 	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: 3 * time.Second})
-	runRelay(t, r)
+	signals := runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
 	first := enqueueTx(t, c, b, "first", nil)
-	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, first) }, "the notification did not wake the relay")
+	require.Equal(t, outbox.RelayAwake, waitPublished(t, signals).State, "the notification did not wake the relay")
+	require.True(t, inRedis(t, insp, first))
 
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -190,16 +210,19 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	require.True(t, settle)
 	require.False(t, awake, "the relay was awake: the writer must not notify")
 	// The relay lets go of the awake lock after IdleAfter but cannot
-	// settle while the writer is open.
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		return b.count(t, `SELECT count(*) FROM pg_locks, (VALUES (`+ledger.RelayAwakeLock+`)) AS k (k1, k2)
-			WHERE locktype = 'advisory' AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
-			AND mode = 'ExclusiveLock' AND granted`) == 0
-	}, "the relay kept the awake lock")
-	require.True(t, r.AwakeForTest(), "the relay slept before the writer that counted on it ended")
+	// settle while the writer is open: its next look, after it let go,
+	// finds the writer and keeps it settling.
+	require.Equal(t, outbox.RelaySettling, signals.Passed.Wait(t).State, "the relay did not let go of the awake lock")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM pg_locks, (VALUES (`+ledger.RelayAwakeLock+`)) AS k (k1, k2)
+		WHERE locktype = 'advisory' AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
+		AND mode = 'ExclusiveLock' AND granted`), "the relay kept the awake lock")
+	require.Equal(t, outbox.RelaySettling, signals.Passed.Wait(t).State, "the relay slept before the writer that counted on it ended")
 	require.NoError(t, tx.Commit(ctx))
-	testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, res.Job.ID) }, "the straggler's job was not published")
-	testenv.Eventually(t, 5*time.Second, func() bool { return !r.AwakeForTest() }, "the relay did not go back to sleep")
+	pass := waitPublished(t, signals)
+	require.True(t, inRedis(t, insp, res.Job.ID), "the straggler's job was not published")
+	if pass.State != outbox.RelayAsleep {
+		waitState(t, signals, outbox.RelayAsleep)
+	}
 }
 
 // A rolled-back transaction publishes nothing, with the relay awake or
@@ -209,7 +232,7 @@ func TestRolledBackEnqueueTxPublishesNothing(t *testing.T) {
 	ctx := context.Background()
 	c := b.client(t, b.opt)
 	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
-	runRelay(t, r)
+	signals := runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
 	for round, state := range []string{"asleep", "awake"} {
@@ -222,10 +245,12 @@ func TestRolledBackEnqueueTxPublishesNothing(t *testing.T) {
 		})
 		require.Error(t, err)
 		after := enqueueTx(t, c, b, fmt.Sprint("after-", round), nil)
-		testenv.Eventually(t, 5*time.Second, func() bool { return inRedis(t, insp, after) }, "the relay (%s) did not publish", state)
+		pass := waitPublished(t, signals)
+		require.Equal(t, 1, pass.Published, "relay %s", state)
+		require.Equal(t, outbox.RelayAwake, pass.State, "the relay did not wake")
+		require.True(t, inRedis(t, insp, after), "the relay (%s) did not publish", state)
 		require.False(t, inRedis(t, insp, rolledBack), "a rolled-back job reached Redis (relay %s)", state)
 		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1`, rolledBack))
-		testenv.Eventually(t, 5*time.Second, r.AwakeForTest, "the relay did not wake")
 	}
 	require.EqualValues(t, 2, r.Published())
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/keeljobs/keel/internal/testsignal"
 	"github.com/keeljobs/keel/retry"
 )
 
@@ -69,6 +70,11 @@ type aloneGate struct {
 	drainUntil time.Time
 	idleSince  time.Time
 	now        func() time.Time // the drain's clock; time.Now but in tests
+
+	// waits tells tests each time a caller begins to wait, or waits again
+	// after a change it was woken for did not let it through; off but in
+	// tests. What it waits for had not happened when it was sent.
+	waits testsignal.Signal[struct{}]
 }
 
 // gatePass is one run's place at the gate.
@@ -110,6 +116,7 @@ func (g *aloneGate) await(ctx context.Context, timer <-chan time.Time, ready fun
 		}
 		ch := g.changed
 		g.waiting++
+		g.waits.Signal(struct{}{})
 		g.mu.Unlock()
 		var err error
 		select {

@@ -26,18 +26,23 @@ func gateState(g *aloneGate) (running int, owned bool) {
 	return g.running, g.owner != nil
 }
 
-// awaitGate waits until the gate's counters are as wanted: the tests below
-// synchronise on the gate's own state, not on sleeps.
+// newTestGate is a gate whose waits signal the test.
+func newTestGate() *aloneGate {
+	g := newAloneGate()
+	g.waits.Init()
+	return g
+}
+
+// awaitGate waits until the gate's counters are as wanted. A run started
+// in a goroutine gets there as it begins to wait, which the gate signals:
+// the tests below synchronise on the gate's own events, not on sleeps.
 func awaitGate(t *testing.T, g *aloneGate, running int, owned bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
 	for {
-		r, o := gateState(g)
-		if r == running && o == owned {
+		if r, o := gateState(g); r == running && o == owned {
 			return
 		}
-		require.True(t, time.Now().Before(deadline), "gate: running %d owned %v, want %d %v", r, o, running, owned)
-		time.Sleep(time.Millisecond)
+		g.waits.Wait(t)
 	}
 }
 
@@ -45,7 +50,7 @@ func awaitGate(t *testing.T, g *aloneGate, running int, owned bool) {
 // waits and runs nothing else starts.
 func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
 	ctx := context.Background()
-	g := newAloneGate()
+	g := newTestGate()
 	neighbour := enterNow(t, g)
 	suspect := enterNow(t, g)
 
@@ -61,21 +66,23 @@ func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
 		}
 		entered <- err
 	}()
+	g.waits.Wait(t) // the delivery was turned away to wait
 	select {
 	case err := <-alone:
 		t.Fatalf("the run started alone beside a running neighbour: %v", err)
 	case err := <-entered:
 		t.Fatalf("a delivery started while a run waited to run alone: %v", err)
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 
 	neighbour.leave()
 	require.NoError(t, <-alone)
 	awaitGate(t, g, 1, true)
+	g.waits.Wait(t) // woken by the neighbour's leaving, the delivery waits again
 	select {
 	case err := <-entered:
 		t.Fatalf("a delivery started beside the run that runs alone: %v", err)
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 	suspect.leave()
 	require.NoError(t, <-entered)
@@ -86,7 +93,7 @@ func TestAloneRunWaitsForItsNeighboursAndKeepsOthersOut(t *testing.T) {
 // for ever.
 func TestTwoAloneRunsTakeTurns(t *testing.T) {
 	ctx := context.Background()
-	g := newAloneGate()
+	g := newTestGate()
 	a := enterNow(t, g)
 	b := enterNow(t, g)
 	done := make(chan *gatePass, 2)
@@ -110,7 +117,7 @@ func TestTwoAloneRunsTakeTurns(t *testing.T) {
 // counts again, nothing is kept out.
 func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 	ctx := context.Background()
-	g := newAloneGate()
+	g := newTestGate()
 	hung := enterNow(t, g)
 	suspect := enterNow(t, g)
 	require.ErrorIs(t, suspect.alone(ctx, 20*time.Millisecond), errNotAlone)
@@ -143,7 +150,7 @@ func TestAloneWaitGivesUpAndOpensTheGate(t *testing.T) {
 // does not wait at all while one goes on: a crash might be the hung one's.
 func TestAGivenUpRunAndTheGate(t *testing.T) {
 	ctx := context.Background()
-	g := newAloneGate()
+	g := newTestGate()
 	neighbour := enterNow(t, g)
 	waiting := enterNow(t, g)
 	alone := make(chan error, 1)
@@ -188,7 +195,7 @@ func TestAGivenUpRunAndTheGate(t *testing.T) {
 // waits to run alone and the deliveries behind it are handed back at once.
 func TestAStoppingWorkerKeepsNobodyAtTheGate(t *testing.T) {
 	ctx := context.Background()
-	g := newAloneGate()
+	g := newTestGate()
 	neighbour := enterNow(t, g)
 	suspect := enterNow(t, g)
 	alone := make(chan error, 1)
@@ -213,7 +220,7 @@ func TestAStoppingWorkerKeepsNobodyAtTheGate(t *testing.T) {
 func TestAGateDrainsForAReservedRunAndNotForEver(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
-	g := newAloneGate()
+	g := newTestGate()
 	g.now = func() time.Time { return now }
 	busy := enterNow(t, g)
 	g.reserve("crashed")
@@ -259,7 +266,7 @@ func TestADrainForAJobThatWentElsewhereIsMoot(t *testing.T) {
 	} {
 		require.Equal(t, tc.moot, reservationMoot(tc.status, tc.holder, "me"), "%s held by %q", tc.status, tc.holder)
 	}
-	g := newAloneGate()
+	g := newTestGate()
 	g.reserve("crashed")
 	require.True(t, g.reservedFor("crashed"))
 	g.unreserve("other")

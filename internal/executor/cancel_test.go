@@ -15,6 +15,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/executor"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
@@ -66,10 +67,11 @@ func TestCancelScheduledJobRemovesItsTaskAndAnyCopyIsAcknowledged(t *testing.T) 
 	defer ac.Close()
 	_, err = ac.Enqueue(asynq.NewTask(res.Job.Kind, res.Job.Payload), asynq.TaskID(res.Job.ID), asynq.Queue(res.Job.Queue))
 	require.NoError(t, err)
-	srv := b.startWorker(t, mux, nil)
-	testenv.Eventually(t, 15*time.Second, func() bool { return srv.Guard().Stats().DuplicatesSkipped == 1 }, "the copy was never delivered")
-	testenv.Eventually(t, 15*time.Second, func() bool { return queueEmpty(insp, res.Job.Queue) }, "the copy was not acknowledged")
+	var signals *executor.TestSignals
+	b.startWorker(t, mux, func(c *server.Config) { signals = executor.InitTestSignals(&c.Guard) })
+	require.Equal(t, res.Job.ID, signals.Skipped.Wait(t), "the copy was never delivered")
 	require.Zero(t, runs.Load(), "a cancelled job ran")
+	testenv.Eventually(t, 15*time.Second, func() bool { return queueEmpty(insp, res.Job.Queue) }, "the copy was not acknowledged")
 	j, err := b.store.Get(ctx, res.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusCancelled, j.Status)
@@ -147,7 +149,11 @@ func TestCancelRunningJobStopsItsHandlerAndNothingLateCommits(t *testing.T) {
 	h := newRunningHandler()
 	mux := tasks.NewMux()
 	tasks.Handle(mux, stoppable, h.handle)
-	srv := b.startWorker(t, mux, func(c *server.Config) { c.Retry.Base, c.Retry.Cap = 100*time.Millisecond, 200*time.Millisecond })
+	cancelled := make(chan string, 4)
+	srv := b.startWorker(t, mux, func(c *server.Config) {
+		c.Retry.Base, c.Retry.Cap = 100*time.Millisecond, 200*time.Millisecond
+		c.Guard.OnCancelled = func(_ context.Context, e executor.CancelEvent) { cancelled <- e.JobID }
+	})
 	res, err := b.client.Enqueue(ctx, stoppable.New(order{OrderID: "running"}))
 	require.NoError(t, err)
 	require.Equal(t, res.Job.ID, <-h.started)
@@ -161,10 +167,17 @@ func TestCancelRunningJobStopsItsHandlerAndNothingLateCommits(t *testing.T) {
 	<-h.cause // asynq cancelled the handler's context
 	require.ErrorIs(t, <-h.lateStep, idempotency.ErrCancelled)
 	require.ErrorIs(t, <-h.lateInTx, idempotency.ErrCancelled)
-	testenv.Eventually(t, 10*time.Second, func() bool { return srv.Guard().Stats().Cancelled == 1 }, "the guard did not count the cancel")
+	select {
+	case id := <-cancelled:
+		require.Equal(t, res.Job.ID, id)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the guard did not count the cancel")
+	}
+	require.EqualValues(t, 1, srv.Guard().Stats().Cancelled)
 	// asynq counts its own cancel as a failure and schedules a retry: that
 	// delivery finds the job cancelled and is acknowledged.
 	testenv.Eventually(t, 15*time.Second, func() bool { return queueEmpty(insp, res.Job.Queue) }, "asynq kept the task")
+	require.Empty(t, cancelled, "the cancel was counted twice")
 	require.EqualValues(t, 1, h.runs.Load(), "a cancelled job ran again")
 	require.Zero(t, h.calls.Load(), "a late step made its call")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`), "a late InTx committed")

@@ -50,18 +50,30 @@ func (g *Guard) RenewForTest(ctx context.Context, runs ...ClaimedRun) ([]string,
 	return g.renew(ctx, ids, nums)
 }
 
-// SetTestHooks sets what this guard's InTx calls after its commit lands
-// and before the run notes it, and what its renew loop calls after each
-// renewal; nil removes a hook.
-func (g *Guard) SetTestHooks(inTxCommitted func(jobID string), renewed func()) {
-	g.inTxCommittedHook.Store(nil)
-	g.renewedHook.Store(nil)
-	if inTxCommitted != nil {
-		g.inTxCommittedHook.Store(&inTxCommitted)
+// SetInTxCommittedHook sets what this guard's InTx calls after its commit
+// lands and before the run notes it; nil removes it.
+func (g *Guard) SetInTxCommittedHook(hook func(jobID string)) {
+	if hook == nil {
+		g.inTxCommittedHook.Store(nil)
+		return
 	}
-	if renewed != nil {
-		g.renewedHook.Store(&renewed)
-	}
+	g.inTxCommittedHook.Store(&hook)
+}
+
+// TestSignals are a guard's test signals; Renewal is what Renewed carries.
+type (
+	TestSignals = testSignals
+	Renewal     = renewal
+)
+
+// InitTestSignals turns on the test signals of the guard made with cfg
+// (by NewGuard or server.New); call it before.
+func InitTestSignals(cfg *GuardConfig) *TestSignals {
+	cfg.signals.Renewed.Init()
+	cfg.signals.Overran.Init()
+	cfg.signals.Busy.Init()
+	cfg.signals.Skipped.Init()
+	return &cfg.signals
 }
 
 // ReleaseForTest hands run back uncounted, as a deploy's interrupted run

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -51,18 +52,20 @@ func TestTheGateStaysShutUntilTheAloneRunsOutcomeIsRecorded(t *testing.T) {
 		t.Fatal("the job never ran")
 	}
 	defer tx.Rollback(ctx)
-	// Deliveries of other jobs arrive now, for 2 s, while the outcome is unwritten.
-	var status string
-	var run, solo int
-	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		if s.Guard().EnterGateForTest(ctx, 10*time.Millisecond) == nil {
-			require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, run, solo_run FROM keel_jobs WHERE id = $1`, res.Job.ID).
-				Scan(&status, &run, &solo))
-			break
-		}
+	// The handler has returned and the completion mark waits for the row:
+	// a delivery of another job arriving now must not pass the gate.
+	pid := int(tx.Conn().PgConn().PID())
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pid) > 0
+	}, "the completion mark never waited for the job's row")
+	if s.Guard().EnterGateForTest(ctx, 100*time.Millisecond) == nil {
+		var status string
+		var run, solo int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, run, solo_run FROM keel_jobs WHERE id = $1`, res.Job.ID).
+			Scan(&status, &run, &solo))
+		t.Fatalf("the gate let another handler start while the alone run's outcome was unwritten (%s, run %d, solo_run %d): "+
+			"a crash now retires it as crashed", status, run, solo)
 	}
 	require.NoError(t, tx.Rollback(ctx))
 	b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
-	require.NotEqual(t, "running", status,
-		"the gate let another handler start while the alone run's outcome was unwritten (run %d, solo_run %d): a crash now retires it as crashed", run, solo)
 }

@@ -269,10 +269,16 @@ func TestADeployLetsAStepsCallInFlightFinish(t *testing.T) {
 	require.NoError(t, err)
 	close(release)
 	testenv.Eventually(t, 10*time.Second, func() bool { return answered.Load() == 1 }, "the provider never answered")
-	go func() {
-		time.Sleep(time.Second)
-		_ = hold.Rollback(ctx)
-	}()
+	holdPID := int(hold.Conn().PgConn().PID())
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, holdPID) > 0
+	}, "the call's record never waited for the step's row")
+	select {
+	case err := <-stopped:
+		t.Fatalf("the worker stopped while the call's answer waited to be recorded: %v", err)
+	default:
+	}
+	require.NoError(t, hold.Rollback(ctx))
 	require.NoError(t, <-stopped)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_steps WHERE job_id = $1 AND name = 'charge' AND status = 'done'`, res.Job.ID),
 		"the worker stopped before the call's answer was recorded")
@@ -784,7 +790,8 @@ var (
 func TestPanickingHooksDoNotUndoADeathOrStopTheWorker(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	var deaths, cancels atomic.Int32
+	var deaths atomic.Int32
+	cancelled := make(chan string, 1)
 	log := &testenv.SyncBuffer{}
 	mux := tasks.NewMux()
 	tasks.Handle(mux, hookDies, func(ctx context.Context, o order) error {
@@ -804,8 +811,8 @@ func TestPanickingHooksDoNotUndoADeathOrStopTheWorker(t *testing.T) {
 			deaths.Add(1)
 			panic("pager unreachable")
 		}
-		c.Guard.OnCancelled = func(context.Context, executor.CancelEvent) {
-			cancels.Add(1)
+		c.Guard.OnCancelled = func(_ context.Context, e executor.CancelEvent) {
+			cancelled <- e.JobID
 			panic("metrics registry gone")
 		}
 	})
@@ -829,7 +836,12 @@ func TestPanickingHooksDoNotUndoADeathOrStopTheWorker(t *testing.T) {
 	// The ledger only, without asynq's cancel: the renewal finds it.
 	_, err = testworker.Ops(t, b.store, nil).Cancel(ctx, blocked.Job.ID, "tester", "hook test")
 	require.NoError(t, err)
-	testenv.Eventually(t, 10*time.Second, func() bool { return cancels.Load() == 1 }, "the renewal never stopped the cancelled run")
+	select {
+	case id := <-cancelled:
+		require.Equal(t, blocked.Job.ID, id)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the renewal never stopped the cancelled run")
+	}
 	after, err := b.client.Enqueue(ctx, hookAfterOK.New(order{OrderID: "hook-3"}))
 	require.NoError(t, err)
 	b.waitStatus(t, after.Job.ID, idempotency.StatusSucceeded, 20*time.Second)

@@ -21,6 +21,7 @@ import (
 	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/outcome"
+	"github.com/keeljobs/keel/internal/testsignal"
 	"github.com/keeljobs/keel/internal/tracing"
 	"github.com/keeljobs/keel/retry"
 )
@@ -116,6 +117,36 @@ type GuardConfig struct {
 	// keel.intx spans of each run. Default: the global provider
 	// (otel.GetTracerProvider); while that is the no-op, no span is started.
 	TracerProvider trace.TracerProvider
+
+	// signals are off unless a test turns them on (export_test.go); they
+	// ride in the config so they are on before NewGuard starts renewing.
+	signals testSignals
+}
+
+// testSignals tell tests what the guard's background work did, so they
+// wait on it rather than on the clock; off in production.
+type testSignals struct {
+	// Renewed is each tick of the renew loop that had runs to renew, sent
+	// once it is over.
+	Renewed testsignal.Signal[renewal]
+	// Overran is the id of each run the watchdog found past its deadline
+	// and grace, sent once it was given up (or, its completing InTx
+	// committed, let go).
+	Overran testsignal.Signal[string]
+	// Busy is the id of each delivery that found another run holding its
+	// job's lease, sent before it is put back to wait.
+	Busy testsignal.Signal[string]
+	// Skipped is the id of each delivery acknowledged without a run, its
+	// job having ended.
+	Skipped testsignal.Signal[string]
+}
+
+// renewal is one tick of the renew loop, as testSignals report it.
+type renewal struct {
+	// Began is when the tick began: a lease it renewed was renewed after.
+	Began time.Time
+	// Renewed are the ids of the runs whose leases it renewed.
+	Renewed []string
 }
 
 // CancelEvent describes a run the guard stopped because its job was
@@ -276,10 +307,9 @@ type Guard struct {
 	// inFlight are the steps' calls in flight on this worker (flight.go).
 	inFlight flights
 
-	// Test hooks of this guard, nil outside tests: the moment between an
-	// InTx's commit and its run noting it, and the end of each renewal.
+	// A test hook of this guard, nil outside tests: the moment between an
+	// InTx's commit and its run noting it.
 	inTxCommittedHook atomic.Pointer[func(jobID string)]
-	renewedHook       atomic.Pointer[func()]
 	// strays are the given-up handlers still running here (stray.go).
 	strays strays
 
@@ -707,24 +737,26 @@ func (g *Guard) renewLoop(ctx context.Context) {
 	defer close(g.renewDone)
 	t := time.NewTicker(g.cfg.Lease / 5)
 	defer t.Stop()
+	var began time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case began = <-t.C:
 		}
-		g.renewRunning(ctx)
+		renewed, looked := g.renewRunning(ctx)
 		g.renewFlights(ctx)
 		g.renewStrays(ctx)
-		if h := g.renewedHook.Load(); h != nil {
-			(*h)()
+		if looked {
+			g.cfg.signals.Renewed.Signal(renewal{Began: began, Renewed: renewed})
 		}
 	}
 }
 
 // renewRunning renews the leases of the runs in progress and stops those
-// that lost theirs.
-func (g *Guard) renewRunning(ctx context.Context) {
+// that lost theirs. It returns the ids it renewed, and whether there were
+// runs to renew.
+func (g *Guard) renewRunning(ctx context.Context) (renewed []string, looked bool) {
 	g.mu.Lock()
 	jcs := make([]*jobContext, 0, len(g.running))
 	ids := make([]string, 0, len(g.running))
@@ -739,7 +771,7 @@ func (g *Guard) renewRunning(ctx context.Context) {
 	}
 	g.mu.Unlock()
 	if len(ids) == 0 {
-		return
+		return nil, false
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.Lease/3)
 	renewed, err := g.renew(rctx, ids, runs)
@@ -749,7 +781,7 @@ func (g *Guard) renewRunning(ctx context.Context) {
 			g.stats.ledgerErrs.Add(1)
 			g.cfg.Logger.Warn("keel: lease renewal failed", "jobs", len(ids), "err", err)
 		}
-		return
+		return nil, true
 	}
 	kept := make(map[string]bool, len(renewed))
 	for _, id := range renewed {
@@ -789,6 +821,7 @@ func (g *Guard) renewRunning(ctx context.Context) {
 			}
 		}
 	}
+	return renewed, true
 }
 
 // renew extends the leases of the runs ids (with their run numbers) and
@@ -833,9 +866,11 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			g.stats.skipped.Add(1)
 			outcome.Note(ctx, outcome.Duplicate)
 			g.cfg.Logger.Debug("keel: duplicate delivery acknowledged", "job_id", id, "status", res.status)
+			g.cfg.signals.Skipped.Signal(id)
 			return nil
 		case claimBusy:
 			g.stats.busy.Add(1)
+			g.cfg.signals.Busy.Signal(id)
 			// Look again soon: the holder usually finishes well before its
 			// lease ends, and a dead holder's lease ends on its own.
 			wait := min(time.Until(res.leaseUntil)+time.Second, busyRecheck)
@@ -999,6 +1034,7 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 		g.stats.overran.Add(1)
 		g.cfg.Logger.Warn("keel: handler outlived its timeout after its completing InTx committed; an error it returns is still recorded",
 			"job_id", jc.id, "kind", t.Type(), "deadline", deadline)
+		g.cfg.signals.Overran.Signal(jc.id)
 		return
 	}
 	if !jc.state.CompareAndSwap(runLive, runAbandoned) {
@@ -1019,6 +1055,7 @@ func (g *Guard) overran(ctx context.Context, t *asynq.Task, jc *jobContext, res 
 	herr := fmt.Errorf("keel: handler still running %s after its deadline (%s): given up: %w",
 		g.cfg.TimeoutGrace, deadline.UTC().Format(time.RFC3339), context.DeadlineExceeded)
 	_ = g.recordFailure(ctx, t, jc, res, herr, retry.ClassTimeout)
+	g.cfg.signals.Overran.Signal(jc.id)
 }
 
 // retireCrashed retires a poison job: the delivery is acknowledged (the job

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/executor"
 	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
@@ -103,15 +104,17 @@ func TestAFailureAfterTheCompletingInTxIsRecordedHoweverLate(t *testing.T) {
 		return errors.New("the cache refresh after the commit failed")
 	})
 	var deaths deathLog
+	var signals *executor.TestSignals
 	srv := b.startWorker(t, mux, func(c *server.Config) {
 		c.Guard.TimeoutGrace = 200 * time.Millisecond
 		c.Guard.OnDead = deaths.onDead
+		signals = executor.InitTestSignals(&c.Guard)
 	})
 	res, err := b.client.Enqueue(ctx, committedThenHung.New(order{OrderID: "hung-after-commit"}))
 	require.NoError(t, err)
 	b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
-	testenv.Eventually(t, 10*time.Second, func() bool { return srv.Guard().Stats().Overran == 1 },
-		"the watchdog never saw the run outlive its deadline")
+	require.Equal(t, res.Job.ID, signals.Overran.Wait(t), "the watchdog never saw the run outlive its deadline")
+	require.EqualValues(t, 1, srv.Guard().Stats().Overran)
 	close(release)
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 10*time.Second)
 	require.Contains(t, j.LastError, "the cache refresh after the commit failed")
@@ -200,8 +203,10 @@ func TestAJobWhoseDeadlinePassedBeforeItRanEnds(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.client.SealBatch(ctx, batch.ID)
 	require.NoError(t, err)
-	// The worker comes only after the deadline (a backlog, an outage).
-	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "the deadline never passed")
+	// The worker comes only after the deadline (a backlog, an outage). Real
+	// time: asynq fails a delivery by the wall clock against the deadline
+	// in its message.
+	time.Sleep(time.Until(deadline))
 	var runs atomic.Int32
 	mux := tasks.NewMux()
 	handle := func(ctx context.Context, o order) error { runs.Add(1); return nil }
@@ -406,18 +411,22 @@ func TestADedupeWindowNeverOverlapsTwoRunsOfAKey(t *testing.T) {
 				}
 				return nil
 			})
-			srv := b.startWorker(t, mux, func(c *server.Config) { c.Guard.TimeoutGrace = 200 * time.Millisecond })
+			var signals *executor.TestSignals
+			b.startWorker(t, mux, func(c *server.Config) {
+				c.Guard.TimeoutGrace = 200 * time.Millisecond
+				signals = executor.InitTestSignals(&c.Guard)
+			})
 			first, err := b.client.Enqueue(ctx, tc.kind.New(order{OrderID: "k1"}))
 			require.NoError(t, err)
 			<-started
 			tc.end(t, b, first.Job.ID)
-			busy := srv.Guard().Stats().LeaseBusy
 			second, err := b.client.Enqueue(ctx, tc.kind.New(order{OrderID: "k1"}))
 			require.NoError(t, err)
 			require.False(t, second.Existed, "the window passed: a new job")
 			require.NotEqual(t, first.Job.ID, second.Job.ID)
-			testenv.Eventually(t, 20*time.Second, func() bool { return srv.Guard().Stats().LeaseBusy > busy },
-				"the newer job was never held back")
+			// A delivery of the newer job found the key held: the guard
+			// looked, and did not start it.
+			signals.Busy.WaitFor(t, func(id string) bool { return id == second.Job.ID })
 			require.EqualValues(t, 1, runs.Load(), "the newer job started beside the older handler")
 			close(release)
 			j := b.waitStatus(t, second.Job.ID, idempotency.StatusSucceeded, 20*time.Second)

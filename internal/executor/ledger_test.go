@@ -512,10 +512,8 @@ func TestResolveStepOnlyOnDeadJobs(t *testing.T) {
 func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	renewals := make(chan struct{}, 16)
-	var missed atomic.Bool
 	var runs atomic.Int32
-	var cause atomic.Value
+	causes := make(chan string, 1)
 	mux := tasks.NewMux()
 	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
 		runs.Add(1)
@@ -524,42 +522,44 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'receipt')`, id)
 			return err
 		})
-		cause.Store(fmt.Sprint(context.Cause(ctx)))
+		causes <- fmt.Sprint(context.Cause(ctx))
 		return err
 	})
 	var log testenv.SyncBuffer
+	var signals *executor.TestSignals
 	srv := b.startWorker(t, mux, func(c *server.Config) {
 		c.Guard.Lease = 500 * time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
+		signals = executor.InitTestSignals(&c.Guard)
 	})
-	var held atomic.Bool
-	srv.Guard().SetTestHooks(func(string) {
-		held.Store(true)
-		// Two renewals end while the commit has landed and the run does
-		// not know yet: the second began after the commit.
-		for len(renewals) > 0 {
-			<-renewals
-		}
-		for range 2 {
-			select {
-			case <-renewals:
-			case <-time.After(10 * time.Second):
-				missed.Store(true)
-				return
-			}
-		}
-	}, func() {
-		select {
-		case renewals <- struct{}{}:
-		default:
-		}
+	// The run is held between its commit and noting it until a renewal
+	// that began after the commit has ended.
+	committed, resume := make(chan string, 1), make(chan struct{})
+	var resumeOnce sync.Once
+	defer resumeOnce.Do(func() { close(resume) })
+	srv.Guard().SetInTxCommittedHook(func(id string) {
+		committed <- id
+		<-resume
 	})
 	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "renewed-after-commit"}))
 	require.NoError(t, err)
-	testenv.Eventually(t, 30*time.Second, func() bool { return cause.Load() != nil }, "handler never ran")
-	require.True(t, held.Load(), "the run was not held between its commit and noting it")
-	require.False(t, missed.Load(), "no lease renewal ran while the commit was unnoted")
-	require.Equal(t, "<nil>", cause.Load(), "the run was cancelled after its InTx committed")
+	var id string
+	select {
+	case id = <-committed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's InTx never committed")
+	}
+	require.Equal(t, res.Job.ID, id)
+	after := time.Now()
+	r := signals.Renewed.WaitFor(t, func(r executor.Renewal) bool { return r.Began.After(after) })
+	require.NotContains(t, r.Renewed, id, "a renewal after the commit renewed a lease the commit ended")
+	resumeOnce.Do(func() { close(resume) })
+	select {
+	case cause := <-causes:
+		require.Equal(t, "<nil>", cause, "the run was cancelled after its InTx committed")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler never returned from its InTx")
+	}
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 5*time.Second)
 	require.Equal(t, 1, j.Attempts)
 	require.EqualValues(t, 1, runs.Load())
