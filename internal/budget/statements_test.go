@@ -421,7 +421,7 @@ func knownStatements() []knownStatement {
 		{"claim + completion round, batch members", of(func(db ledger.DB) { _ = ledger.Round(ctx, db, ledger.RoundArgs{Batch: true}, nil) })},
 		{"why claims did not take", of(func(db ledger.DB) { _ = ledger.ReadUnclaimed(ctx, db, nil, nil) })},
 		{"lease renewal", of(func(db ledger.DB) { _, _ = ledger.Renew(ctx, db, "", 0, nil, nil) })},
-		{"completion mark + COMMIT (InTx)", of(batched(func(b ledger.Batcher) { _ = ledger.MarkSucceededAndCommit(ctx, b, "", "", 0) }))},
+		{"completion mark + COMMIT (InTx)", of(batched(func(b ledger.Batcher) { _ = ledger.MarkSucceededAndCommit(ctx, b, "", "", 0, nil) }))},
 		{"step started insert", of(func(db ledger.DB) { _, _, _ = ledger.StartStep(ctx, db, ledger.StepRun{}, false, 0) })},
 		{"step done update", of(func(db ledger.DB) { _, _ = ledger.StepDone(ctx, db, ledger.StepRun{}, nil) })},
 		{"step calls in flight renewal", of(func(db ledger.DB) { _ = ledger.RenewFlights(ctx, db, "", 0, nil, nil, nil) })},

@@ -1529,7 +1529,7 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	// The mark and the COMMIT go in one round trip; the mark stops the
 	// COMMIT if this run no longer holds the job.
 	jc.committing.Store(true)
-	err = ledger.MarkSucceededAndCommit(ctx, tx, jc.id, g.cfg.Holder, jc.run)
+	err = ledger.MarkSucceededAndCommit(ctx, tx, jc.id, g.cfg.Holder, jc.run, nil)
 	if unsent := (*ledger.CommitUnsent)(nil); errors.As(err, &unsent) {
 		jc.committing.Store(false)
 		if errors.Is(err, ledger.ErrNotHeld) {
