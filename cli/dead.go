@@ -299,7 +299,7 @@ func deadShowCmd(e *Env) *cobra.Command {
 				}
 				return printJSON(out, map[string]any{"job": toStatusJSON(j, steps), "audit": a})
 			}
-			printStatus(out, e.app.name(), j, steps)
+			printStatus(out, e.app.name(), j, steps, jobOutput{})
 			for _, x := range audit {
 				// A note's further lines are indented: at column 0 they
 				// would read as entries of their own.
