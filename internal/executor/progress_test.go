@@ -376,3 +376,30 @@ func TestResultWithoutInTxAppearsWithSuccess(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, receiptNo{Number: 8, By: "child"}, got)
 }
+
+// Batch members that store a result without an InTx are completed with it
+// outside the shared round: their batch counts them, and its callbacks run
+// once, as for any other member.
+func TestBatchMembersWithResults(t *testing.T) {
+	b := setup(t)
+	batchTables(t, b)
+	const n = 12
+	members := make([]member, n)
+	for i := range members {
+		members[i] = member{Key: fmt.Sprintf("res-%02d", i), Mode: []string{"result", "plain", "noop"}[i%3]}
+	}
+	batch := b.newBatch(t, "results", members...)
+	b.startWorker(t, batchMux(b.pool), nil)
+	runs := b.waitCallbackRuns(t, batch.ID, 2, 30*time.Second)
+	want := tasks.BatchCounts{Total: n, Succeeded: n}
+	require.Equal(t, []callbackRun{{1, tasks.BatchComplete, want}, {1, tasks.BatchSuccess, want}}, runs)
+	for _, m := range members {
+		r, err := b.client.ResultByKey(context.Background(), batchMember.Name(), m.Key)
+		if m.Mode != "result" {
+			require.ErrorIs(t, err, idempotency.ErrNoResult, m.Key)
+			continue
+		}
+		require.NoError(t, err, m.Key)
+		require.JSONEq(t, `"`+m.Key+`"`, string(r.JSON))
+	}
+}
