@@ -1125,8 +1125,8 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 	var err error
 	complete := g.complete
 	if result := jc.sealResult(); result != nil {
-		// Not in a shared round: the result commits in the completion's
-		// own statement. Jobs without one never come here.
+		// The result commits in the completion's own statement, outside
+		// the shared round; jobs without one complete in the round.
 		complete = func(ctx context.Context, jc *jobContext) error { return g.completeWithResult(ctx, jc, result) }
 	}
 	// The lease is renewed meanwhile; try for half of it before giving up,
