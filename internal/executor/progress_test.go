@@ -351,6 +351,13 @@ func TestResultWithoutInTxAppearsWithSuccess(t *testing.T) {
 	got, err := tasks.ResultAs[receiptNo](b.client.Result(ctx, id))
 	require.NoError(t, err)
 	require.Equal(t, receiptNo{Number: 1, By: "return"}, got)
+	viaInspect, err := b.client.Inspector().Result(ctx, id)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"number": 1, "by": "return"}`, string(viaInspect.JSON))
+	_, err = b.client.Result(ctx, "01936f3e-8c1a-7b2e-9f00-1a2b3c4d5e6f")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
+	_, err = b.client.ResultByKey(ctx, resulting.Name(), "nobody")
+	require.ErrorIs(t, err, idempotency.ErrNotFound)
 
 	failed, err := b.client.Enqueue(ctx, resulting.New(order{OrderID: "fails"}))
 	require.NoError(t, err)
