@@ -81,3 +81,20 @@ func TestStatusShowsProgressAndResult(t *testing.T) {
 	require.Regexp(t, `progress\s+3/12 \(25%\) greeting ada \(last reported `, out)
 	require.Regexp(t, `result\s+\{"greeted":"ada","words":2\}`, out)
 }
+
+// `dead show` says how far the dead job's last run got, as status does.
+func TestDeadShowSaysHowFarTheLastRunGot(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	j := e.enqueueGreet(t, "bob")
+	_, err := e.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = 'boom', finished_at = now() WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO keel_job_progress (job_id, run, done, total, note) VALUES ($1, 1, 7, 10, 'sending')`, j.ID)
+	require.NoError(t, err)
+	out, _, err := e.greeter(t, "", "dead", "show", j.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `progress\s+7/10 \(70%\) sending \(last reported `, out)
+	out, _, err = e.greeter(t, "", "dead", "show", j.ID, "--json")
+	require.NoError(t, err)
+	require.Regexp(t, `"progress": \{\s+"done": 7,\s+"total": 10,\s+"note": "sending",\s+"run": 1`, out)
+}
