@@ -485,16 +485,20 @@ func statusCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			out, err := readOutput(ctx, store, job)
+			if err != nil {
+				return err
+			}
 			deps, err := loadDeps(ctx, pool, job)
 			if err != nil {
 				return err
 			}
 			if e.JSON() {
-				sj := toStatusJSON(job, steps)
+				sj := toStatusJSON(job, steps).with(out)
 				sj.Dependencies = deps
 				return printJSON(cmd.OutOrStdout(), sj)
 			}
-			printStatus(cmd.OutOrStdout(), e.app.name(), job, steps)
+			printStatus(cmd.OutOrStdout(), e.app.name(), job, steps, out)
 			printDeps(cmd.OutOrStdout(), e.app.name(), job, deps)
 			return nil
 		},
@@ -546,7 +550,73 @@ type statusJSON struct {
 	// Dependencies: what the job waits (or waited) for, and what waits
 	// for it; absent for a job with none.
 	Dependencies *depsJSON `json:"dependencies,omitempty"`
+	// Progress is what its handler last reported (of the run numbered
+	// in it); Result what it stored with its success.
+	Progress *progressJSON   `json:"progress,omitempty"`
+	Result   json.RawMessage `json:"result,omitempty"`
 }
+
+type progressJSON struct {
+	Done      int64     `json:"done"`
+	Total     int64     `json:"total"`
+	Note      string    `json:"note,omitempty"`
+	Run       int       `json:"run"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// jobOutput is what a job's handler reported and stored: its progress and
+// its result, each nil when it has none.
+type jobOutput struct {
+	progress *idempotency.JobProgress
+	result   *idempotency.JobResult
+}
+
+// readOutput reads job j's progress, and its result if it succeeded.
+func readOutput(ctx context.Context, store *jobstore.Store, j idempotency.Job) (jobOutput, error) {
+	var out jobOutput
+	p, ok, err := store.Progress(ctx, j.ID)
+	if err != nil {
+		return out, err
+	}
+	if ok {
+		out.progress = &p
+	}
+	if j.Status == idempotency.StatusSucceeded {
+		r, err := store.Result(ctx, j.ID)
+		switch {
+		case err == nil:
+			out.result = &r
+		case !errors.Is(err, idempotency.ErrNoResult):
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func (s statusJSON) with(out jobOutput) statusJSON {
+	if p := out.progress; p != nil {
+		s.Progress = &progressJSON{Done: p.Done, Total: p.Total, Note: p.Note, Run: p.Run, UpdatedAt: p.UpdatedAt}
+	}
+	if out.result != nil {
+		s.Result = out.result.JSON
+	}
+	return s
+}
+
+// progressText is a report as a person reads it: "40/100 (40%) copying".
+func progressText(p idempotency.JobProgress) string {
+	s := fmt.Sprintf("%d", p.Done)
+	if p.Total > 0 {
+		s = fmt.Sprintf("%d/%d (%d%%)", p.Done, p.Total, p.Done*100/p.Total)
+	}
+	if p.Note != "" {
+		s += " " + p.Note
+	}
+	return s
+}
+
+// maxResultShown bounds the result `status` prints; --json prints it whole.
+const maxResultShown = 2000
 
 func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON {
 	out := statusJSON{ID: j.ID, Kind: j.Kind, BusinessKey: j.BusinessKey, Queue: j.Queue, Status: string(j.Status),
@@ -564,7 +634,7 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 
 // printStatus writes job j and its steps for a person; prog is this
 // program's name, in the commands it suggests.
-func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotency.StepRecord) {
+func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotency.StepRecord, out jobOutput) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	// A line break or tab in a job's text would start a row or a column of
 	// its own ("status  succeeded" in a business key): names and keys show
@@ -631,6 +701,20 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	}
 	if j.EffectsCommittedAt != nil {
 		row("effects committed", ts(j.EffectsCommittedAt)+" (its completing InTx committed before the handler failed: not replayable)")
+	}
+	if p := out.progress; p != nil {
+		when := "reported"
+		if j.Status != idempotency.StatusRunning {
+			when = "last reported"
+		}
+		one("progress", fmt.Sprintf("%s (%s %s, by run %d)", visible.Text(progressText(*p)), when, p.UpdatedAt.Format(time.RFC3339), p.Run))
+	}
+	if r := out.result; r != nil {
+		text := string(r.JSON)
+		if len(text) > maxResultShown {
+			text = jobstore.StorableText(text, maxResultShown) + fmt.Sprintf(" (%d bytes in all: --json shows it whole)", len(r.JSON))
+		}
+		one("result", visible.Text(text))
 	}
 	row("payload summary", j.PayloadSummary)
 	one("trace id", j.TraceID)

@@ -285,6 +285,11 @@ func deadShowCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// How far its last runs got, as status shows it.
+			output, err := readOutput(ctx, store, j)
+			if err != nil {
+				return err
+			}
 			out := cmd.OutOrStdout()
 			if e.JSON() {
 				type auditJSON struct {
@@ -297,9 +302,9 @@ func deadShowCmd(e *Env) *cobra.Command {
 				for _, x := range audit {
 					a = append(a, auditJSON{x.Action, x.Actor, x.Note, x.At})
 				}
-				return printJSON(out, map[string]any{"job": toStatusJSON(j, steps), "audit": a})
+				return printJSON(out, map[string]any{"job": toStatusJSON(j, steps).with(output), "audit": a})
 			}
-			printStatus(out, e.app.name(), j, steps)
+			printStatus(out, e.app.name(), j, steps, output)
 			for _, x := range audit {
 				// A note's further lines are indented: at column 0 they
 				// would read as entries of their own.

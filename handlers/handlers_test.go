@@ -18,6 +18,7 @@ import (
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/keeltest"
 	"github.com/keeljobs/keel/retry"
+	"github.com/keeljobs/keel/tasks"
 )
 
 type app struct {
@@ -230,4 +231,25 @@ func TestTimeoutAfterSendIsVerifiedNotResent(t *testing.T) {
 	require.Equal(t, 1, st.Calls, "a send that timed out after leaving was repeated")
 	require.Equal(t, 1, st.Mails)
 	require.Equal(t, 0, st.OrdersMailedTwice)
+}
+
+// The daily report stores its totals as the job's result, committed with
+// the report in its completing InTx.
+func TestDailyReportStoresItsTotals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := keeltest.New(t, keeltest.Options{RedisAddr: testenv.StartRedis(t).Addr(),
+		Queues: map[string]int{"default": 1, handlers.ReportsQueue: 1}})
+	require.NoError(t, handlers.Migrate(ctx, h.Pool))
+	_, err := h.Pool.Exec(ctx, `INSERT INTO keel_example_orders (id, email, amount) VALUES ('o1', 'a@example.com', 40), ('o2', 'b@example.com', 2)`)
+	require.NoError(t, err)
+	h.Worker(t, tasksMux(h, "http://127.0.0.1:1"))
+	var day string // the orders' (UTC) day, however close to midnight the test runs
+	require.NoError(t, h.Pool.QueryRow(ctx, `SELECT to_char(min(created_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD') FROM keel_example_orders`).Scan(&day))
+	res, err := h.Client.Enqueue(ctx, handlers.GenerateDailyReport.New(handlers.DailyReport{Day: day}))
+	require.NoError(t, err)
+	h.Wait(t, res.Job.ID, 30*time.Second, idempotency.StatusSucceeded)
+	totals, err := tasks.ResultAs[handlers.ReportTotals](h.Client.Result(ctx, res.Job.ID))
+	require.NoError(t, err)
+	require.Equal(t, handlers.ReportTotals{Day: day, Orders: 2, Revenue: 42}, totals)
 }

@@ -35,6 +35,15 @@ type DailyReport struct {
 	Day string `json:"day"`
 }
 
+// ReportTotals is a daily report's result, stored with its job
+// (idempotency.SetResult): a caller reads it with tasks.Client.Result, and
+// the dashboard and `status` show it.
+type ReportTotals struct {
+	Day     string `json:"day"`
+	Orders  int64  `json:"orders"`
+	Revenue int64  `json:"revenue"`
+}
+
 // ReportsQueue is where long jobs go; run its workers apart:
 // keel worker --queues reports:1 --concurrency 2.
 const ReportsQueue = "reports"
@@ -128,10 +137,16 @@ func Register(mux *tasks.Mux, d Deps) {
 		}
 		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
 			id, _ := idempotency.JobID(ctx)
-			_, err := tx.Exec(ctx, `INSERT INTO keel_example_reports (job_id, day, orders, revenue)
+			totals := ReportTotals{Day: day.Format(time.DateOnly)}
+			err := tx.QueryRow(ctx, `INSERT INTO keel_example_reports (job_id, day, orders, revenue)
 				SELECT $1, $2::date, count(*), coalesce(sum(amount), 0) FROM keel_example_orders
-				WHERE created_at >= $2::date AND created_at < $2::date + 1`, id, day)
-			return err
+				WHERE created_at >= $2::date AND created_at < $2::date + 1
+				RETURNING orders, revenue`, id, day).Scan(&totals.Orders, &totals.Revenue)
+			if err != nil {
+				return err
+			}
+			// Set inside the completing InTx: it commits with the report.
+			return idempotency.SetResult(ctx, totals)
 		})
 	})
 	tasks.Handle(mux, SyncAnalytics, func(ctx context.Context, a Analytics) error {

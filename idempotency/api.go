@@ -168,3 +168,49 @@ func WithTraceID(ctx context.Context, id string) context.Context {
 func TraceID(ctx context.Context) string {
 	return executor.TraceID(ctx)
 }
+
+// MaxResultBytes bounds a job's result as JSON (64 KiB).
+const MaxResultBytes = executor.MaxResultBytes
+
+// MaxProgressNoteBytes bounds a progress report's note; a longer one is
+// cut.
+const MaxProgressNoteBytes = executor.MaxProgressNoteBytes
+
+// Progress reports how far the run has got: done of total (0: unknown)
+// and a short note, shown by `keel status`, the inspect API and the
+// dashboard's job page while the job runs, and kept after it ends.
+//
+// Call it as often as is convenient: keel writes at most one report per
+// run an interval (server.GuardConfig.ProgressInterval, 1 s), the first
+// at once and, of those that come sooner, the latest when the interval is
+// up. A report not yet written when the handler returns is dropped: the
+// job's status says the rest. A report is written only while this run
+// holds its job as running; once keel gave the run up, the job was
+// cancelled or another worker took it over, Progress returns
+// ErrRunGivenUp, ErrCancelled or ErrLeaseLost (a refusal found by a write
+// in the background is returned by the next call); after the completing
+// InTx, ErrAlreadyCompleted; after the handler returned, ErrRunEnded. A
+// handler may ignore these errors: they change nothing about the job.
+func Progress(ctx context.Context, done, total int64, note string) error {
+	return executor.Progress(ctx, done, total, note)
+}
+
+// SetResult stores v, as JSON of at most MaxResultBytes (ErrResultTooLarge
+// beyond, a permanent error), as the job's result. It is written with the
+// job's success and only with it: in the completing InTx's transaction, or,
+// without one, in the statement that marks the job succeeded when the
+// handler returns nil. A run that fails leaves no result; a later call
+// replaces an earlier one's value; a call after the completing InTx is
+// refused (ErrAlreadyCompleted). Callers read it with tasks.Client.Result,
+// the inspect API, `keel status` and the dashboard, and other jobs' handlers
+// with ResultOf; it is pruned with its job.
+func SetResult(ctx context.Context, v any) error {
+	return executor.SetResult(ctx, v)
+}
+
+// ResultOf reads the result of job id (another job's: a parent's, say)
+// from a handler: ErrNotFound without such a job, ErrNoResult when it has
+// none (it has not succeeded, or stored none).
+func ResultOf(ctx context.Context, jobID string) (JobResult, error) {
+	return executor.ResultOf(ctx, jobID)
+}

@@ -13,8 +13,14 @@
 //     request and tell a call that never left from one in doubt; NotSent
 //     marks what other clients know. Steps come before the completing InTx.
 //
-// JobID and Attempt say which job and run a handler is; Job, Status and
-// StepRecord are the ledger's rows; the errors are those a handler sees.
+// Progress reports how far a run has got (written at most once a second
+// per run, only while the run holds its job); SetResult stores a result
+// that commits with the job's success and never without it, and ResultOf
+// reads another job's.
+//
+// JobID and Attempt say which job and run a handler is; Job, Status,
+// StepRecord, JobProgress and JobResult are the ledger's rows; the errors
+// are those a handler sees.
 // Reading jobs and acting on them (replay, discard, cancel, step
 // resolution) is the inspect package's; the guard itself is configured
 // through server.Config.Guard.

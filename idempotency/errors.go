@@ -44,6 +44,14 @@ var (
 	ErrUnknownJob = executor.ErrUnknownJob
 	// ErrNotFound means no ledger row matches.
 	ErrNotFound = jobstore.ErrNotFound
+	// ErrNoResult means a job has no result: it has not succeeded (yet),
+	// or its handler stored none. The error names the job's status.
+	ErrNoResult = jobstore.ErrNoResult
+	// ErrResultTooLarge refuses a result over MaxResultBytes as JSON.
+	ErrResultTooLarge = executor.ErrResultTooLarge
+	// ErrRunEnded means Progress was called after the handler returned
+	// (from a goroutine it left behind): nothing is written.
+	ErrRunEnded = executor.ErrRunEnded
 	// ErrPastDeadline refuses a job that would run at or after its
 	// deadline (a delay or run time past it, or a deadline already gone):
 	// it could never run.

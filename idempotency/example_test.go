@@ -77,3 +77,26 @@ func ExampleStepHTTP() {
 	}
 	_ = handle
 }
+
+// A long handler reports how far it has got, as often as it likes (keel
+// writes at most one report a second), and stores a result that commits
+// with the job's success.
+func ExampleSetResult() {
+	type export struct {
+		File string `json:"file"`
+		Rows int    `json:"rows"`
+	}
+	handle := func(ctx context.Context, pages []string) error {
+		rows := 0
+		for i := range pages {
+			rows += 100 // write the page
+			// Its errors say the run no longer holds its job; nothing to undo.
+			_ = idempotency.Progress(ctx, int64(i+1), int64(len(pages)), "page "+pages[i])
+		}
+		return idempotency.SetResult(ctx, export{File: "s3://exports/1.csv", Rows: rows})
+	}
+	// Outside a handler run by keel's worker there is no job to store it with.
+	fmt.Println(errors.Is(handle(context.Background(), []string{"a", "b"}), idempotency.ErrNoJob))
+	// Output:
+	// true
+}

@@ -30,6 +30,14 @@ type Job = ledger.Job
 // StepRecord is one recorded external side effect of a job.
 type StepRecord = ledger.StepRecord
 
+// JobProgress is a job's progress as its handler last reported it
+// (Progress); Run is the run that reported it.
+type JobProgress = ledger.JobProgress
+
+// JobResult is a succeeded job's result (SetResult), as JSON; Decode
+// unmarshals it.
+type JobResult = ledger.JobResult
+
 // DeadEvent describes a job that has just died (or expired at its
 // deadline): what server.GuardConfig.OnDead and OnExpired, and the
 // reconciler's OnDead, are called with.

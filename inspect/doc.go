@@ -25,6 +25,8 @@
 // Replay and discard remove asynq's copy of the job; cancel removes it or
 // stops its handler. The ledger is the record: Redis is only tidied.
 //
-// The reads: Get, Lookup, Audit, Count and List by Filter, Counts of jobs
-// by kind and status, and WaitDone, which waits for a job to end.
+// The reads: Get, Lookup, Audit, Progress (what a job's handler last
+// reported), Result and ResultByKey (what a succeeded job stored), Count
+// and List by Filter, Counts of jobs by kind and status, and WaitDone,
+// which waits for a job to end.
 package inspect

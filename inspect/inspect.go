@@ -360,3 +360,20 @@ func (in *Inspector) one(ctx context.Context, a Action, id, actor, note string) 
 	o.job, err = in.store.Get(ctx, id)
 	return o, err
 }
+
+// Progress returns job id's progress as its handler last reported it
+// (idempotency.Progress); ok is false when it reported none.
+func (in *Inspector) Progress(ctx context.Context, id string) (p idempotency.JobProgress, ok bool, err error) {
+	return in.store.Progress(ctx, id)
+}
+
+// Result returns job id's result (idempotency.SetResult): ErrNotFound
+// without such a job, idempotency.ErrNoResult when it has none.
+func (in *Inspector) Result(ctx context.Context, id string) (idempotency.JobResult, error) {
+	return in.store.Result(ctx, id)
+}
+
+// ResultByKey is Result for the job of kind with business key.
+func (in *Inspector) ResultByKey(ctx context.Context, kind, key string) (idempotency.JobResult, error) {
+	return in.store.ResultByKey(ctx, kind, key)
+}

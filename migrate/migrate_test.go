@@ -309,8 +309,11 @@ func TestMigrateRecordsAdditiveFlagsInADatabaseAnOlderKeelMigrated(t *testing.T)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied)
 	got := recorded(t, b.pool)
-	newest := newestVersion(t)
-	require.True(t, got[newest-1] && got[newest])
+	// The two newest by their numbers, which may leave a gap (a number
+	// taken by work merged later).
+	ms, err := migrate.All()
+	require.NoError(t, err)
+	require.True(t, got[ms[len(ms)-2].Version] && got[newestVersion(t)])
 	require.False(t, got[1])
 	require.NoError(t, migrate.CheckWith(ctx, b.pool, old))
 }

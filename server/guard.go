@@ -19,4 +19,7 @@ const (
 	DefaultBatchLoops   = executor.DefaultBatchLoops
 	DefaultTimeoutGrace = executor.DefaultTimeoutGrace
 	DefaultMaxWait      = executor.DefaultMaxWait
+	// DefaultProgressInterval is the least time between two writes of one
+	// run's progress (GuardConfig.ProgressInterval).
+	DefaultProgressInterval = executor.DefaultProgressInterval
 )

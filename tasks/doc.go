@@ -3,7 +3,8 @@
 // the caller's transaction with EnqueueTx; many at once with EnqueueMany and
 // EnqueueManyTx), then into Redis for asynq. Concurrent Enqueue calls share
 // one insert and one commit. It also holds the Mux that routes each kind to
-// its handler on a worker.
+// its handler on a worker. Result and ResultByKey read what a succeeded
+// job's handler stored (idempotency.SetResult); ResultAs decodes it.
 //
 // Define registers a kind nowhere: a program lists its own in a Kinds
 // (NewKinds) and gives that set to what needs kinds by name (the worker's

@@ -171,11 +171,14 @@ func TestBrowser(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
 	mux := tasks.NewMux()
-	mux.HandleTask("order:send_receipt", asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	mux.HandleTask("order:send_receipt", asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		if err := idempotency.Progress(ctx, 3, 4, "mailing <b>"); err != nil {
+			return err
+		}
 		if failing.Load() {
 			return retry.Permanent(errors.New(xssError))
 		}
-		return nil
+		return idempotency.SetResult(ctx, map[string]string{"mail_id": "m-1", "html": "<i>sent</i>"})
 	}))
 	startWorker(t, b, mux)
 	var jobs []idempotency.Job
@@ -243,6 +246,13 @@ func TestBrowser(t *testing.T) {
 	waitStatus(replayed.ID, idempotency.StatusSucceeded)
 	run(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("status")))
 	require.Equal(t, "succeeded", text(t, ctx, "#status"))
+	// What its handler reported and stored, shown as text.
+	require.Contains(t, text(t, ctx, "#progress"), "3/4 (75%)")
+	require.Equal(t, "mailing <b>", text(t, ctx, "#progress-note"))
+	require.Contains(t, text(t, ctx, "#progress"), "last reported")
+	require.Equal(t, 75, eval[int](t, ctx, `document.querySelector('#progress progress').value`))
+	require.JSONEq(t, `{"mail_id": "m-1", "html": "<i>sent</i>"}`, text(t, ctx, "#result"))
+	require.Equal(t, 0, eval[int](t, ctx, `document.querySelectorAll('#result i, #progress b').length`), "job text became markup")
 
 	// Discard another with a note; the audit entry is on its page.
 	run(t, ctx,

@@ -351,6 +351,12 @@ type jobData struct {
 	PayloadHidden, PayloadShown bool
 	// Deps: what the job waits for and what waits for it (job_deps.html).
 	Deps *depsView
+	// Progress is what its handler last reported, nil if nothing;
+	// Percent its share done (-1: no total). Result is a succeeded job's
+	// result, laid out, "" if none.
+	Progress *idempotency.JobProgress
+	Percent  int64
+	Result   string
 }
 
 // flashes are the only messages a redirect can ask a page to show: the
@@ -439,6 +445,9 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 	if err == nil {
 		d.Deps, err = s.jobDeps(ctx, j)
 	}
+	if err == nil {
+		err = s.readOutput(ctx, &d)
+	}
 	if err != nil {
 		s.ledgerError(w, r, err)
 		return
@@ -459,6 +468,31 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 	}
 	d.Next = nextStep(j, relay, d.InDoubt, d.LeaseExpired)
 	s.render(w, r, status, "job", view{Title: j.Kind + " " + j.BusinessKey, Nav: "jobs", Flash: flash, Error: errMsg, Data: d})
+}
+
+// readOutput reads what the job's handler reported and stored into d.
+func (s *Server) readOutput(ctx context.Context, d *jobData) error {
+	p, ok, err := s.ops.Progress(ctx, d.Job.ID)
+	if err != nil {
+		return err
+	}
+	if ok {
+		d.Progress, d.Percent = &p, -1
+		if p.Total > 0 {
+			d.Percent = min(p.Done*100/p.Total, 100)
+		}
+	}
+	if d.Job.Status != idempotency.StatusSucceeded {
+		return nil
+	}
+	res, err := s.ops.Result(ctx, d.Job.ID)
+	switch {
+	case err == nil:
+		d.Result = prettyPayload(string(res.JSON))
+	case !errors.Is(err, idempotency.ErrNoResult):
+		return err
+	}
+	return nil
 }
 
 // nextStep says, in a sentence, who handles the job next — the question

@@ -113,6 +113,10 @@ type GuardConfig struct {
 	// (tasks.MaxWait). Past it the job dies with class waited_too_long.
 	// Default 24h.
 	MaxWait time.Duration
+	// ProgressInterval is the least time between two writes of one run's
+	// progress (idempotency.Progress): reports in between are kept in
+	// memory and the latest is written when the interval is up. Default 1s.
+	ProgressInterval time.Duration
 	// TracerProvider records the keel.handle, keel.claim, keel.step and
 	// keel.intx spans of each run. Default: the global provider
 	// (otel.GetTracerProvider); while that is the no-op, no span is started.
@@ -184,6 +188,9 @@ func (c GuardConfig) withDefaults() GuardConfig {
 	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = DefaultMaxWait
+	}
+	if c.ProgressInterval <= 0 {
+		c.ProgressInterval = DefaultProgressInterval
 	}
 	return c
 }
@@ -263,6 +270,9 @@ type GuardStats struct {
 	// Expired counts jobs discarded at their deadline before they could
 	// run (tasks.ExpireAtDeadline); those that died there count in Dead.
 	Expired uint64
+	// ProgressWrites counts the progress writes sent to the ledger, those
+	// it refused included (idempotency.Progress).
+	ProgressWrites uint64
 }
 
 // Guard is the ledger middleware: it claims each delivery's job with a lease
@@ -288,6 +298,7 @@ type Guard struct {
 	stats struct {
 		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs atomic.Uint64
 		overran, interrupted, crashed, cancelled, expired           atomic.Uint64
+		progressWrites                                              atomic.Uint64
 	}
 
 	stopRenew context.CancelFunc
@@ -418,7 +429,7 @@ func (g *Guard) Stats() GuardStats {
 		Dead: g.stats.dead.Load(), DuplicatesSkipped: g.stats.skipped.Load(), LeaseBusy: g.stats.busy.Load(),
 		LedgerErrors: g.stats.ledgerErrs.Load(), Overran: g.stats.overran.Load(),
 		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(), Cancelled: g.stats.cancelled.Load(),
-		Expired: g.stats.expired.Load(),
+		Expired: g.stats.expired.Load(), ProgressWrites: g.stats.progressWrites.Load(),
 	}
 }
 
@@ -909,6 +920,9 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		if watchdog != nil {
 			watchdog.Stop()
 		}
+		// A report not yet written is dropped; one being written lands
+		// before the outcome is recorded.
+		jc.progress.end()
 		// Entered before the state changes, so that Close, which gives up
 		// live runs first and then waits, either sees this one live or
 		// waits for its outcome.
@@ -1146,6 +1160,12 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 	ctx = context.WithoutCancel(ctx)
 	id := jc.id
 	var err error
+	complete := g.complete
+	if result := jc.sealResult(); result != nil {
+		// The result commits in the completion's own statement, outside
+		// the shared round; jobs without one complete in the round.
+		complete = func(ctx context.Context, jc *jobContext) error { return g.completeWithResult(ctx, jc, result) }
+	}
 	// The lease is renewed meanwhile; try for half of it before giving up,
 	// and for as long as it takes while the ledger is unreachable.
 	giveUp := time.Now().Add(g.cfg.Lease / 2)
@@ -1153,7 +1173,7 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		if try > 0 {
 			time.Sleep(min(time.Duration(try*try)*100*time.Millisecond, time.Second))
 		}
-		if err = g.complete(ctx, jc); err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrGuardClosed) {
+		if err = complete(ctx, jc); err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrGuardClosed) {
 			break
 		}
 		if try+1 >= completionMarkTries && time.Now().After(giveUp) && !ledgerUnreachable(err) {
@@ -1187,6 +1207,16 @@ func (g *Guard) markSucceeded(ctx context.Context, jc *jobContext) error {
 		g.stats.ledgerErrs.Add(1)
 		return retry.Wait(g.ledgerWait(err), fmt.Errorf("keel: job %s finished but the ledger could not record it: %w", id, err))
 	}
+}
+
+// completeWithResult marks jc's run succeeded with its result, in one
+// statement; ErrLeaseLost if the run no longer holds the job.
+func (g *Guard) completeWithResult(ctx context.Context, jc *jobContext, result []byte) error {
+	err := ledger.CompleteWithResult(ctx, g.store.Pool(), jc.id, g.cfg.Holder, jc.run, result)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
+	return interpretError(err)
 }
 
 // waitCeiling is the most a claimed job may wait in all: its kind's
@@ -1372,6 +1402,13 @@ type jobContext struct {
 	cancel     context.CancelCauseFunc
 	ended      context.Context // see ProcessTask: ended by cancel, not by asynq
 	inCall     atomic.Int32    // steps' calls in flight, with their records
+	progress   progress        // the handler's progress reports (progress.go)
+
+	// The result SetResult stored, written with the completion; sealed
+	// once the completion is being sent.
+	resultMu     sync.Mutex
+	result       []byte
+	resultSealed bool
 
 	// The connection of the run's InTx while it is open (see dropTx).
 	txMu      sync.Mutex
@@ -1566,9 +1603,10 @@ func inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	// The mark and the COMMIT go in one round trip; the mark stops the
 	// COMMIT if this run no longer holds the job.
 	jc.committing.Store(true)
-	err = ledger.MarkSucceededAndCommit(ctx, tx, jc.id, g.cfg.Holder, jc.run)
+	err = ledger.MarkSucceededAndCommit(ctx, tx, jc.id, g.cfg.Holder, jc.run, jc.sealResult())
 	if unsent := (*ledger.CommitUnsent)(nil); errors.As(err, &unsent) {
 		jc.committing.Store(false)
+		jc.unsealResult()
 		if errors.Is(err, ledger.ErrNotHeld) {
 			return jc.refused(ctx, ErrLeaseLost)
 		}

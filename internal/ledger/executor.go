@@ -273,19 +273,26 @@ func refused(e *pgconn.PgError) bool {
 
 // MarkSucceededAndCommit records, inside the completing InTx's transaction,
 // that holder's run of job id succeeded, and commits it, in one round
-// trip. ErrNotHeld (inside a *CommitUnsent): the run no longer holds the
+// trip; a result (not nil) is stored in the same transaction, ahead of the
+// mark. ErrNotHeld (inside a *CommitUnsent): the run no longer holds the
 // job. Any error in a *CommitUnsent means nothing committed; any other
 // error came with the connection lost after the mark and the COMMIT were
 // sent: the commit may or may not have landed.
-func MarkSucceededAndCommit(ctx context.Context, tx Batcher, id, holder string, run int) error {
+func MarkSucceededAndCommit(ctx context.Context, tx Batcher, id, holder string, run int, result []byte) error {
 	b := &pgx.Batch{}
+	if result != nil {
+		b.Queue(storeResultSQL, id, result)
+	}
 	b.Queue(markAndCommitSQL, id, holder, run)
 	b.Queue("COMMIT")
 	br := tx.SendBatch(ctx, b)
-	_, markErr := br.Exec()
-	_, commitErr := br.Exec()
-	closeErr := br.Close()
-	for _, err := range []error{markErr, commitErr, closeErr} {
+	errs := make([]error, 0, 4)
+	for range b.QueuedQueries {
+		_, err := br.Exec()
+		errs = append(errs, err)
+	}
+	errs = append(errs, br.Close())
+	for _, err := range errs {
 		if err == nil {
 			continue
 		}
@@ -332,7 +339,10 @@ func RetireCrashed(ctx context.Context, db DB, id, summary string) (Retired, err
 	return r, err
 }
 
-const deadAfterCompleteSQL = `UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2, alert_owed = true,
+// deadAfterCompleteSQL also drops the result the completing InTx stored:
+// a result goes only with a success.
+const deadAfterCompleteSQL = `WITH r AS (DELETE FROM keel_job_results WHERE job_id = $1)
+			UPDATE keel_jobs SET status = 'dead', error_class = 'permanent', last_error = $2, alert_owed = true,
 			payload_summary = $3, effects_committed_at = finished_at, updated_at = now() WHERE id = $1 AND status = 'succeeded'
 			RETURNING business_key, coalesce(trace_id, '')`
 

@@ -30,7 +30,7 @@ func TestExecutorPlans(t *testing.T) {
 	for name, call := range map[string]func(db ledger.DB){
 		"release": func(db ledger.DB) { ledger.Release(ctx, db, ids[0], "worker-0", 1) }, //nolint:errcheck
 		"mark succeeded": func(db ledger.DB) {
-			ledger.MarkSucceededAndCommit(ctx, db.(ledger.Batcher), ids[0], "worker-0", 1) //nolint:errcheck
+			ledger.MarkSucceededAndCommit(ctx, db.(ledger.Batcher), ids[0], "worker-0", 1, nil) //nolint:errcheck
 		},
 		"retire crashed":      func(db ledger.DB) { ledger.RetireCrashed(ctx, db, ids[0], "") },         //nolint:errcheck
 		"dead after complete": func(db ledger.DB) { ledger.DeadAfterComplete(ctx, db, ids[0], "", "") }, //nolint:errcheck

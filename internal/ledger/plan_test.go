@@ -55,7 +55,7 @@ func run(m *testing.M) int {
 	}
 	// As autovacuum leaves a ledger (this schema's tables only):
 	// statistics, and the visibility map that index-only scans read.
-	if _, err := big.Exec(ctx, "VACUUM ANALYZE keel_jobs, keel_job_deps, keel_steps, keel_batches, keel_outbox, keel_audit, keel_prune_log, keel_schedule, keel_web_sessions_ended"); err != nil {
+	if _, err := big.Exec(ctx, "VACUUM ANALYZE keel_jobs, keel_job_deps, keel_steps, keel_batches, keel_outbox, keel_audit, keel_prune_log, keel_schedule, keel_web_sessions_ended, keel_job_progress, keel_job_results"); err != nil {
 		fmt.Fprintln(os.Stderr, "vacuum:", err)
 		return 1
 	}
@@ -64,7 +64,7 @@ func run(m *testing.M) int {
 
 // fill is a ledger of 60,000 jobs in every status and shape (steps,
 // batches, outbox rows, rows written unpublished, deadlines, strays, audit,
-// prune log, schedule, sessions).
+// prune log, schedule, sessions, progress, results).
 const fill = `
 INSERT INTO keel_batches (id, description, created_at)
 SELECT 'b' || g, '', now() - g * interval '1 minute' FROM generate_series(1, 20000) g;
@@ -130,6 +130,13 @@ SELECT 'entry' || g, now() - g * interval '1 minute' FROM generate_series(1, 200
 
 INSERT INTO keel_web_sessions_ended (session_id, expires_at)
 SELECT 's' || g, now() + (g % 50 - 1) * interval '1 hour' FROM generate_series(1, 5000) g;
+
+-- Progress of every running job and of one in three others; a result for
+-- one succeeded job in three.
+INSERT INTO keel_job_progress (job_id, run, done, total, note)
+SELECT id, 1, 5, 10, 'half' FROM keel_jobs WHERE status = 'running' OR id LIKE '%3' OR id LIKE '%6' OR id LIKE '%9';
+INSERT INTO keel_job_results (job_id, result)
+SELECT id, '{"ok": true}' FROM keel_jobs WHERE status = 'succeeded' AND (id LIKE '%1' OR id LIKE '%4' OR id LIKE '%7');
 
 `
 
