@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/internal/executor"
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // StepOption configures one Step (Verify).
@@ -213,4 +214,23 @@ func SetResult(ctx context.Context, v any) error {
 // none (it has not succeeded, or stored none).
 func ResultOf(ctx context.Context, jobID string) (JobResult, error) {
 	return executor.ResultOf(ctx, jobID)
+}
+
+// ParentResult is the result of a job this one waited for (tasks.After,
+// a workflow's tasks it comes after): its id, kind, key and, in a
+// workflow, its task name. JSON is nil when the parent stored no result
+// (or has not succeeded: a job released by hand).
+type ParentResult = ledger.ParentResult
+
+// ParentResults returns the results of the jobs this run's job waited
+// for, in id order (a parent pruned since the retention is missing). A
+// fan-in's handler reads what each branch produced:
+//
+//	ps, err := idempotency.ParentResults(ctx)
+//	for _, p := range ps {
+//		var total Totals
+//		if err := p.Decode(&total); err != nil { ... } // p.Task names the branch
+//	}
+func ParentResults(ctx context.Context) ([]ParentResult, error) {
+	return executor.ParentResults(ctx)
 }

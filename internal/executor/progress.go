@@ -231,3 +231,16 @@ func ResultOf(ctx context.Context, jobID string) (ledger.JobResult, error) {
 	}
 	return jc.guard.store.Result(ctx, jobID)
 }
+
+// ParentResults is idempotency.ParentResults.
+func ParentResults(ctx context.Context) ([]ledger.ParentResult, error) {
+	jc, err := jobFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := ledger.ParentResults(ctx, jc.guard.store.Pool(), jc.id)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return ps, nil
+}

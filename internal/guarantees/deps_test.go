@@ -452,3 +452,44 @@ func TestADependentEnqueuedWhileItsParentCompletesIsReleased(t *testing.T) {
 	require.Equal(t, 1, e.effects(t, c.Job.ID))
 	e.noEarlyRuns(t)
 }
+
+// sumKind's handler stores its key's number as its result, or, with
+// parents, the sum of theirs, named by task.
+var sumKind = tasks.Define[item]("hunt:sum", tasks.Key(func(i item) string { return i.ID }))
+
+// A fan-in reads what each branch stored as its result.
+func TestAJobReadsItsParentsResults(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	mux := tasks.NewMux()
+	tasks.Handle(mux, sumKind, func(ctx context.Context, it item) error {
+		ps, err := idempotency.ParentResults(ctx)
+		if err != nil {
+			return err
+		}
+		if len(ps) == 0 {
+			return idempotency.SetResult(ctx, len(it.ID))
+		}
+		sum, by := 0, map[string]int{}
+		for _, p := range ps {
+			var n int
+			if err := p.Decode(&n); err != nil {
+				return err
+			}
+			sum, by[p.Task] = sum+n, n
+		}
+		return idempotency.SetResult(ctx, map[string]any{"sum": sum, "by": by})
+	})
+	cfg := server.Config{Redis: e.redisOpt(), Pool: e.pool, Concurrency: 4, ShutdownTimeout: time.Second}
+	testworker.RunServer(t, cfg, mux)
+	res, err := e.client.EnqueueWorkflow(ctx, tasks.NewWorkflow("sums").
+		Add("three", sumKind.New(item{ID: "abc"})).
+		Add("five", sumKind.New(item{ID: "abcde"})).
+		Add("total", sumKind.New(item{ID: "total"}), "three", "five"))
+	require.NoError(t, err)
+	total := res.Tasks["total"].Job.ID
+	testworker.WaitStatus(t, e.store, total, idempotency.StatusSucceeded, 20*time.Second)
+	r, err := e.client.Result(ctx, total)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"sum": 8, "by": {"three": 3, "five": 5}}`, string(r.JSON))
+}

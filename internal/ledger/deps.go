@@ -148,3 +148,37 @@ func Workflow(ctx context.Context, db DB, id string) ([]WorkflowNode, error) {
 		return n, err
 	})
 }
+
+// ParentResult is a parent's result, as a job that waited for it reads it.
+type ParentResult struct {
+	JobResult
+	Kind, BusinessKey string
+	// Task is the parent's task name in its workflow ("" outside one).
+	Task string
+}
+
+// parentResultsSQL reads a job's parents with their results: a result
+// counts only while its job is succeeded (as readResultSQL).
+const parentResultsSQL = `SELECT j.id, j.status, r.result, r.stored_at, j.kind, j.business_key, coalesce(j.workflow_task, '')
+	FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.parent_id
+	LEFT JOIN keel_job_results r ON r.job_id = j.id AND j.status = 'succeeded'
+	WHERE d.child_id = $1 ORDER BY j.id`
+
+// ParentResults returns the parents of job id with their results, in id
+// order; a parent pruned since is not returned.
+func ParentResults(ctx context.Context, db DB, id string) ([]ParentResult, error) {
+	rows, err := db.Query(ctx, parentResultsSQL, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParentResult, error) {
+		var p ParentResult
+		var result []byte
+		var at *time.Time
+		err := r.Scan(&p.JobID, &p.Status, &result, &at, &p.Kind, &p.BusinessKey, &p.Task)
+		if result != nil {
+			p.JSON, p.StoredAt = result, *at
+		}
+		return p, err
+	})
+}

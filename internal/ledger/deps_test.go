@@ -25,9 +25,10 @@ func TestDependencyPlans(t *testing.T) {
 		"insert waiting": {func(db ledger.DB) {
 			ledger.InsertWaiting(ctx, db, one, ledger.Waiting{Parents: []string{"j00000007"}, WaitingOn: 1}) //nolint:errcheck
 		}, []string{"keel_jobs_kind_business_key"}},
-		"parents":  {func(db ledger.DB) { ledger.ParentsOf(ctx, db, "a00000001") }, []string{"keel_job_deps_child", "keel_jobs_pkey"}}, //nolint:errcheck
-		"children": {func(db ledger.DB) { ledger.ChildrenOf(ctx, db, "j00000007") }, []string{"keel_job_deps_pkey", "keel_jobs_pkey"}}, //nolint:errcheck
-		"workflow": {func(db ledger.DB) { ledger.Workflow(ctx, db, "wf3") }, []string{"keel_jobs_workflow", "keel_job_deps_child"}},    //nolint:errcheck
+		"parents":        {func(db ledger.DB) { ledger.ParentsOf(ctx, db, "a00000001") }, []string{"keel_job_deps_child", "keel_jobs_pkey"}},     //nolint:errcheck
+		"children":       {func(db ledger.DB) { ledger.ChildrenOf(ctx, db, "j00000007") }, []string{"keel_job_deps_pkey", "keel_jobs_pkey"}},     //nolint:errcheck
+		"parent results": {func(db ledger.DB) { ledger.ParentResults(ctx, db, "a00000001") }, []string{"keel_job_deps_child", "keel_jobs_pkey"}}, //nolint:errcheck
+		"workflow":       {func(db ledger.DB) { ledger.Workflow(ctx, db, "wf3") }, []string{"keel_jobs_workflow", "keel_job_deps_child"}},        //nolint:errcheck
 	} {
 		t.Run(name, func(t *testing.T) {
 			usesIndex(t, plan(t, c.call), c.indexes, "keel_jobs", "keel_job_deps")
