@@ -328,6 +328,8 @@ func TestSignInsAndAsynqmonWritesAreAudited(t *testing.T) {
 	require.Equal(t, []string{
 		"|sign-in-failed|" + operatorName + "|from 127.0.0.1",
 		"|sign-in|" + operatorName + "|from 127.0.0.1",
+		// The pause is keel's, recorded in the ledger with its own entry.
+		"|pause-queue:default|" + operatorName + "|paused from asynqmon",
 		"|asynqmon POST /queues/default:pause|" + operatorName + "|answered 204",
 		j.ID + "|asynqmon DELETE /queues/default/pending_tasks/" + j.ID + "|" + operatorName + "|answered 204",
 	}, got)

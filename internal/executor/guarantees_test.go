@@ -708,7 +708,7 @@ func TestLateClaimIsGivenBack(t *testing.T) {
 	_, err = lock.Exec(ctx, `LOCK TABLE keel_jobs IN EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	srv := b.startWorker(t, mux, func(c *server.Config) { c.DisableRelay, c.DisableReconciler = true, true })
-	testenv.Eventually(t, 20*time.Second, func() bool { return srv.Guard().Stats().LedgerErrors > 0 },
+	testenv.Eventually(t, 20*time.Second, func() bool { return srv.Guard().Stats().LateClaims > 0 },
 		"the claim never gave up waiting")
 	require.NoError(t, lock.Rollback(ctx)) // the abandoned claim lands now
 

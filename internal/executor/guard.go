@@ -273,6 +273,10 @@ type GuardStats struct {
 	// ProgressWrites counts the progress writes sent to the ledger, those
 	// it refused included (idempotency.Progress).
 	ProgressWrites uint64
+	// LateClaims counts deliveries whose claim was not answered before
+	// the delivery's own deadline: the job was handed back unstarted, to
+	// run at a delivery soon after (a slow ledger, not a refusing one).
+	LateClaims uint64
 }
 
 // Guard is the ledger middleware: it claims each delivery's job with a lease
@@ -298,7 +302,7 @@ type Guard struct {
 	stats struct {
 		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs atomic.Uint64
 		overran, interrupted, crashed, cancelled, expired           atomic.Uint64
-		progressWrites                                              atomic.Uint64
+		progressWrites, lateClaims                                  atomic.Uint64
 	}
 
 	stopRenew context.CancelFunc
@@ -429,7 +433,7 @@ func (g *Guard) Stats() GuardStats {
 		Dead: g.stats.dead.Load(), DuplicatesSkipped: g.stats.skipped.Load(), LeaseBusy: g.stats.busy.Load(),
 		LedgerErrors: g.stats.ledgerErrs.Load(), Overran: g.stats.overran.Load(),
 		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(), Cancelled: g.stats.cancelled.Load(),
-		Expired: g.stats.expired.Load(), ProgressWrites: g.stats.progressWrites.Load(),
+		Expired: g.stats.expired.Load(), ProgressWrites: g.stats.progressWrites.Load(), LateClaims: g.stats.lateClaims.Load(),
 	}
 }
 
@@ -867,6 +871,16 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 		}
 		res := g.tracedClaim(ctx, id)
 		g.recording.leave()
+		if res.err != nil && ctx.Err() != nil && errors.Is(res.err, ctx.Err()) {
+			// The delivery's deadline (its kind's timeout) passed while its
+			// claim waited for a busy ledger or pool: the ledger answered
+			// late, it did not refuse. The claim is given back when it lands
+			// (undoLateClaim); the next delivery comes as soon as an outage
+			// would allow, not after LedgerRetry.
+			g.stats.lateClaims.Add(1)
+			return keepQueued(ctx, retry.Wait(g.ledgerWait(jobstore.ErrLedgerUnavailable),
+				fmt.Errorf("keel: job %s not started: its claim was not answered before the delivery's deadline: %w", id, res.err)))
+		}
 		if res.err != nil {
 			g.stats.ledgerErrs.Add(1)
 			return keepQueued(ctx, retry.Wait(g.ledgerWait(res.err), fmt.Errorf("keel: ledger unavailable, job %s not started: %w", id, res.err)))
