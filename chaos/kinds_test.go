@@ -367,7 +367,10 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		if err := recordRun(ctx, pool, o.Key); err != nil {
 			return err
 		}
-		if err := pause(ctx, deployRun+rand.N(deployRun/2)); err != nil {
+		// Twice deployRun: a SIGTERM cuts short a deploy job that has run
+		// less than 5 s of its 8–10 s, so the worker running the most of
+		// them is cut mid-run, not let finish within its ShutdownTimeout.
+		if err := pause(ctx, 2*deployRun+rand.N(deployRun/2)); err != nil {
 			return fmt.Errorf("chaos: %s: cut short: %w", o.Key, err)
 		}
 		return writeEffect(ctx, pool, deployKind.Name(), o.Key)
