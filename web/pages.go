@@ -351,6 +351,11 @@ type jobData struct {
 	PayloadHidden, PayloadShown bool
 	// Deps: what the job waits for and what waits for it (job_deps.html).
 	Deps *depsView
+	// Ended: nothing will change the job without a person. Live: the page
+	// reloads itself every Live seconds (?refresh=) while the job has not
+	// ended, to follow its progress.
+	Ended bool
+	Live  int
 	// Progress is what its handler last reported, nil if nothing;
 	// Percent its share done (-1: no total). Result is a succeeded job's
 	// result, laid out, "" if none.
@@ -467,7 +472,11 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 		}
 	}
 	d.Next = nextStep(j, relay, d.InDoubt, d.LeaseExpired)
-	s.render(w, r, status, "job", view{Title: j.Kind + " " + j.BusinessKey, Nav: "jobs", Flash: flash, Error: errMsg, Data: d})
+	d.Ended = j.Status.Terminal() || j.Status == idempotency.StatusDead
+	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && slices.Contains(refreshChoices, n) && !d.Ended {
+		d.Live = n
+	}
+	s.render(w, r, status, "job", view{Title: j.Kind + " " + j.BusinessKey, Nav: "jobs", Flash: flash, Error: errMsg, Data: d, Refresh: d.Live})
 }
 
 // readOutput reads what the job's handler reported and stored into d.
