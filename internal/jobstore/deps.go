@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/internal/ledger"
 )
@@ -50,14 +48,15 @@ func (r Ref) validate() error {
 	return ledger.ValidateKey("parent business key", r.Key)
 }
 
-// insertDependent is Insert for a job with parents (nj.After), in tx: the
-// parents are locked and marked, checked, and the job written waiting for
-// those that have not succeeded, with a row per parent.
-func (s *Store) insertDependent(ctx context.Context, tx DB, nj NewJob, deadline, runAt *time.Time) (Job, bool, error) {
+// lockParents locks and marks the parents of nj (nj.After) in tx, checks
+// them, and returns what the job's insert writes besides its row: a row
+// per parent, waiting for those that have not succeeded.
+func lockParents(ctx context.Context, tx DB, nj NewJob) (ledger.Waiting, error) {
+	w := ledger.Waiting{WorkflowID: nj.WorkflowID, Task: nj.WorkflowTask}
 	var ids, kinds, keys []string
 	for _, r := range nj.After {
 		if err := r.validate(); err != nil {
-			return Job{}, false, fmt.Errorf("keel: %w", err)
+			return w, fmt.Errorf("keel: %w", err)
 		}
 		if r.ID != "" {
 			ids = append(ids, r.ID)
@@ -67,7 +66,7 @@ func (s *Store) insertDependent(ctx context.Context, tx DB, nj NewJob, deadline,
 	}
 	found, err := ledger.LockParents(ctx, tx, ids, kinds, keys)
 	if err != nil {
-		return Job{}, false, Interpret(err)
+		return w, Interpret(err)
 	}
 	byID := make(map[string]ledger.Parent, len(found))
 	byKey := make(map[[2]string]ledger.Parent, len(found))
@@ -75,7 +74,6 @@ func (s *Store) insertDependent(ctx context.Context, tx DB, nj NewJob, deadline,
 		byID[p.ID] = p
 		byKey[[2]string{p.Kind, p.BusinessKey}] = p
 	}
-	w := ledger.Waiting{WorkflowID: nj.WorkflowID, Task: nj.WorkflowTask}
 	seen := map[string]bool{}
 	for _, r := range nj.After {
 		p, ok := byID[r.ID]
@@ -83,10 +81,10 @@ func (s *Store) insertDependent(ctx context.Context, tx DB, nj NewJob, deadline,
 			p, ok = byKey[[2]string{r.Kind, r.Key}]
 		}
 		if !ok {
-			return Job{}, false, fmt.Errorf("%w: %s", ErrUnknownParent, r)
+			return w, fmt.Errorf("%w: %s", ErrUnknownParent, r)
 		}
 		if p.Status == ledger.StatusCancelled || p.Status == ledger.StatusDiscarded {
-			return Job{}, false, fmt.Errorf("%w: %s (%s/%s) is %s", ErrParentEnded, p.ID, p.Kind, p.BusinessKey, p.Status)
+			return w, fmt.Errorf("%w: %s (%s/%s) is %s", ErrParentEnded, p.ID, p.Kind, p.BusinessKey, p.Status)
 		}
 		if seen[p.ID] {
 			continue
@@ -97,31 +95,17 @@ func (s *Store) insertDependent(ctx context.Context, tx DB, nj NewJob, deadline,
 			w.WaitingOn++
 		}
 	}
-	id, err := uuid.NewV7()
-	if err != nil {
-		return Job{}, false, err
+	return w, nil
+}
+
+// waitingJob is j, just written with w (nil: written without parents).
+func waitingJob(j Job, w *ledger.Waiting) Job {
+	if w == nil {
+		return j
 	}
-	row, err := ledger.InsertWaiting(ctx, tx, ledger.JobInsert{ID: id.String(), Kind: nj.Kind, BusinessKey: nj.BusinessKey,
-		Queue: nj.Queue, Payload: nj.Payload, MaxRetry: nj.MaxRetry, TimeoutMS: nj.Timeout.Milliseconds(),
-		Deadline: deadline, RunAt: runAt, PayloadSummary: nj.PayloadSummary, TraceID: nj.TraceID,
-		MaxWaitMS: nj.MaxWait.Milliseconds(), TraceParent: nj.TraceParent, TraceState: nj.TraceState,
-		BatchID: nj.BatchID, ExpireStale: nj.ExpireAtDeadline}, w)
-	if err == nil {
-		j := newJob(row, nj)
-		j.WaitingOn, j.WorkflowID, j.WorkflowTask = w.WaitingOn, nj.WorkflowID, nj.WorkflowTask
-		if w.WaitingOn > 0 {
-			j.Status = ledger.StatusWaiting
-		}
-		return j, false, nil
+	j.WaitingOn, j.WorkflowID, j.WorkflowTask = w.WaitingOn, w.WorkflowID, w.Task
+	if w.WaitingOn > 0 {
+		j.Status = ledger.StatusWaiting
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Job{}, false, Interpret(err)
-	}
-	// The key exists: that job is the business action, with whatever
-	// parents it was given.
-	job, err := LookupIn(ctx, tx, nj.Kind, nj.BusinessKey)
-	if err != nil {
-		return Job{}, false, err
-	}
-	return job, true, nil
+	return j
 }

@@ -99,10 +99,18 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 	if nj.Payload == nil {
 		nj.Payload = []byte{} // a task without a payload; the column is NOT NULL
 	}
-	if nj.UniqueWindow > 0 || len(nj.After) > 0 || nj.WorkflowID != "" {
+	ins := ledger.JobInsert{ID: id.String(), Kind: nj.Kind, BusinessKey: nj.BusinessKey,
+		Queue: nj.Queue, Payload: nj.Payload, MaxRetry: nj.MaxRetry, TimeoutMS: nj.Timeout.Milliseconds(),
+		Deadline: deadline, RunAt: runAt, PayloadSummary: nj.PayloadSummary, TraceID: nj.TraceID,
+		MaxWaitMS: nj.MaxWait.Milliseconds(), TraceParent: nj.TraceParent, TraceState: nj.TraceState,
+		BatchID: nj.BatchID, ExpireStale: nj.ExpireAtDeadline}
+	dependent := len(nj.After) > 0 || nj.WorkflowID != ""
+	var wait *ledger.Waiting
+	if nj.UniqueWindow > 0 || dependent {
 		if p, ok := db.(*pgxpool.Pool); ok {
 			// Superseding and inserting commit together: a failed insert
-			// must not leave the key with no job at all.
+			// must not leave the key with no job at all. A dependent's
+			// parents stay locked until it commits.
 			err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
 				job, existed, err = s.Insert(ctx, tx, nj)
 				return err
@@ -114,20 +122,25 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 				return Job{}, false, err
 			}
 		}
-		if len(nj.After) > 0 || nj.WorkflowID != "" {
-			return s.insertDependent(ctx, db, nj, deadline, runAt)
+		if dependent {
+			w, err := lockParents(ctx, db, nj)
+			if err != nil {
+				return Job{}, false, err
+			}
+			wait = &w
 		}
 	}
 	// Two tries: the conflicting row can vanish between the insert and the
 	// read (pruned, or the other transaction rolled back).
 	for range 2 {
-		row, err := ledger.InsertJob(ctx, db, ledger.JobInsert{ID: id.String(), Kind: nj.Kind, BusinessKey: nj.BusinessKey,
-			Queue: nj.Queue, Payload: nj.Payload, MaxRetry: nj.MaxRetry, TimeoutMS: nj.Timeout.Milliseconds(),
-			Deadline: deadline, RunAt: runAt, PayloadSummary: nj.PayloadSummary, TraceID: nj.TraceID,
-			MaxWaitMS: nj.MaxWait.Milliseconds(), TraceParent: nj.TraceParent, TraceState: nj.TraceState,
-			BatchID: nj.BatchID, ExpireStale: nj.ExpireAtDeadline}, nj.WakeRelay)
+		var row ledger.NewRow
+		if wait != nil {
+			row, err = ledger.InsertWaiting(ctx, db, ins, *wait)
+		} else {
+			row, err = ledger.InsertJob(ctx, db, ins, nj.WakeRelay)
+		}
 		if err == nil {
-			return newJob(row, nj), false, nil
+			return waitingJob(newJob(row, nj), wait), false, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Job{}, false, Interpret(err)
