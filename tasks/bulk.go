@@ -1,7 +1,6 @@
 package tasks
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -147,8 +146,7 @@ func (c *Client) validateMany(ts []*Task, span enqueueSpan) ([]jobstore.NewJob, 
 func results(njs []jobstore.NewJob, ins []jobstore.Inserted) []*Result {
 	res := make([]*Result, len(ins))
 	for i, in := range ins {
-		res[i] = &Result{Job: in.Job, Existed: in.Existed,
-			PayloadDiffers: in.Existed && !bytes.Equal(in.Job.Payload, njs[i].Payload)}
+		res[i] = newResult(in.Job, in.Existed, njs[i].Payload)
 	}
 	return res
 }

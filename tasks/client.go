@@ -225,7 +225,12 @@ func (c *Client) enqueueTx(ctx context.Context, tx pgx.Tx, t *Task, span enqueue
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", t.kind, err)
 	}
-	return &Result{Job: job, Existed: existed, PayloadDiffers: existed && !bytes.Equal(job.Payload, nj.Payload)}, nil
+	return newResult(job, existed, nj.Payload), nil
+}
+
+// newResult is the Result of one insert of a task with payload.
+func newResult(job idempotency.Job, existed bool, payload []byte) *Result {
+	return &Result{Job: job, Existed: existed, PayloadDiffers: existed && !bytes.Equal(job.Payload, payload)}
 }
 
 // validate checks t as every enqueue does and returns the row to write. Its

@@ -138,7 +138,7 @@ func (c *Client) EnqueueWorkflowTx(ctx context.Context, tx pgx.Tx, w *Workflow) 
 		if err != nil {
 			return nil, fmt.Errorf("keel: workflow %s: task %s: %w", w.id, x.name, err)
 		}
-		res.Tasks[x.name] = &Result{Job: job, Existed: existed, PayloadDiffers: existed && string(job.Payload) != string(nj.Payload)}
+		res.Tasks[x.name] = newResult(job, existed, nj.Payload)
 	}
 	return res, nil
 }
@@ -225,5 +225,5 @@ func (c *Client) enqueueDependent(ctx context.Context, nj jobstore.NewJob) (*Res
 	if err != nil {
 		return nil, fmt.Errorf("keel: enqueue %s: %w", nj.Kind, err)
 	}
-	return &Result{Job: job, Existed: existed, PayloadDiffers: existed && string(job.Payload) != string(nj.Payload)}, nil
+	return newResult(job, existed, nj.Payload), nil
 }
