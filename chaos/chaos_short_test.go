@@ -13,7 +13,13 @@ func TestChaosShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos soak: 30 to 90 s")
 	}
-	soak(t, soakConfig{
+	soak(t, shortSoak())
+}
+
+// shortSoak is the short soak's run, which its variants (batches,
+// workflows) extend.
+func shortSoak() soakConfig {
+	return soakConfig{
 		Jobs:          2000,
 		Workers:       3,
 		Submitters:    8,
@@ -33,5 +39,5 @@ func TestChaosShort(t *testing.T) {
 		CrashOnce:     3,
 		PGRestartAt:   15 * time.Second,
 		Deadline:      230 * time.Second,
-	})
+	}
 }
