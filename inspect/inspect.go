@@ -105,7 +105,6 @@ type Inspector struct {
 	pool  *pgxpool.Pool
 	store *jobstore.Store
 	insp  *asynq.Inspector
-	owned bool
 	poll  time.Duration
 	// rdb pauses and resumes queues; ownedRDB: New opened it.
 	rdb      redis.UniversalClient
@@ -121,27 +120,24 @@ func New(cfg Config) (*Inspector, error) {
 	if in.poll == 0 {
 		in.poll = 500 * time.Millisecond
 	}
-	if in.insp == nil && cfg.Redis != nil {
-		in.insp, in.owned = asynq.NewInspector(cfg.Redis), true
-	}
 	in.rdb = cfg.RedisClient
 	if in.rdb == nil && cfg.Redis != nil {
 		// Every asynq.RedisConnOpt makes a go-redis universal client.
 		in.rdb, in.ownedRDB = cfg.Redis.MakeRedisClient().(redis.UniversalClient), true
+	}
+	if in.insp == nil && in.rdb != nil {
+		// On the same connections: one pool for the actions and pauses.
+		in.insp = asynq.NewInspectorFromRedisClient(in.rdb)
 	}
 	return in, nil
 }
 
 // Close releases the Redis connection the Inspector opened, if it did.
 func (in *Inspector) Close() error {
-	var err error
-	if in.owned {
-		err = in.insp.Close()
-	}
 	if in.ownedRDB {
-		err = errors.Join(err, in.rdb.Close())
+		return in.rdb.Close()
 	}
-	return err
+	return nil
 }
 
 // interpret makes a ledger error keel's, as idempotency does.

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/jobstore"
@@ -32,6 +33,7 @@ type Server struct {
 	origin string
 	store  *jobstore.Store
 	insp   *asynq.Inspector
+	rdb    redis.UniversalClient // the inspector's connections
 	// ops is the operator API every action on jobs goes through: the
 	// pages', the bulk ones', asynqmon's.
 	ops     *inspect.Inspector
@@ -86,8 +88,10 @@ func New(cfg Config) (*Server, error) {
 		s.monRO.h.Close()
 		return nil, err
 	}
-	s.insp = asynq.NewInspector(cfg.Redis)
-	if s.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: s.insp, Redis: cfg.Redis}); err != nil {
+	// One connection pool for the inspector and the operator API's pauses.
+	s.rdb = cfg.Redis.MakeRedisClient().(redis.UniversalClient)
+	s.insp = asynq.NewInspectorFromRedisClient(s.rdb)
+	if s.ops, err = inspect.New(inspect.Config{Pool: cfg.Pool, Asynq: s.insp, RedisClient: s.rdb}); err != nil {
 		return nil, err
 	}
 	s.reg = cfg.Registry
@@ -264,6 +268,5 @@ func (s *Server) Close() {
 func (s *Server) closeClients() {
 	_ = s.monRO.h.Close()
 	_ = s.monRW.h.Close()
-	_ = s.insp.Close()
-	_ = s.ops.Close()
+	_ = s.rdb.Close()
 }
