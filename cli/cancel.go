@@ -42,16 +42,10 @@ func cancelCmd(e *Env) *cobra.Command {
 			case !byKey && len(args) == 0:
 				return usageError{errors.New("name job ids, or one job by --kind and --key")}
 			}
-			if strings.TrimSpace(actor) == "" {
-				return usageError{inspect.ErrActorRequired}
-			}
-			if err := checkNote(note); err != nil {
+			args, err := actorNoteIDs(actor, note, args)
+			if err != nil {
 				return err
 			}
-			if err := checkJobIDs(args); err != nil {
-				return err
-			}
-			args = distinct(args)
 			ctx := cmd.Context()
 			ops, _, done, err := e.operator(ctx, true)
 			if err != nil {
@@ -118,13 +112,7 @@ func cancelCmd(e *Env) *cobra.Command {
 					return err
 				}
 			}
-			switch {
-			case failed == 1 && len(args) == 1:
-				return errors.New(results[0].Error)
-			case failed > 0:
-				return fmt.Errorf("%d job(s) could not be cancelled", failed)
-			}
-			return nil
+			return actionError(failed, len(args), results[0].Error, "cancelled")
 		},
 	}
 	f := cmd.Flags()

@@ -326,7 +326,33 @@ func checkNote(note string) error {
 	return nil
 }
 
-// checkJobID refuses what cannot be a job id before anything is asked.
+// actorNoteIDs checks what every action on jobs named by id takes (who,
+// why, which) and returns the ids as the ledger keeps them, each once.
+func actorNoteIDs(actor, note string, ids []string) ([]string, error) {
+	if strings.TrimSpace(actor) == "" {
+		return nil, usageError{inspect.ErrActorRequired}
+	}
+	if err := checkNote(note); err != nil {
+		return nil, err
+	}
+	if err := checkJobIDs(ids); err != nil {
+		return nil, err
+	}
+	return distinct(ids), nil
+}
+
+// actionError is an action's error when failed of n jobs were refused:
+// the refusal itself when it named one job (first), else a count.
+func actionError(failed, n int, first, done string) error {
+	switch {
+	case failed == 1 && n == 1:
+		return errors.New(first)
+	case failed > 0:
+		return fmt.Errorf("%d job(s) could not be %s", failed, done)
+	}
+	return nil
+}
+
 // distinct is ids, each once, in their order: an id given twice is acted
 // on once.
 func distinct(ids []string) []string {
@@ -385,13 +411,8 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			if action == "discard" && strings.TrimSpace(d.note) == "" {
 				return usageError{inspect.ErrNoteRequired}
 			}
-			if strings.TrimSpace(d.actor) == "" {
-				return usageError{inspect.ErrActorRequired}
-			}
-			if err := checkNote(d.note); err != nil {
-				return err
-			}
-			if err := checkJobIDs(args); err != nil {
+			args, err := actorNoteIDs(d.actor, d.note, args)
+			if err != nil {
 				return err
 			}
 			for _, name := range []string{"kind", "queue", "class", "since", "until"} {
@@ -421,7 +442,7 @@ func deadActionCmd(e *Env, action string) *cobra.Command {
 			act := inspect.Action(action)
 			var ids []string
 			if !all {
-				ids = distinct(args)
+				ids = args
 			}
 			if all {
 				if ids, err = ops.IDs(ctx, f); err != nil {

@@ -176,16 +176,10 @@ func releaseCmd(e *Env) *cobra.Command {
 			"longer waits is left as it is.",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if strings.TrimSpace(actor) == "" {
-				return usageError{inspect.ErrActorRequired}
-			}
-			if err := checkNote(note); err != nil {
+			args, err := actorNoteIDs(actor, note, args)
+			if err != nil {
 				return err
 			}
-			if err := checkJobIDs(args); err != nil {
-				return err
-			}
-			args = distinct(args)
 			ctx := cmd.Context()
 			ops, _, done, err := e.operator(ctx, false)
 			if err != nil {
@@ -234,13 +228,7 @@ func releaseCmd(e *Env) *cobra.Command {
 					return err
 				}
 			}
-			switch {
-			case failed == 1 && len(args) == 1:
-				return errors.New(results[0].Error)
-			case failed > 0:
-				return fmt.Errorf("%d job(s) could not be released", failed)
-			}
-			return nil
+			return actionError(failed, len(args), results[0].Error, "released")
 		},
 	}
 	f := cmd.Flags()
