@@ -67,12 +67,14 @@ type run struct {
 }
 
 // welcome runs the built binary with args and env (besides the test's
-// PATH), bounded by a minute.
+// PATH), bounded by a minute from when the binary is built: on a busy host
+// the build alone can take that long.
 func welcome(t *testing.T, env []string, args ...string) run {
 	t.Helper()
+	bin := welcomeBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, welcomeBinary(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
