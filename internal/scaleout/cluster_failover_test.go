@@ -108,6 +108,7 @@ func (c *replicatedCluster) url() string { return "redis-cluster://" + strings.J
 // TestClusterFailover kills the master of one queue's slot mid-run; its
 // replica takes over and keel goes on with every job run once.
 func TestClusterFailover(t *testing.T) {
+	t.Parallel()
 	needRedisTools(t)
 	c := startReplicatedCluster(t)
 	// asynq's keys of a queue carry the queue's name as hash tag.
@@ -139,6 +140,7 @@ func TestClusterFailover(t *testing.T) {
 // go-redis's own client keeps the dead node until its next periodic reload
 // (a minute).
 func TestClusterClientFollowsFailover(t *testing.T) {
+	t.Parallel()
 	needRedisTools(t)
 	c := startReplicatedCluster(t)
 	ctx := context.Background()

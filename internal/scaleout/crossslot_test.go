@@ -44,13 +44,12 @@ func noCrossSlot(t *testing.T, addrs ...string) {
 // script's keys share one slot, and pipelines of keys in several slots go
 // to the right nodes. The queues and rules are spread over the masters.
 func TestKeelRedisCommandsOnCluster(t *testing.T) {
+	t.Parallel()
 	needRedisTools(t)
-	serial.Lock()
-	defer serial.Unlock()
 	addrs := startCluster(t)
 	opt, err := redisurl.Parse("redis-cluster://" + strings.Join(addrs, ","))
 	require.NoError(t, err)
-	pool := testenv.Pool(t, "keel_test_scaleout")
+	pool, _ := testenv.PrivatePool(t, "keel_test_scaleout")
 	ctx := context.Background()
 	rdb := opt.MakeRedisClient().(redis.UniversalClient)
 	defer rdb.Close()

@@ -77,11 +77,9 @@ func (f failoverFigures) String() string {
 // ledger. Every job must run once and succeed, and the scheduler, the flow
 // limit and the dashboard must work on the new master.
 func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
-	serial.Lock()
-	defer serial.Unlock()
 	opt, err := redisurl.Parse(target.url)
 	require.NoError(t, err)
-	pool := testenv.Pool(t, "keel_test_scaleout")
+	pool, _ := testenv.PrivatePool(t, "keel_test_scaleout")
 	ctx := context.Background()
 	_, err = pool.Exec(ctx, `CREATE TABLE fo_effects (job_id text NOT NULL, kind text NOT NULL, worker int NOT NULL)`)
 	require.NoError(t, err)

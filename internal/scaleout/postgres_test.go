@@ -66,6 +66,7 @@ const pgLease = 3 * time.Second
 // checks that nothing was lost, repeated or charged to the jobs, and that
 // everything works again without a restart.
 func TestPostgresGoesAway(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		down time.Duration
@@ -73,13 +74,14 @@ func TestPostgresGoesAway(t *testing.T) {
 		{"short outage", time.Second},
 		{"outage longer than a lease", 2*pgLease + time.Second},
 	} {
-		t.Run(c.name, func(t *testing.T) { postgresGoesAway(t, c.down) })
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			postgresGoesAway(t, c.down)
+		})
 	}
 }
 
 func postgresGoesAway(t *testing.T, down time.Duration) {
-	serial.Lock()
-	defer serial.Unlock()
 	pg := testenv.StartPostgres(t)
 	rs := testenv.StartRedis(t)
 	opt := asynq.RedisClientOpt{Addr: rs.Addr()}
@@ -309,8 +311,7 @@ var (
 // ledger), one meets the outage in its InTx (its wait is written when the
 // ledger is back).
 func TestPostgresOutageNeverRetiresAJob(t *testing.T) {
-	serial.Lock()
-	defer serial.Unlock()
+	t.Parallel()
 	pg, opt, pool := privateLedger(t)
 	ctx := context.Background()
 
@@ -378,8 +379,7 @@ var pgAfter = tasks.Define[job]("pgaway:after", tasks.Queue("default"), tasks.Ma
 // effects committed (not replayable), with one death alert, instead of
 // staying "succeeded" with the failure lost.
 func TestFailureAfterCompletingInTxDuringOutageIsRecorded(t *testing.T) {
-	serial.Lock()
-	defer serial.Unlock()
+	t.Parallel()
 	pg, opt, pool := privateLedger(t)
 	ctx := context.Background()
 

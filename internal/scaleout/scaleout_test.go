@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,18 +32,14 @@ var (
 	low      = tasks.Define[job]("scale:low", tasks.Queue("low"), tasks.Key(func(j job) string { return fmt.Sprint(j.N) }))
 )
 
-var serial sync.Mutex
-
 // flow runs two workers (each with its relay and reconciler) on redisURL,
 // enqueues jobs of three kinds on three queues, half of them through
 // EnqueueTx, and checks that every job ran exactly once and both workers
 // shared the load.
 func flow(t *testing.T, redisURL string) {
-	serial.Lock()
-	defer serial.Unlock()
 	opt, err := redisurl.Parse(redisURL)
 	require.NoError(t, err)
-	pool := testenv.Pool(t, "keel_test_scaleout")
+	pool, _ := testenv.PrivatePool(t, "keel_test_scaleout")
 	ctx := context.Background()
 	_, err = pool.Exec(ctx, `CREATE TABLE effects (job_id text PRIMARY KEY, worker int NOT NULL)`)
 	require.NoError(t, err)
@@ -139,11 +134,13 @@ func startWorker(t *testing.T, opt asynq.RedisConnOpt, pool *pgxpool.Pool, mux *
 }
 
 func TestRedisCluster(t *testing.T) {
+	t.Parallel()
 	addrs := startCluster(t)
 	flow(t, "redis-cluster://"+strings.Join(addrs, ","))
 }
 
 func TestRedisSentinel(t *testing.T) {
+	t.Parallel()
 	sentinel := startSentinel(t)
 	flow(t, "redis-sentinel://"+sentinel+"?master=keel")
 }

@@ -104,6 +104,7 @@ func (g *sentinelGroup) promoted(ctx context.Context) bool {
 // TestSentinelFailover kills the master mid-run; a replica takes over and
 // keel goes on with every job run once.
 func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
 	needRedisTools(t)
 	g := startSentinelGroup(t)
 	fig := failoverRun(t, failoverTarget{
