@@ -220,14 +220,19 @@ type Result struct {
 	Applied  []string
 }
 
-// migrationLock is the advisory lock that serialises migrations. Any constant
-// works as long as every keel uses the same one; older keels take it as a
-// transaction lock, which conflicts with the session lock taken here.
+// migrationLock is the database's migration lock. Older keels take it
+// exclusively (as a transaction lock); this one takes a share of it, so
+// that ledgers in different schemas of one database migrate at once while
+// an older keel's migration still excludes every other.
 const migrationLock int64 = 7365434901
 
+// schemaLock, with the hash of the schema's name as the second key, is the
+// lock that serialises the migrations of one ledger.
+const schemaLock int32 = 736543490
+
 // Up brings the ledger schema up to date. It is safe to run from many
-// processes at once (an advisory lock serialises them) and a no-op when the
-// schema is current.
+// processes at once (an advisory lock per schema serialises them) and a
+// no-op when the schema is current.
 //
 // Each migration runs in its own transaction and is recorded in it, except
 // those marked MarkerNoTransaction: they run statement by statement so that
@@ -299,7 +304,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res Resul
 		// unlocked is closed rather than returned to the pool holding it.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if _, uerr := conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, migrationLock); uerr != nil {
+		if _, uerr := conn.Exec(uctx, `SELECT pg_advisory_unlock_shared($1), pg_advisory_unlock($2, hashtext(current_schema()))`,
+			migrationLock, schemaLock); uerr != nil {
 			_ = pc.Hijack().Close(uctx)
 			return
 		}
@@ -366,14 +372,23 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ms []Migration) (res Resul
 	return res, nil
 }
 
-// lockMigrations takes the migration lock for conn's session. It polls
-// instead of waiting in pg_advisory_lock: a waiting statement holds a
-// snapshot, and CREATE INDEX CONCURRENTLY in the process holding the lock
-// waits for every older snapshot to end, which would deadlock the two.
+// lockMigrations takes the schema's migration lock and a share of the
+// database's for conn's session. It polls instead of waiting in
+// pg_advisory_lock: a waiting statement holds a snapshot, and CREATE INDEX
+// CONCURRENTLY in the process holding the lock waits for every older
+// snapshot to end, which would deadlock the two. On an error the caller
+// closes the session, which lets go of what was taken.
 func lockMigrations(ctx context.Context, conn *pgx.Conn) error {
+	if err := pollLock(ctx, conn, `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`, schemaLock); err != nil {
+		return err
+	}
+	return pollLock(ctx, conn, `SELECT pg_try_advisory_lock_shared($1)`, migrationLock)
+}
+
+func pollLock(ctx context.Context, conn *pgx.Conn, sql string, key any) error {
 	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
 		var ok bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, migrationLock).Scan(&ok); err != nil {
+		if err := conn.QueryRow(ctx, sql, key).Scan(&ok); err != nil {
 			return interpretError(err)
 		}
 		if ok {

@@ -317,3 +317,35 @@ func TestMigrateRecordsAdditiveFlagsInADatabaseAnOlderKeelMigrated(t *testing.T)
 	require.False(t, got[1])
 	require.NoError(t, migrate.CheckWith(ctx, b.pool, old))
 }
+
+// Ledgers in two schemas of one database migrate at once: a keel migrating
+// one schema (holding its schema's lock and its share of the database's)
+// does not hold up Up on another, while a migration of the same schema
+// still waits for it.
+func TestMigrationsOfTwoSchemasDoNotWaitForEachOther(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	other, _ := testenv.PrivatePool(t, "keel_test_migrate_other")
+	holder, err := other.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	// As Up holds them while it migrates the other schema.
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock_shared(7365434901), pg_advisory_lock(736543490, hashtext(current_schema()))`)
+	require.NoError(t, err)
+
+	cfg, err := testenv.PoolConfig(ctx, "keel_test_migrate_mine")
+	require.NoError(t, err)
+	mine, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(mine.Close)
+	done, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, err = migrate.Up(done, mine)
+	require.NoError(t, err, "a migration of another schema held this one's up")
+
+	// The other schema's own Up waits for the holder.
+	again, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	_, err = migrate.Up(again, other)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "two migrations of one schema ran at once")
+}
