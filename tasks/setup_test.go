@@ -24,14 +24,17 @@ type bundle struct {
 	insp   *asynq.Inspector
 }
 
-// setup serialises the package's tests: they share one Redis DB and schema.
+// setupMu serialises the examples, which share the package's Redis DB and
+// schema as a program shares its own.
 var setupMu sync.Mutex
 
-func setup(t testing.TB) *bundle {
+// setup gives the test a Redis and a ledger schema of its own, and runs it
+// in parallel with the package's other tests.
+func setup(t *testing.T) *bundle {
 	t.Helper()
-	setupMu.Lock()
-	t.Cleanup(setupMu.Unlock)
-	return newBundle(t, testenv.Redis(t, testenv.DBTasks), testenv.Pool(t, schema))
+	t.Parallel()
+	pool, _ := testenv.PrivatePool(t, schema)
+	return newBundle(t, asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}, pool)
 }
 
 func newBundle(t testing.TB, redis asynq.RedisClientOpt, pool *pgxpool.Pool) *bundle {
