@@ -36,14 +36,13 @@ type bundle struct {
 	redis asynq.RedisClientOpt
 }
 
-// setup serialises the package's tests: they share one Redis DB and schema.
-var setupMu sync.Mutex
-
+// setup gives the test a Redis and a ledger schema of its own, and runs it
+// in parallel with the package's other tests.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	setupMu.Lock()
-	t.Cleanup(setupMu.Unlock)
-	return &bundle{redis: testenv.Redis(t, testenv.DBScheduler), pool: testenv.Pool(t, schema)}
+	t.Parallel()
+	pool, _ := testenv.PrivatePool(t, schema)
+	return &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}, pool: pool}
 }
 
 // client returns a tasks client of its own, as each scheduler process has.
