@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -95,19 +94,17 @@ type bundle struct {
 	redis  asynq.RedisClientOpt
 	rdb    *redis.Client
 	pool   *pgxpool.Pool
+	schema string
 	client *tasks.Client
 	store  *jobstore.Store
 }
 
-// setupMu serialises the package's tests: they share one Redis DB and schema.
-var setupMu sync.Mutex
-
-// setupRedis gives a test the package's Redis database, flushed.
+// setupRedis gives a test a redis-server of its own, and runs it in
+// parallel with the package's other tests.
 func setupRedis(t *testing.T) (asynq.RedisClientOpt, *redis.Client) {
 	t.Helper()
-	setupMu.Lock()
-	t.Cleanup(setupMu.Unlock)
-	opt := testenv.Redis(t, testenv.DBFlow)
+	t.Parallel()
+	opt := asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}
 	rdb := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB})
 	t.Cleanup(func() { rdb.Close() })
 	return opt, rdb
@@ -118,7 +115,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	b := &bundle{}
 	b.redis, b.rdb = setupRedis(t)
-	b.pool = testenv.Pool(t, schema)
+	b.pool, b.schema = testenv.PrivatePool(t, schema)
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE runs (job_id text, n int, pid int,
 		started_at timestamptz DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
@@ -188,6 +185,9 @@ const (
 	childLimitEnv = "KEEL_FLOW_TEST_LIMIT"
 	childLeaseEnv = "KEEL_FLOW_TEST_LEASE"
 	childHoldEnv  = "KEEL_FLOW_TEST_HOLD"
+	// The test's Redis address and ledger schema.
+	childRedisEnv  = "KEEL_FLOW_TEST_REDIS"
+	childSchemaEnv = "KEEL_FLOW_TEST_SCHEMA"
 )
 
 func runChildWorker() bool {
@@ -224,10 +224,10 @@ func childWorker() error {
 			return err
 		}
 	}
-	redisOpt := asynq.RedisClientOpt{Addr: testenv.RedisAddr(), DB: testenv.DBFlow}
-	rdb := redis.NewClient(&redis.Options{Addr: redisOpt.Addr, DB: redisOpt.DB})
+	redisOpt := asynq.RedisClientOpt{Addr: os.Getenv(childRedisEnv)}
+	rdb := redis.NewClient(&redis.Options{Addr: redisOpt.Addr})
 	defer rdb.Close()
-	pool, err := pgxpool.New(ctx, testenv.URL(schema))
+	pool, err := pgxpool.New(ctx, testenv.URL(os.Getenv(childSchemaEnv)))
 	if err != nil {
 		return err
 	}
@@ -267,11 +267,12 @@ type child struct {
 	err  error
 }
 
-// startChild starts a worker process with env added to the test's own.
-func startChild(t *testing.T, env ...string) *child {
+// startChild starts a worker process on the test's Redis and ledger, with
+// env added to the test's own.
+func (b *bundle) startChild(t *testing.T, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
+	cmd.Env = append(append(os.Environ(), childEnv+"=1", childRedisEnv+"="+b.redis.Addr, childSchemaEnv+"="+b.schema), env...)
 	c := &child{cmd: cmd, out: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
 	stdin, err := cmd.StdinPipe()

@@ -23,7 +23,7 @@ func TestConcurrencyLimitAcrossWorkerProcesses(t *testing.T) {
 	// slots: at most 15 can start within the 2s hold, so some jobs are
 	// postponed and come back.
 	env := []string{childLimitEnv + "=3", childHoldEnv + "=2s"}
-	w1, w2 := startChild(t, env...), startChild(t, env...)
+	w1, w2 := b.startChild(t, env...), b.startChild(t, env...)
 	b.waitReady(t, 2)
 
 	ids := make([]string, jobs)
@@ -54,7 +54,7 @@ func TestConcurrencyLimitAcrossWorkerProcesses(t *testing.T) {
 func TestSlotOfKilledWorkerComesBack(t *testing.T) {
 	b := setup(t)
 	const lease = 2 * time.Second
-	w := startChild(t, childLimitEnv+"=1", childLeaseEnv+"="+lease.String())
+	w := b.startChild(t, childLimitEnv+"=1", childLeaseEnv+"="+lease.String())
 	b.waitReady(t, 1)
 	ctx := context.Background()
 
