@@ -47,6 +47,13 @@ func InitRelaySignals(r *Relay) *RelaySignals {
 	return &r.signals
 }
 
+// ShareRelaySignals turns r's test signals on, sending them to shared's
+// channels (another relay's): the test waits on both as one.
+func ShareRelaySignals(r *Relay, shared *RelaySignals) {
+	r.signals.Listening.Share(&shared.Listening)
+	r.signals.Passed.Share(&shared.Passed)
+}
+
 // ReconcileSignals are a reconciler's test signals; ReconcilePass and
 // RescuePass are what they carry.
 type (

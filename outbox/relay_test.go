@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/internal/ledger"
-	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/outbox"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -41,13 +40,19 @@ func enqueueTx(t *testing.T, c *tasks.Client, b *bundle, key string, check func(
 func runRelay(t *testing.T, r *outbox.Relay) *outbox.RelaySignals {
 	t.Helper()
 	signals := outbox.InitRelaySignals(r)
+	startRelay(t, r)
+	signals.Listening.Wait(t)
+	require.True(t, r.Listening())
+	return signals
+}
+
+// startRelay runs r until the test ends.
+func startRelay(t *testing.T, r *outbox.Relay) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; r.Close() })
-	signals.Listening.Wait(t)
-	require.True(t, r.Listening())
-	return signals
 }
 
 // waitPublished waits for the relay's next look that published a job and
@@ -108,10 +113,15 @@ func TestRelayPublishesBurstEachJobOnce(t *testing.T) {
 	}))
 	r1 := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour})
 	r2 := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour})
-	runRelay(t, r1)
-	runRelay(t, r2)
-	testenv.Eventually(t, 20*time.Second, func() bool { return r1.Published()+r2.Published() >= n },
-		"the relays published %d of %d", r1.Published()+r2.Published(), n)
+	signals := runRelay(t, r1)
+	outbox.ShareRelaySignals(r2, signals)
+	startRelay(t, r2)
+	signals.Listening.Wait(t)
+	published := 0
+	for published < n {
+		published += signals.Passed.Wait(t).Published
+	}
+	require.Equal(t, n, published, "a job was published twice")
 	require.EqualValues(t, n, r1.Published()+r2.Published())
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM keel_jobs WHERE published_at IS NULL`))
 

@@ -40,6 +40,12 @@ func (s *Signal[T]) Init() {
 	s.ch = make(chan T, bufferSize)
 }
 
+// Share turns s on with o's channel, so that a test waits on the events
+// of two services (two relays, say) as one stream. o must be on.
+func (s *Signal[T]) Share(o *Signal[T]) {
+	s.ch = o.ch
+}
+
 // On reports whether a test listens: a service guards with it an event
 // that costs something to build.
 func (s *Signal[T]) On() bool { return s.ch != nil }

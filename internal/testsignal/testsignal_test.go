@@ -50,3 +50,17 @@ func TestWaitOnASignalNeverInitialisedFails(t *testing.T) {
 		t.Fatalf("RequireEmpty on an off signal: %q", f.msgs)
 	}
 }
+
+func TestSharedSignalsAreOneStream(t *testing.T) {
+	var a, b testsignal.Signal[string]
+	a.Init()
+	b.Share(&a)
+	if !b.On() {
+		t.Fatal("a shared Signal is off")
+	}
+	a.Signal("a")
+	b.Signal("b")
+	if got := a.Wait(t) + a.Wait(t); got != "ab" {
+		t.Fatalf("got %q, want both events in order", got)
+	}
+}
