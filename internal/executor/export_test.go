@@ -73,6 +73,7 @@ func InitTestSignals(cfg *GuardConfig) *TestSignals {
 	cfg.signals.Overran.Init()
 	cfg.signals.Busy.Init()
 	cfg.signals.Skipped.Init()
+	cfg.signals.LateClaim.Init()
 	return &cfg.signals
 }
 

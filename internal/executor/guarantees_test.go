@@ -707,9 +707,13 @@ func TestLateClaimIsGivenBack(t *testing.T) {
 	require.NoError(t, err)
 	_, err = lock.Exec(ctx, `LOCK TABLE keel_jobs IN EXCLUSIVE MODE`)
 	require.NoError(t, err)
-	srv := b.startWorker(t, mux, func(c *server.Config) { c.DisableRelay, c.DisableReconciler = true, true })
-	testenv.Eventually(t, 20*time.Second, func() bool { return srv.Guard().Stats().LateClaims > 0 },
-		"the claim never gave up waiting")
+	var signals *executor.TestSignals
+	srv := b.startWorker(t, mux, func(c *server.Config) {
+		c.DisableRelay, c.DisableReconciler = true, true
+		signals = executor.InitTestSignals(&c.Guard)
+	})
+	require.Equal(t, res.Job.ID, signals.LateClaim.Wait(t), "the claim never gave up waiting")
+	require.NotZero(t, srv.Guard().Stats().LateClaims)
 	require.NoError(t, lock.Rollback(ctx)) // the abandoned claim lands now
 
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)

@@ -143,6 +143,9 @@ type testSignals struct {
 	// Skipped is the id of each delivery acknowledged without a run, its
 	// job having ended.
 	Skipped testsignal.Signal[string]
+	// LateClaim is the id of each delivery that stopped waiting for its
+	// claim (counted in GuardStats.LateClaims).
+	LateClaim testsignal.Signal[string]
 }
 
 // renewal is one tick of the renew loop, as testSignals report it.
@@ -878,6 +881,7 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			// (undoLateClaim); the next delivery comes as soon as an outage
 			// would allow, not after LedgerRetry.
 			g.stats.lateClaims.Add(1)
+			g.cfg.signals.LateClaim.Signal(id)
 			return keepQueued(ctx, retry.Wait(g.ledgerWait(jobstore.ErrLedgerUnavailable),
 				fmt.Errorf("keel: job %s not started: its claim was not answered before the delivery's deadline: %w", id, res.err)))
 		}
