@@ -46,10 +46,10 @@ const configFresh = 5 * time.Minute
 type Schedule struct {
 	ScheduleEntry
 	Source ScheduleSource
-	// CreatedBy, UpdatedBy, UpdatedAt: a run-time entry's history (the
-	// audit log has every change).
+	// CreatedBy, CreatedAt, UpdatedBy, UpdatedAt: a run-time entry's
+	// history (the audit log has every change).
 	CreatedBy, UpdatedBy string
-	UpdatedAt            time.Time
+	CreatedAt, UpdatedAt time.Time
 	// SeenAt is when a scheduler last said it runs the entry (within a
 	// minute or two while one does); nil if none has.
 	SeenAt *time.Time
@@ -108,7 +108,7 @@ func (in *Inspector) Schedules(ctx context.Context) ([]Schedule, error) {
 	for _, e := range entries {
 		s := get(e.Name)
 		s.ScheduleEntry, s.Source = fromLedger(e), SourceLedger
-		s.CreatedBy, s.UpdatedBy, s.UpdatedAt = e.CreatedBy, e.UpdatedBy, e.UpdatedAt
+		s.CreatedBy, s.UpdatedBy, s.CreatedAt, s.UpdatedAt = e.CreatedBy, e.UpdatedBy, e.CreatedAt, e.UpdatedAt
 	}
 	for _, st := range states {
 		s := get(st.Entry)
@@ -138,6 +138,9 @@ func (in *Inspector) Schedules(ctx context.Context) ([]Schedule, error) {
 		if s.LastTick != nil {
 			ticks, _ := cronspec.RecentTicks(sched, s.LastTick.Add(-366*24*time.Hour), *s.LastTick, ticksShown)
 			for _, t := range slices.Backward(ticks) {
+				if t.Before(s.CreatedAt) {
+					break // before a run-time entry existed
+				}
 				s.Ticks = append(s.Ticks, Tick{At: t})
 				kinds, keys = append(kinds, s.Kind), append(keys, cronspec.TickKey(s.Name, t))
 			}
