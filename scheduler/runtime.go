@@ -25,8 +25,15 @@ func (s *Scheduler) Refresh(ctx context.Context) error {
 	s.pollMu.Lock()
 	defer s.pollMu.Unlock()
 	err := s.refresh(ctx)
-	if err != nil && ctx.Err() == nil {
-		s.log.Error("keel scheduler: cannot read the run-time entries and pauses; the running entries stay", "err", err)
+	switch {
+	case err != nil && ctx.Err() == nil && err.Error() != s.pollErr:
+		// Once per distinct failure, not at every poll.
+		s.log.Error("keel scheduler: cannot read the run-time entries and pauses from the ledger, or record its entries there; the running entries stay",
+			"err", err, "poll", s.cfg.Poll.String())
+		s.pollErr = err.Error()
+	case err == nil && s.pollErr != "":
+		s.log.Info("keel scheduler: the ledger's run-time entries and pauses are read again")
+		s.pollErr = ""
 	}
 	s.signals.Polled.Signal(err)
 	return err

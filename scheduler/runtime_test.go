@@ -201,3 +201,23 @@ func TestConfigEntryInTheLedger(t *testing.T) {
 	runUntil(t, clock, t0.Add(4*time.Second), a)
 	require.Equal(t, seconds(2), b.ticks(t, "file"))
 }
+
+// A run-time entry this scheduler cannot run (its kind is another
+// program's) is left out; the others run.
+func TestRuntimeEntryOfAnUnknownKind(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	clock := newFakeClock(t0)
+	a := b.start(t, scheduler.Config{Clock: clock, Poll: time.Hour})
+	_, err := ledger.AddScheduleEntry(ctx, b.pool, ledger.ScheduleEntry{Name: "theirs", Spec: "* * * * * *", Kind: "other:kind", Payload: []byte(`{}`)}, "ops", "")
+	require.NoError(t, err)
+	require.NoError(t, b.ops(t).AddSchedule(ctx, everySecondEntry("ours"), "ops", ""))
+	refresh(t, func(names []string) bool { return slices.Equal(names, []string{"ours"}) }, a)
+	runUntil(t, clock, t0.Add(2*time.Second), a)
+	require.Equal(t, seconds(2), b.ticks(t, "ours"))
+	require.Equal(t, []string{"ours"}, names(a.Entries()))
+}
+
+func everySecondEntry(name string) inspect.ScheduleEntry {
+	return inspect.ScheduleEntry(everySecond(name))
+}

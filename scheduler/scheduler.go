@@ -48,6 +48,7 @@ type Scheduler struct {
 
 	pollMu   sync.Mutex      // serialises Refresh: the poller and callers
 	rejected map[string]bool // run-time entries this scheduler cannot run, as last logged
+	pollErr  string          // the last poll's failure, as logged
 
 	reloadMu sync.Mutex // serialises Reload: SIGHUP and the file watcher
 	stamp    fileStamp  // the File as last read
