@@ -29,6 +29,7 @@ type scheduleJSON struct {
 	UpdatedBy string          `json:"updated_by,omitempty"`
 	UpdatedAt *time.Time      `json:"updated_at,omitempty"`
 	SeenAt    *time.Time      `json:"seen_at,omitempty"`
+	Running   bool            `json:"running"`
 	Paused    *pauseJSON      `json:"paused,omitempty"`
 	LastTick  *time.Time      `json:"last_tick,omitempty"`
 	NextTick  *time.Time      `json:"next_tick,omitempty"`
@@ -50,7 +51,7 @@ type tickJSON struct {
 func toScheduleJSON(s inspect.Schedule) scheduleJSON {
 	j := scheduleJSON{Name: s.Name, Source: string(s.Source), Spec: s.Spec, TimeZone: s.TimeZone, Kind: s.Kind,
 		Payload: s.Payload, Queue: s.Queue, MaxRetry: s.MaxRetry, CreatedBy: s.CreatedBy, UpdatedBy: s.UpdatedBy,
-		SeenAt: s.SeenAt, LastTick: s.LastTick, NextTick: s.NextTick, Ticks: []tickJSON{}}
+		SeenAt: s.SeenAt, Running: s.Running(time.Now()), LastTick: s.LastTick, NextTick: s.NextTick, Ticks: []tickJSON{}}
 	if s.Timeout > 0 {
 		j.Timeout = s.Timeout.String()
 	}
@@ -123,6 +124,7 @@ caught up.`,
 				}
 				return printJSON(cmd.OutOrStdout(), rows)
 			}
+			now := time.Now()
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "ENTRY\tSOURCE\tSPEC\tKIND\tLAST TICK\tLAST JOB\tNEXT TICK\tPAUSED")
 			for _, s := range all {
@@ -148,7 +150,11 @@ caught up.`,
 						paused += ": " + oneRow(p.Note)
 					}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Source, oneRow(spec), s.Kind, last, job, next, paused)
+				source := string(s.Source)
+				if !s.Running(now) {
+					source += " (no scheduler runs it)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, source, oneRow(spec), s.Kind, last, job, next, paused)
 			}
 			return tw.Flush()
 		},

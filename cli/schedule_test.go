@@ -40,7 +40,7 @@ func TestScheduleCommands(t *testing.T) {
 	out, _, err = e.greeter(t, "", "schedule", "ls")
 	require.NoError(t, err)
 	require.Regexp(t, `ENTRY\s+SOURCE\s+SPEC\s+KIND\s+LAST TICK\s+LAST JOB\s+NEXT TICK\s+PAUSED\n`, out)
-	require.Regexp(t, `greet-ada\s+ledger\s+0 2 \* \* \* \(Europe/Berlin\)\s+cli:greet\s+-\s+-\s+\S+T\S+\s+no\n`, out)
+	require.Regexp(t, `greet-ada\s+ledger \(no scheduler runs it\)\s+0 2 \* \* \* \(Europe/Berlin\)\s+cli:greet\s+-\s+-\s+\S+T\S+\s+no\n`, out)
 
 	out, _, err = e.greeter(t, "", "schedule", "set", "greet-ada", "--spec", "30 2 * * *", "--actor", "ops:bo", "--json")
 	require.NoError(t, err)
@@ -155,6 +155,12 @@ func TestScheduleAcrossSchedulerProcesses(t *testing.T) {
 	for i := 1; i < len(got); i++ {
 		require.Equal(t, time.Second, got[i].Sub(got[i-1]), "every second, one job each: %v", got)
 	}
+
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		r := welcome(t, env, "schedule", "ls", "--json")
+		require.Equal(t, 0, r.code, r.stderr)
+		return strings.Contains(r.stdout, `"running": true`)
+	}, "the schedulers never said they run the entry")
 
 	cli("schedule", "pause", "hello", "--note", "freeze")
 	// Both have the pause once each has skipped a tick for it; any job

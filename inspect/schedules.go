@@ -37,11 +37,6 @@ var (
 	ErrScheduleConfigured = errors.New("keel: the schedule entry is defined in a scheduler's file or code; change it there")
 )
 
-// configFresh is how recently a scheduler must have said it runs an
-// entry for AddSchedule to refuse its name (schedulers say so every
-// minute).
-const configFresh = 5 * time.Minute
-
 // Schedule is a cron entry as the operator sees it.
 type Schedule struct {
 	ScheduleEntry
@@ -64,6 +59,17 @@ type Schedule struct {
 	// Ticks are the newest ticks up to LastTick, newest first, with the
 	// job each made.
 	Ticks []Tick
+}
+
+// RunTimeout is how long after a scheduler last said it runs an entry
+// (SeenAt) Running turns false; schedulers say so every minute.
+const RunTimeout = 5 * time.Minute
+
+// Running reports whether a scheduler has said lately (RunTimeout) that it
+// runs the entry: false for an entry no scheduler runs (none is up, or the
+// entry left their files), which makes no job whatever it says.
+func (s Schedule) Running(now time.Time) bool {
+	return s.SeenAt != nil && now.Sub(*s.SeenAt) < RunTimeout
 }
 
 // SchedulePause is who paused an entry, when and why.
@@ -233,7 +239,7 @@ func (in *Inspector) AddSchedule(ctx context.Context, e ScheduleEntry, actor, no
 		return interpret(err)
 	}
 	for _, st := range states {
-		if st.Entry == e.Name && st.Spec != nil && st.SeenAt != nil && time.Since(*st.SeenAt) < configFresh {
+		if st.Entry == e.Name && st.Spec != nil && st.SeenAt != nil && time.Since(*st.SeenAt) < RunTimeout {
 			return fmt.Errorf("%w: %q, run by a scheduler", ErrScheduleExists, e.Name)
 		}
 	}

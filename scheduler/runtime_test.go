@@ -177,6 +177,7 @@ func TestConfigEntryInTheLedger(t *testing.T) {
 	require.Equal(t, "* * * * * *", s.Spec)
 	require.Equal(t, tickKind.Name(), s.Kind)
 	require.NotNil(t, s.SeenAt)
+	require.True(t, s.Running(time.Now()), "a scheduler runs it")
 	require.NotNil(t, s.NextTick)
 	require.True(t, s.Ticks[0].At.Equal(t0.Add(2*time.Second)))
 	require.NotEmpty(t, s.Ticks[0].JobID)

@@ -11,19 +11,14 @@ import (
 	"github.com/keeljobs/keel/inspect"
 )
 
-// schedulesStale is how long after a scheduler last said it runs a file
-// or code entry the page says no scheduler seems to (schedulers say so
-// every minute).
-const schedulesStale = 5 * time.Minute
-
 type schedulesData struct {
 	Rows []scheduleRow
 }
 
 type scheduleRow struct {
 	inspect.Schedule
-	// Stale: a file or code entry no scheduler has said it runs lately.
-	Stale bool
+	// Idle: no scheduler has said lately that it runs the entry.
+	Idle bool
 }
 
 // scheduleFlashes are the messages a redirect after a pause or resume can
@@ -49,8 +44,7 @@ func (s *Server) schedulesPage(w http.ResponseWriter, r *http.Request, status in
 	}
 	var d schedulesData
 	for _, sc := range all {
-		stale := sc.Source == inspect.SourceConfig && (sc.SeenAt == nil || time.Since(*sc.SeenAt) > schedulesStale)
-		d.Rows = append(d.Rows, scheduleRow{Schedule: sc, Stale: stale})
+		d.Rows = append(d.Rows, scheduleRow{Schedule: sc, Idle: !sc.Running(time.Now())})
 	}
 	s.render(w, r, status, "schedules", view{Title: "Schedules", Nav: "schedules", Flash: flash, Error: errMsg, Data: d})
 }

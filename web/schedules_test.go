@@ -42,6 +42,7 @@ func TestSchedulesPage(t *testing.T) {
 	require.Contains(t, res.body, `data-entry="receipts/eu"`)
 	require.Contains(t, res.body, `href="/jobs/`+jobID+`"`)
 	require.Contains(t, res.body, `href="/schedules" class="on"`)
+	require.Contains(t, res.body, "no scheduler runs it yet", "no scheduler has said it runs the entry")
 	require.NotContains(t, res.body, `action="/schedules/pause"`, "a viewer has no buttons")
 	require.Equal(t, http.StatusForbidden, viewer.post(t, "/schedules/pause", url.Values{"csrf": {viewer.token(t)}, "entry": {"receipts/eu"}}).status)
 
