@@ -77,6 +77,7 @@ func TestRuntimeEntryOnTwoSchedulers(t *testing.T) {
 	refresh(t, lacks("rt"), a, bb)
 	runUntil(t, clock, at(14), a, bb)
 	require.Equal(t, want, b.ticks(t, "rt"), "no job while paused")
+	require.Equal(t, uint64(4), a.Stats().Paused+bb.Stats().Paused, "12 and 14 skipped on each")
 	s, err := ops.Schedule(ctx, "rt")
 	require.NoError(t, err)
 	require.NotNil(t, s.Paused)

@@ -56,6 +56,7 @@ type Scheduler struct {
 	running                 atomic.Bool
 	fired, existed, failing atomic.Uint64
 	reloaded, refused       atomic.Uint64
+	skipped                 atomic.Uint64
 
 	signals testSignals
 }
@@ -253,12 +254,14 @@ type Stats struct {
 	// Reloads of the schedule file that took, and those refused (the file
 	// did not load; the running entries stayed).
 	Reloads, ReloadsRefused uint64
+	// Paused ticks: handled without a job, their entry paused in the ledger.
+	Paused uint64
 }
 
 // Stats returns the scheduler's counters.
 func (s *Scheduler) Stats() Stats {
 	return Stats{Enqueued: s.fired.Load(), Existed: s.existed.Load(), Failed: s.failing.Load(),
-		Reloads: s.reloaded.Load(), ReloadsRefused: s.refused.Load()}
+		Reloads: s.reloaded.Load(), ReloadsRefused: s.refused.Load(), Paused: s.skipped.Load()}
 }
 
 // Run enqueues ticks until ctx is done, then returns nil. It returns an
@@ -424,6 +427,7 @@ func (r *run) skip(ctx context.Context, st *entryState, now time.Time) {
 	if len(due) == 0 {
 		return
 	}
+	r.s.skipped.Add(1)
 	r.s.log.Info("keel scheduler: tick skipped: the entry is paused", "entry", st.e.Name, "tick", due[0].UTC())
 	st.failures, st.retryAt = 0, time.Time{}
 	r.mark(ctx, st, due[0])
