@@ -223,3 +223,32 @@ func TestRuntimeEntryOfAnUnknownKind(t *testing.T) {
 func everySecondEntry(name string) inspect.ScheduleEntry {
 	return inspect.ScheduleEntry(everySecond(name))
 }
+
+// A change of a run-time entry's task (its payload here) applies from the
+// next tick, keeping the entry's place: no tick missed or repeated.
+func TestRuntimeEntryTaskChange(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	ops := b.ops(t)
+	clock := newFakeClock(t0)
+	a := b.start(t, scheduler.Config{Clock: clock, Poll: time.Hour})
+	e := everySecondEntry("task")
+	e.Payload = []byte(`{"note":"one"}`)
+	require.NoError(t, ops.AddSchedule(ctx, e, "ops", ""))
+	refresh(t, has("task"), a)
+	runUntil(t, clock, t0.Add(2*time.Second), a)
+	e.Payload = []byte(`{"note":"two"}`)
+	require.NoError(t, ops.SetSchedule(ctx, e, "ops", "new note"))
+	refresh(t, has("task"), a)
+	runUntil(t, clock, t0.Add(4*time.Second), a)
+
+	require.Equal(t, seconds(4), b.ticks(t, "task"))
+	var notes []string
+	for _, tick := range seconds(4) {
+		var note string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT convert_from(payload, 'UTF8')::jsonb->>'note' FROM keel_jobs WHERE business_key = $1`,
+			scheduler.TickKey("task", tick)).Scan(&note))
+		notes = append(notes, note)
+	}
+	require.Equal(t, []string{"one", "one", "two", "two"}, notes)
+}
