@@ -895,7 +895,7 @@ func TestWebStartUpMistakes(t *testing.T) {
 }
 
 // keelCommand matches "keel <one of its commands>" in text a person reads.
-var keelCommand = regexp.MustCompile("(^|[^\\w./-])keel (migrate|worker|relay|enqueue|status|ledger|dead|cancel|batch|web|scheduler|healthcheck|version)\\b")
+var keelCommand = regexp.MustCompile("(^|[^\\w./-])keel (migrate|worker|relay|enqueue|status|ledger|dead|cancel|batch|web|scheduler|schedule|healthcheck|version)\\b")
 
 // A program built with this package under its own name says its own name in
 // its help and in the commands it tells a person to run next, not keel's:

@@ -22,17 +22,19 @@ func schedulerCmd(e *Env) *cobra.Command {
 	var anyKind, check bool
 	cmd := &cobra.Command{
 		Use:   "scheduler",
-		Short: "Enqueue cron entries from a schedule file (run any number: each tick is one job)",
-		Long: `Enqueue the entries of a YAML schedule file (see examples/schedule.yaml) at
-their ticks, through the ledger. Run as many copies as you like: each tick has
-one business key, so it becomes exactly one job.
+		Short: "Enqueue cron entries from a schedule file and the ledger (run any number: each tick is one job)",
+		Long: `Enqueue the entries of a YAML schedule file (see examples/schedule.yaml), and
+those added at run time (keel schedule add), at their ticks, through the ledger.
+Run as many copies as you like: each tick has one business key, so it becomes
+exactly one job. Without --config it runs the run-time entries alone. Entries
+paused with keel schedule pause make no job.
 
 The file is reloaded when it changes and on SIGHUP; a broken file is logged and
 the running entries stay. After downtime, missed ticks follow --missed-ticks.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usageError{fmt.Errorf("--config or KEEL_SCHEDULE_FILE is required (see examples/schedule.yaml)")}
+			if file == "" && check {
+				return usageError{fmt.Errorf("--check needs --config or KEEL_SCHEDULE_FILE (see examples/schedule.yaml)")}
 			}
 			policy, err := scheduler.ParseMissedTicks(missed)
 			if err != nil {

@@ -86,6 +86,9 @@ type Config struct {
 	RedisClient redis.UniversalClient
 	// Poll is how often WaitDone reads the ledger. Default 500ms.
 	Poll time.Duration
+	// KnownKind reports whether a kind can be run, for AddSchedule and
+	// SetSchedule to refuse an entry of another. Nil accepts every kind.
+	KnownKind func(kind string) bool
 }
 
 // Validate reports what is missing or wrong in c.
@@ -107,8 +110,9 @@ type Inspector struct {
 	insp  *asynq.Inspector
 	poll  time.Duration
 	// rdb pauses and resumes queues; ownedRDB: New opened it.
-	rdb      redis.UniversalClient
-	ownedRDB bool
+	rdb       redis.UniversalClient
+	ownedRDB  bool
+	knownKind func(string) bool
 }
 
 // New returns an Inspector on cfg's ledger and Redis.
@@ -116,7 +120,7 @@ func New(cfg Config) (*Inspector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	in := &Inspector{pool: cfg.Pool, store: jobstore.NewStore(cfg.Pool), insp: cfg.Asynq, poll: cfg.Poll}
+	in := &Inspector{pool: cfg.Pool, store: jobstore.NewStore(cfg.Pool), insp: cfg.Asynq, poll: cfg.Poll, knownKind: cfg.KnownKind}
 	if in.poll == 0 {
 		in.poll = 500 * time.Millisecond
 	}

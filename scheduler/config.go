@@ -49,6 +49,8 @@ func ParseMissedTicks(s string) (MissedTicks, error) {
 const (
 	DefaultMaxCatchUp        = 1
 	DefaultFileCheckInterval = 2 * time.Second
+	// DefaultPoll is Config.Poll's default.
+	DefaultPoll = 2 * time.Second
 )
 
 // Clock tells a scheduler the time and wakes it. Tests inject one that they
@@ -100,6 +102,11 @@ type Config struct {
 	// own checks (the queue, the retry budget) always run; the CLI adds
 	// that the payload decodes into the kind's type. Optional.
 	CheckEntry func(Entry) error
+	// Poll is how often the scheduler reads the ledger's run-time entries
+	// (inspect.AddSchedule, keel schedule add) and paused entries, so that a
+	// change made anywhere reaches every running scheduler within it.
+	// Measured on the system clock, whatever Clock is. Default 2s.
+	Poll time.Duration
 	// Clock is the time source. Default the system clock.
 	Clock Clock
 	// Logger. Default slog.Default().
@@ -113,6 +120,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxCatchUp == 0 {
 		c.MaxCatchUp = DefaultMaxCatchUp
+	}
+	if c.Poll == 0 {
+		c.Poll = DefaultPoll
 	}
 	if c.KnownKind == nil {
 		c.KnownKind = c.Kinds.Known
@@ -140,6 +150,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxCatchUp < 0 {
 		return fmt.Errorf("keel: scheduler.Config.MaxCatchUp %d is negative (for none, use Skip)", c.MaxCatchUp)
+	}
+	if c.Poll < 0 {
+		return fmt.Errorf("keel: scheduler.Config.Poll %s is negative", c.Poll)
 	}
 	if c.FileCheckInterval < 0 {
 		return fmt.Errorf("keel: scheduler.Config.FileCheckInterval %s is negative", c.FileCheckInterval)

@@ -26,7 +26,21 @@
 // takes it on; from then on its downtime counts, even before its first tick.
 // A reload that changes an entry's spec or time zone starts it afresh, without
 // missed ticks. Rows of entries removed from the schedule stay: an entry added
-// back under the same name is caught up as after downtime.
+// back under the same name is caught up as after downtime (a run-time entry's
+// row goes with it, so one added again starts afresh).
+//
+// # Run-time entries and pauses
+//
+// Besides its own entries (Config.Entries or Config.File), every scheduler
+// runs those a person added in the ledger (inspect.AddSchedule, keel schedule
+// add; table keel_schedule_entries, migration 0027), and skips the entries
+// paused there, whatever defines them. It reads both every Config.Poll (2 s)
+// and at start, before its first tick; Refresh reads at once. A paused
+// entry's ticks are recorded in keel_schedule as handled without a job, so a
+// resume starts at the next tick and nothing paused is caught up. A run-time
+// entry whose name one of the scheduler's own has is not run: the file or
+// code wins. The scheduler records in keel_schedule what each entry it runs
+// is (spec, zone, kind), for the operator's view (inspect.Schedules).
 //
 // # Schedule file
 //

@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/keeljobs/keel/internal/cronspec"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -46,14 +46,14 @@ type Entry struct {
 }
 
 // MaxNameBytes bounds an entry's name, keeping its business keys short.
-const MaxNameBytes = 200
+const MaxNameBytes = cronspec.MaxNameBytes
 
 // TickKey is the business key of entry name's job for the tick at tick:
 // cron:<name>:<tick in UTC, RFC 3339>. Every scheduler instance derives the
 // same key for the same tick, so the ledger keeps one job per tick however
 // many instances enqueue it. Use it to look a tick's job up.
 func TickKey(name string, tick time.Time) string {
-	return "cron:" + name + ":" + tick.UTC().Format(time.RFC3339)
+	return cronspec.TickKey(name, tick)
 }
 
 // Next returns the entry's first tick after t, or an error when the entry is
@@ -106,7 +106,7 @@ func ValidateEntries(entries []Entry, knownKind func(string) bool) error {
 // compiled is a validated entry with its parsed schedule.
 type compiled struct {
 	Entry
-	sched schedule
+	sched cronspec.Schedule
 }
 
 // sameSchedule reports whether two versions of an entry tick at the same
@@ -138,66 +138,9 @@ func compileAll(entries []Entry, knownKind func(string) bool) ([]compiled, error
 }
 
 func compile(e Entry, knownKind func(string) bool) (compiled, error) {
-	bad := func(field string, format string, args ...any) (compiled, error) {
-		return compiled{}, &EntryError{Name: e.Name, Field: field, Err: fmt.Errorf(format, args...)}
-	}
-	if err := validName(e.Name); err != nil {
-		return bad("name", "bad name %q: %v", e.Name, err)
-	}
-	loc := time.UTC
-	if e.TimeZone != "" {
-		l, err := time.LoadLocation(e.TimeZone)
-		if err != nil {
-			return bad("timezone", "bad timezone %q: %v", e.TimeZone, err)
-		}
-		loc = l
-	}
-	sched, err := parseSpec(e.Spec, loc, e.TimeZone != "")
+	ce, sched, field, err := cronspec.Check(cronspec.Entry(e), knownKind, tasks.MaxPayloadBytes)
 	if err != nil {
-		return bad("spec", "bad spec %q: %v", e.Spec, err)
+		return compiled{}, &EntryError{Name: e.Name, Field: field, Err: err}
 	}
-	if sched.Next(time.Now()).IsZero() {
-		return bad("spec", "bad spec %q: it never ticks", e.Spec)
-	}
-	if e.Kind == "" {
-		return bad("kind", "no kind given")
-	}
-	if knownKind != nil && !knownKind(e.Kind) {
-		return bad("kind", "unknown kind %q: not one of this program's kinds", e.Kind)
-	}
-	if len(e.Payload) == 0 {
-		e.Payload = json.RawMessage(`{}`)
-	}
-	if !json.Valid(e.Payload) {
-		return bad("payload", "bad payload: not valid JSON")
-	}
-	if n := len(e.Payload); n > tasks.MaxPayloadBytes {
-		return bad("payload", "bad payload: %d bytes, limit %d", n, tasks.MaxPayloadBytes)
-	}
-	if e.Queue != strings.TrimSpace(e.Queue) {
-		return bad("queue", "bad queue %q: surrounding spaces", e.Queue)
-	}
-	if e.MaxRetry != nil && *e.MaxRetry < 0 {
-		return bad("max_retry", "bad max_retry %d: negative", *e.MaxRetry)
-	}
-	if e.Timeout < 0 {
-		return bad("timeout", "bad timeout %s: negative", e.Timeout)
-	}
-	return compiled{Entry: e, sched: sched}, nil
-}
-
-func validName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty")
-	case len(name) > MaxNameBytes:
-		return fmt.Errorf("%d bytes, limit %d", len(name), MaxNameBytes)
-	}
-	for _, r := range name {
-		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.:/", r)
-		if !ok {
-			return fmt.Errorf("%q is not allowed (letters, digits and - _ . : /)", r)
-		}
-	}
-	return nil
+	return compiled{Entry: Entry(ce), sched: sched}, nil
 }

@@ -8,5 +8,6 @@ func InitTestSignals(s *Scheduler) *TestSignals {
 	s.signals.Looked.Init()
 	s.signals.Synced.Init()
 	s.signals.Reloaded.Init()
+	s.signals.Polled.Init()
 	return &s.signals
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keeljobs/keel/internal/cronspec"
 	"github.com/keeljobs/keel/internal/testsignal"
 	"github.com/keeljobs/keel/tasks"
 )
@@ -36,9 +37,18 @@ type Scheduler struct {
 	log   *slog.Logger
 	store store
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// entries are those Run runs: config's, then the ledger's whose names
+	// config does not take.
 	entries []compiled
-	changed chan struct{} // wakes Run after the entries change
+	config  []compiled      // from Config.Entries, the file, SetEntries
+	ledger  []compiled      // added at run time, as last read
+	paused  map[string]bool // entries paused in the ledger, as last read
+	changed chan struct{}   // wakes Run after the entries change
+
+	pollMu   sync.Mutex      // serialises Refresh: the poller and callers
+	rejected map[string]bool // run-time entries this scheduler cannot run, as last logged
+	pollErr  string          // the last poll's failure, as logged
 
 	reloadMu sync.Mutex // serialises Reload: SIGHUP and the file watcher
 	stamp    fileStamp  // the File as last read
@@ -46,6 +56,7 @@ type Scheduler struct {
 	running                 atomic.Bool
 	fired, existed, failing atomic.Uint64
 	reloaded, refused       atomic.Uint64
+	skipped                 atomic.Uint64
 
 	signals testSignals
 }
@@ -61,6 +72,9 @@ type testSignals struct {
 	Synced testsignal.Signal[[]string]
 	// Reloaded is the outcome of each Reload, the file watcher's included.
 	Reloaded testsignal.Signal[error]
+	// Polled is the outcome of each read of the ledger's run-time entries
+	// and pauses, the poller's and Refresh's.
+	Polled testsignal.Signal[error]
 }
 
 // New checks cfg (reading cfg.File if given) and returns a scheduler; Run
@@ -96,7 +110,9 @@ func New(cfg Config) (*Scheduler, error) {
 	return s, nil
 }
 
-// Entries returns the entries the scheduler runs now.
+// Entries returns the entries the scheduler runs now: its own (Config.Entries,
+// the file, SetEntries), then those added at run time in the ledger, paused
+// ones included.
 func (s *Scheduler) Entries() []Entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -128,22 +144,17 @@ func (s *Scheduler) setEntries(entries []Entry) (entryDiff, error) {
 		return entryDiff{}, err
 	}
 	for i, c := range cs {
-		err := s.cfg.Client.Check(c.task(s.cfg.Kinds, TickKey(c.Name, time.Time{})))
-		if err == nil && s.cfg.CheckEntry != nil {
-			err = s.cfg.CheckEntry(c.Entry)
-		}
-		if err != nil {
-			return entryDiff{}, &EntryError{Name: c.Name, Index: i + 1, Field: "task", Err: err}
+		if _, err := s.check(c.Entry); err != nil {
+			err.(*EntryError).Index = i + 1
+			return entryDiff{}, err
 		}
 	}
 	s.mu.Lock()
-	old := s.entries
-	s.entries = cs
+	old := s.config
+	s.config = cs
+	s.merge()
 	s.mu.Unlock()
-	select {
-	case s.changed <- struct{}{}:
-	default:
-	}
+	s.wake()
 	var d entryDiff
 	for _, c := range cs {
 		i := slices.IndexFunc(old, func(o compiled) bool { return o.Name == c.Name })
@@ -160,6 +171,27 @@ func (s *Scheduler) setEntries(entries []Entry) (entryDiff, error) {
 		}
 	}
 	return d, nil
+}
+
+// merge sets entries from config and ledger; s.mu is held. A run-time
+// entry whose name a configured one has is left out: the configuration is
+// what a deploy reviewed.
+func (s *Scheduler) merge() {
+	all := slices.Clone(s.config)
+	for _, c := range s.ledger {
+		if !slices.ContainsFunc(s.config, func(o compiled) bool { return o.Name == c.Name }) {
+			all = append(all, c)
+		}
+	}
+	s.entries = all
+}
+
+// wake tells Run that the entries or pauses changed.
+func (s *Scheduler) wake() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
 }
 
 func equalEntry(a, b Entry) bool {
@@ -222,12 +254,14 @@ type Stats struct {
 	// Reloads of the schedule file that took, and those refused (the file
 	// did not load; the running entries stayed).
 	Reloads, ReloadsRefused uint64
+	// Paused ticks: handled without a job, their entry paused in the ledger.
+	Paused uint64
 }
 
 // Stats returns the scheduler's counters.
 func (s *Scheduler) Stats() Stats {
 	return Stats{Enqueued: s.fired.Load(), Existed: s.existed.Load(), Failed: s.failing.Load(),
-		Reloads: s.reloaded.Load(), ReloadsRefused: s.refused.Load()}
+		Reloads: s.reloaded.Load(), ReloadsRefused: s.refused.Load(), Paused: s.skipped.Load()}
 }
 
 // Run enqueues ticks until ctx is done, then returns nil. It returns an
@@ -242,6 +276,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	if s.cfg.File != "" {
 		wg.Go(func() { s.watchFile(ctx) })
 	}
+	// Read before the first tick: a paused entry must not fire at start.
+	_ = s.Refresh(ctx) // logs its failure; the poller tries again
+	wg.Go(func() { s.pollLedger(ctx) })
 	clock := s.cfg.Clock
 	r := &run{s: s, states: map[string]*entryState{}}
 	r.sync(clock.Now())
@@ -258,7 +295,14 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		case <-s.changed:
 			r.sync(clock.Now())
 			if s.signals.Synced.On() {
-				s.signals.Synced.Signal(slices.Sorted(maps.Keys(r.states)))
+				var names []string
+				for name, st := range r.states {
+					if !st.paused {
+						names = append(names, name)
+					}
+				}
+				slices.Sort(names)
+				s.signals.Synced.Signal(names)
 			}
 		case <-clock.At(wake):
 		}
@@ -274,7 +318,10 @@ type entryState struct {
 	// cursor is the newest tick handled; the ticks after it are pending.
 	cursor time.Time
 	// loaded says the cursor has been read from keel_schedule.
-	loaded   bool
+	loaded bool
+	// paused: the ledger holds the entry paused; its ticks are handled
+	// without a job, so a resume starts at the next tick.
+	paused   bool
 	retryAt  time.Time
 	failures int
 }
@@ -288,7 +335,7 @@ type run struct {
 // sync brings the states in line with the scheduler's entries.
 func (r *run) sync(now time.Time) {
 	r.s.mu.Lock()
-	cur := r.s.entries
+	cur, paused := r.s.entries, r.s.paused
 	r.s.mu.Unlock()
 	next := make(map[string]*entryState, len(cur))
 	for _, c := range cur {
@@ -303,6 +350,7 @@ func (r *run) sync(now time.Time) {
 			// Picks up where the fleet left off once keel_schedule is read.
 			st = &entryState{e: c, since: now, cursor: now}
 		}
+		st.paused = paused[c.Name]
 		next[c.Name] = st
 	}
 	r.states = next
@@ -315,7 +363,10 @@ func (r *run) step(ctx context.Context, now time.Time) time.Time {
 	wake := now.Add(maxSleep)
 	for _, name := range slices.Sorted(maps.Keys(r.states)) {
 		st := r.states[name]
-		if st.loaded && !st.retryAt.After(now) {
+		switch {
+		case st.loaded && st.paused:
+			r.skip(ctx, st, now)
+		case st.loaded && !st.retryAt.After(now):
 			r.fire(ctx, st, now)
 		}
 		w := st.retryAt
@@ -369,6 +420,19 @@ func (st *entryState) backoff(now time.Time) {
 	st.retryAt = now.Add(d)
 }
 
+// skip handles a paused entry's due ticks without a job: recorded as
+// handled, so that neither a resume nor a restart catches them up.
+func (r *run) skip(ctx context.Context, st *entryState, now time.Time) {
+	due, _ := cronspec.RecentTicks(st.e.sched, st.cursor, now, 1)
+	if len(due) == 0 {
+		return
+	}
+	r.s.skipped.Add(1)
+	r.s.log.Info("keel scheduler: tick skipped: the entry is paused", "entry", st.e.Name, "tick", due[0].UTC())
+	st.failures, st.retryAt = 0, time.Time{}
+	r.mark(ctx, st, due[0])
+}
+
 // fire enqueues st's due ticks as the missed-tick policy says: the newest
 // due tick if it came due while this instance ran the entry, and with
 // CatchUp up to MaxCatchUp missed ones before it, oldest first.
@@ -377,7 +441,7 @@ func (r *run) fire(ctx context.Context, st *entryState, now time.Time) {
 	if r.s.cfg.MissedTicks == CatchUp {
 		catchUp = r.s.cfg.MaxCatchUp
 	}
-	due, more := recentTicks(st.e.sched, st.cursor, now, catchUp+1)
+	due, more := cronspec.RecentTicks(st.e.sched, st.cursor, now, catchUp+1)
 	if len(due) == 0 {
 		return
 	}

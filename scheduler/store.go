@@ -34,7 +34,29 @@ func interpretError(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("keel scheduler: table keel_schedule is missing: run `keel migrate`: %w", err)
+		return fmt.Errorf("keel scheduler: a table of the schedule is missing: run `keel migrate`: %w", err)
 	}
 	return fmt.Errorf("keel scheduler: %w", err)
+}
+
+// runtime reads the run-time entries and the paused entries.
+func (s store) runtime(ctx context.Context) ([]ledger.ScheduleEntry, []ledger.SchedulePause, error) {
+	rows, err := ledger.ScheduleEntries(ctx, s.pool)
+	if err != nil {
+		return nil, nil, interpretError(err)
+	}
+	pauses, err := ledger.SchedulePauses(ctx, s.pool)
+	return rows, pauses, interpretError(err)
+}
+
+// describe records what the entries are in their keel_schedule rows, for
+// the operator's view of file and code entries.
+func (s store) describe(ctx context.Context, entries []compiled) error {
+	n := len(entries)
+	names, specs, zones, kinds := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	for _, c := range entries {
+		names, specs, zones, kinds = append(names, c.Name), append(specs, c.Spec), append(zones, c.TimeZone), append(kinds, c.Kind)
+	}
+	_, err := ledger.DescribeSchedule(ctx, s.pool, names, specs, zones, kinds)
+	return interpretError(err)
 }

@@ -16,7 +16,7 @@ import (
 // tells a statement (maintenance ones too) from a message that names a
 // table.
 var (
-	keelTable = regexp.MustCompile(`\bkeel_(jobs|steps|batches|batch_seal|outbox|audit|prune_log|schedule|schema_migrations|web_sessions_ended|job_progress|job_results)\b`)
+	keelTable = regexp.MustCompile(`\bkeel_(jobs|steps|batches|batch_seal|outbox|audit|prune_log|schedule|schedule_entries|schedule_pauses|schema_migrations|web_sessions_ended|job_progress|job_results)\b`)
 	sqlWord   = regexp.MustCompile(`(?i)\b(select|insert|update|delete|from|join|into|truncate|vacuum|analyze)\b`)
 )
 

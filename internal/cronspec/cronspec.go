@@ -1,4 +1,6 @@
-package scheduler
+// Package cronspec reads cron specs and checks cron entries, for the
+// scheduler that runs them and the operator API that changes them at run time.
+package cronspec
 
 import (
 	"errors"
@@ -10,10 +12,10 @@ import (
 	"github.com/robfig/cron/v3"
 )
 
-// schedule is when an entry ticks: Next returns the first tick after t (the
+// Schedule is when an entry ticks: Next returns the first tick after t (the
 // zero time if there is none). Next must depend on t alone, so that every
 // instance computes the same ticks.
-type schedule interface {
+type Schedule interface {
 	Next(t time.Time) time.Time
 }
 
@@ -21,7 +23,7 @@ type schedule interface {
 // descriptors.
 var parser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
-func parseSpec(spec string, loc *time.Location, zoneGiven bool) (sched schedule, err error) {
+func Parse(spec string, loc *time.Location, zoneGiven bool) (sched Schedule, err error) {
 	s := strings.TrimSpace(spec)
 	if s == "" {
 		return nil, errors.New("empty")
@@ -49,7 +51,7 @@ func parseSpec(spec string, loc *time.Location, zoneGiven bool) (sched schedule,
 		if d < time.Second || d%time.Second != 0 {
 			return nil, errors.New("@every needs a whole number of seconds, at least 1s")
 		}
-		return every(d), nil
+		return Every(d), nil
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -111,10 +113,10 @@ func checkSteps(s string) error {
 	return nil
 }
 
-// every ticks at whole multiples of a duration since the Unix epoch.
-type every time.Duration
+// Every ticks at whole multiples of a duration since the Unix epoch.
+type Every time.Duration
 
-func (d every) Next(t time.Time) time.Time {
+func (d Every) Next(t time.Time) time.Time {
 	step := int64(d)
 	n := t.UnixNano()
 	q := n / step
@@ -182,11 +184,11 @@ func reads(l, w time.Time) bool {
 	return ly == wy && lm == wm && ld == wd && l.Hour() == w.Hour() && l.Minute() == w.Minute() && l.Second() == w.Second()
 }
 
-// recentTicks returns up to n of sch's latest ticks in (after, now], oldest
+// RecentTicks returns up to n of sch's latest ticks in (after, now], oldest
 // first, and whether older ticks in that range were left out. It looks back
 // from now in a doubling window rather than stepping forward from after, so a
 // cursor left far behind (a dense entry off for a week) costs little.
-func recentTicks(sch schedule, after, now time.Time, n int) (ticks []time.Time, more bool) {
+func RecentTicks(sch Schedule, after, now time.Time, n int) (ticks []time.Time, more bool) {
 	if n < 1 || !now.After(after) {
 		return nil, false
 	}
@@ -209,7 +211,7 @@ func recentTicks(sch schedule, after, now time.Time, n int) (ticks []time.Time, 
 }
 
 // ticksIn returns the last n ticks in (start, end], oldest first.
-func ticksIn(sch schedule, start, end time.Time, n int) []time.Time {
+func ticksIn(sch Schedule, start, end time.Time, n int) []time.Time {
 	ring := make([]time.Time, 0, n)
 	next := 0
 	for t := sch.Next(start); !t.IsZero() && !t.After(end); t = sch.Next(t) {

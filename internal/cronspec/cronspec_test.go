@@ -1,4 +1,4 @@
-package scheduler
+package cronspec
 
 import (
 	"strings"
@@ -10,29 +10,29 @@ import (
 
 func TestRecentTicks(t *testing.T) {
 	at := func(m int) time.Time { return time.Date(2030, 1, 1, 0, m, 0, 0, time.UTC) }
-	min := every(time.Minute)
+	min := Every(time.Minute)
 	now := at(10).Add(30 * time.Second)
 
-	ticks, more := recentTicks(min, at(0), now, 3)
+	ticks, more := RecentTicks(min, at(0), now, 3)
 	require.Equal(t, []time.Time{at(8), at(9), at(10)}, ticks)
 	require.True(t, more)
 
-	ticks, more = recentTicks(min, at(0), now, 20)
+	ticks, more = RecentTicks(min, at(0), now, 20)
 	require.Len(t, ticks, 10)
 	require.Equal(t, at(1), ticks[0])
 	require.False(t, more)
 
-	ticks, more = recentTicks(min, at(9), now, 3)
+	ticks, more = RecentTicks(min, at(9), now, 3)
 	require.Equal(t, []time.Time{at(10)}, ticks)
 	require.False(t, more)
 
-	ticks, _ = recentTicks(min, now, now, 3)
+	ticks, _ = RecentTicks(min, now, now, 3)
 	require.Empty(t, ticks)
 
 	// A dense entry left a year behind costs a few steps, not millions.
 	start := time.Now()
-	sec := every(time.Second)
-	ticks, more = recentTicks(sec, now.AddDate(-1, 0, 0), now, 2)
+	sec := Every(time.Second)
+	ticks, more = RecentTicks(sec, now.AddDate(-1, 0, 0), now, 2)
 	require.Equal(t, []time.Time{now.Add(-time.Second), now}, ticks)
 	require.True(t, more)
 	// Stepping a year of seconds would take many seconds, far above this
@@ -40,9 +40,9 @@ func TestRecentTicks(t *testing.T) {
 	require.Less(t, time.Since(start), 2*time.Second)
 
 	// Same for a cron spec: a second-level spec, far behind.
-	spec, err := parseSpec("* * * * * *", time.UTC, false)
+	spec, err := Parse("* * * * * *", time.UTC, false)
 	require.NoError(t, err)
-	ticks, more = recentTicks(spec, now.AddDate(0, -1, 0), now, 1)
+	ticks, more = RecentTicks(spec, now.AddDate(0, -1, 0), now, 1)
 	require.Equal(t, []time.Time{now}, ticks)
 	require.True(t, more)
 }
@@ -56,7 +56,7 @@ func berlin(t *testing.T) *time.Location {
 
 func utc(mo time.Month, d, h, m int) time.Time { return time.Date(2030, mo, d, h, m, 0, 0, time.UTC) }
 
-func ticksBetween(sch schedule, from, to time.Time) []time.Time {
+func ticksBetween(sch Schedule, from, to time.Time) []time.Time {
 	var out []time.Time
 	for t := sch.Next(from); !t.After(to); t = sch.Next(t) {
 		out = append(out, t)
@@ -68,7 +68,7 @@ func ticksBetween(sch schedule, from, to time.Time) []time.Time {
 // both at 01:00 UTC.
 func TestLocalTimesTickOnceAcrossDaylightSaving(t *testing.T) {
 	loc := berlin(t)
-	nightly, err := parseSpec("30 2 * * *", loc, true)
+	nightly, err := Parse("30 2 * * *", loc, true)
 	require.NoError(t, err)
 	// 02:30 does not exist on 31 March: it ticks at 03:30 summer time.
 	require.Equal(t, []time.Time{utc(3, 30, 1, 30), utc(3, 31, 1, 30), utc(4, 1, 0, 30)},
@@ -77,7 +77,7 @@ func TestLocalTimesTickOnceAcrossDaylightSaving(t *testing.T) {
 	require.Equal(t, []time.Time{utc(10, 26, 0, 30), utc(10, 27, 0, 30), utc(10, 28, 1, 30)},
 		ticksBetween(nightly, utc(10, 26, 0, 0), utc(10, 28, 12, 0)))
 
-	half, err := parseSpec("*/30 * * * *", loc, true)
+	half, err := Parse("*/30 * * * *", loc, true)
 	require.NoError(t, err)
 	// Local 01:30, then 02:00 (skipped: at 03:00 CEST), 03:30, 04:00.
 	require.Equal(t, []time.Time{utc(3, 31, 0, 30), utc(3, 31, 1, 0), utc(3, 31, 1, 30), utc(3, 31, 2, 0)},
@@ -92,7 +92,7 @@ func TestLocalTimesTickOnceAcrossDaylightSaving(t *testing.T) {
 func TestTicksDoNotDependOnWhereCountingStarts(t *testing.T) {
 	loc := berlin(t)
 	for _, spec := range []string{"*/15 * * * *", "30 2 * * *", "0,30 2,3 * * *", "20 * * * * *"} {
-		sch, err := parseSpec(spec, loc, true)
+		sch, err := Parse(spec, loc, true)
 		require.NoError(t, err)
 		for _, day := range []time.Time{utc(3, 30, 20, 0), utc(10, 26, 20, 0)} {
 			end := day.Add(10 * time.Hour)
@@ -124,7 +124,7 @@ func TestStepsLongerThanTheirFieldAreRefused(t *testing.T) {
 		"*/61 * * * * *":       "second",
 		"0 5,10-59/61 * * * *": "minute",
 	} {
-		_, err := parseSpec(spec, time.UTC, false)
+		_, err := Parse(spec, time.UTC, false)
 		if err == nil {
 			t.Errorf("%q: accepted", spec)
 			continue
@@ -134,7 +134,7 @@ func TestStepsLongerThanTheirFieldAreRefused(t *testing.T) {
 		}
 	}
 	for _, spec := range []string{"*/60 * * * *", "*/15 * * * *", "0 */12 * * *", "0 0 1-31/31 * *", "0 0 * * */7", "@hourly", "@every 90m"} {
-		if _, err := parseSpec(spec, time.UTC, false); err != nil {
+		if _, err := Parse(spec, time.UTC, false); err != nil {
 			t.Errorf("%q: %v", spec, err)
 		}
 	}
