@@ -1,8 +1,11 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -148,12 +151,16 @@ func TestDeadLetterCountBoundDropsOldestSeenAfterNotice(t *testing.T) {
 	// d5); the unseen d1 and d3 stay though older.
 	setPolicy(t, b, ledger.Policy{Kind: "a", Status: "dead", MaxCount: 3})
 
-	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, DeadDropNotice: day})
+	var log syncBuffer
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, DeadDropNotice: day,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	defer r.Close()
 	n, err := outbox.PruneAt(ctx, r, t0)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing is dropped before its notice")
 	require.Equal(t, map[string]int{"a": 3}, r.DeadLettersToDrop(), "the alert's gauge, before anything is dropped")
+	require.Contains(t, log.String(), `msg="keel reconciler: seen dead letters are past their kind's bound and will be dropped" kind=a count=3`)
+	require.NotContains(t, log.String(), "dropped seen dead letters")
 	require.Len(t, b.keys(t), 7)
 
 	_, err = outbox.PruneAt(ctx, r, t0.Add(day-time.Minute))
@@ -165,6 +172,7 @@ func TestDeadLetterCountBoundDropsOldestSeenAfterNotice(t *testing.T) {
 	require.Equal(t, 3, n)
 	require.Equal(t, []string{"b-seen", "d1-unseen", "d3-unseen", "d6-seen"}, b.keys(t))
 	require.Empty(t, r.DeadLettersToDrop())
+	require.Contains(t, log.String(), `msg="keel reconciler: dropped seen dead letters past their kind's bound" kind=a count=3`)
 	require.Equal(t, map[outbox.KindStatus]uint64{{Kind: "a", Status: "dead"}: 3}, r.PrunedByKind())
 
 	// Over the bound by unseen ones only: nothing more goes, ever.
@@ -293,4 +301,22 @@ func TestDedupeAfterPerKindPrune(t *testing.T) {
 	require.NotEqual(t, first.Job.ID, again.Job.ID)
 	_, err = jobstore.NewStore(b.pool).Get(ctx, other)
 	require.NoError(t, err, fmt.Sprintf("kind other keeps the default %v", outbox.DefaultRetention))
+}
+
+// syncBuffer is a log destination a test reads while the logger writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
