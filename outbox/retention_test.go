@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -319,4 +320,45 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Reconcilers in several workers prune at once: each row goes once, none
+// is counted twice, and a kind a person keeps for ever keeps its jobs.
+func TestConcurrentPrunesShareTheWork(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	t0 := time.Now()
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, finished_at)
+		SELECT gen_random_uuid()::text, 'k' || (g % 3), 'key' || g, 'default', '\x7b7d', 1,
+			(ARRAY['succeeded', 'discarded', 'cancelled'])[1 + g % 3], $1::timestamptz - interval '40 days'
+		FROM generate_series(1, 3000) g`, t0)
+	require.NoError(t, err)
+	setPolicy(t, b, ledger.Policy{Kind: "k0", Status: "succeeded"}) // for ever
+	var rs []*outbox.Reconciler
+	for range 3 {
+		r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, PruneBatch: 100})
+		defer r.Close()
+		rs = append(rs, r)
+	}
+	var wg sync.WaitGroup
+	counts := make([]int, len(rs))
+	for i, r := range rs {
+		wg.Go(func() {
+			n, err := outbox.PruneAt(ctx, r, t0)
+			assert.NoError(t, err)
+			counts[i] = n
+		})
+	}
+	wg.Wait()
+	kept := b.count(t, `SELECT count(*) FROM keel_jobs WHERE kind = 'k0' AND status = 'succeeded'`)
+	require.Equal(t, 1000, kept, "k0's succeeded jobs are kept for ever")
+	require.Equal(t, 1000, b.count(t, `SELECT count(*) FROM keel_jobs`))
+	require.Equal(t, 2000, counts[0]+counts[1]+counts[2], "each pruned once, by one of them")
+	var byKind uint64
+	for _, r := range rs {
+		for _, n := range r.PrunedByKind() {
+			byKind += n
+		}
+	}
+	require.EqualValues(t, 2000, byKind)
 }
