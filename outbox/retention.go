@@ -116,8 +116,9 @@ func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int,
 		if p.Keep <= 0 && p.MaxCount <= 0 {
 			continue
 		}
+		bound := ledger.DeadBound{Kind: p.Kind, Keep: p.Keep, MaxCount: p.MaxCount, Since: p.SetAt}
 		for ctx.Err() == nil {
-			n, err := ledger.NoticeDeadDrops(ctx, r.pool, p.Kind, p.Keep, p.MaxCount, r.cfg.PruneBatch, now)
+			n, err := ledger.NoticeDeadDrops(ctx, r.pool, bound, r.cfg.PruneBatch, now)
 			if err != nil {
 				return total, err
 			}
@@ -130,7 +131,7 @@ func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int,
 			}
 		}
 		for ctx.Err() == nil {
-			n, err := ledger.DropDeadLetters(ctx, r.pool, p.Kind, p.Keep, p.MaxCount, r.cfg.DeadDropNotice, r.cfg.PruneBatch, now)
+			n, err := ledger.DropDeadLetters(ctx, r.pool, bound, r.cfg.DeadDropNotice, r.cfg.PruneBatch, now)
 			total += n
 			r.retained.add(p.Kind, "dead", n)
 			if err != nil {
@@ -144,7 +145,7 @@ func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int,
 				break
 			}
 		}
-		n, err := ledger.DeadToDrop(ctx, r.pool, p.Kind, p.Keep, p.MaxCount, now)
+		n, err := ledger.DeadToDrop(ctx, r.pool, bound, now)
 		if err != nil {
 			return total, err
 		}

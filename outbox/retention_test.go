@@ -42,9 +42,11 @@ func (b *bundle) keys(t *testing.T) []string {
 	return keys
 }
 
+// setPolicy records a person's policy as set an hour ago: before the
+// moved clock of any test here starts.
 func setPolicy(t *testing.T, b *bundle, p ledger.Policy) {
 	t.Helper()
-	require.NoError(t, ledger.SetRetention(context.Background(), b.pool, p, "ops", "sized", nil))
+	require.NoError(t, ledger.SetRetention(context.Background(), b.pool, p, "ops", "sized", ledger.At(time.Now().Add(-time.Hour))))
 }
 
 // A kind's own retention prunes its jobs at its age, and only its jobs:
@@ -361,4 +363,36 @@ func TestConcurrentPrunesShareTheWork(t *testing.T) {
 		}
 	}
 	require.EqualValues(t, 2000, byKind)
+}
+
+// A notice counts under the policy it was given under: dead letters noticed
+// under a bound a person then lifted are not dropped the moment a bound is
+// set again, but alerted again and dropped a notice later.
+func TestDeadLetterNoticeDoesNotOutliveItsPolicy(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	t0 := time.Now()
+	id := b.finished(t, "a", "old", "dead", t0.Add(-40*day))
+	seen(t, b, t0.Add(-39*day), id)
+	setPolicy(t, b, ledger.Policy{Kind: "a", Status: "dead", Keep: 30 * day})
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, DeadDropNotice: day})
+	defer r.Close()
+	_, err := outbox.PruneAt(ctx, r, t0)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"a": 1}, r.DeadLettersToDrop())
+	// The alert fired; a person lifts the bound, and sets it again later.
+	_, err = ledger.UnsetRetention(ctx, b.pool, "a", "dead", "ops", "keep them for now", ledger.At(t0.Add(time.Hour)))
+	require.NoError(t, err)
+	_, err = outbox.PruneAt(ctx, r, t0.Add(2*time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, r.DeadLettersToDrop())
+	require.NoError(t, ledger.SetRetention(ctx, b.pool, ledger.Policy{Kind: "a", Status: "dead", Keep: 30 * day}, "ops", "again",
+		ledger.At(t0.Add(5*day))))
+	n, err := outbox.PruneAt(ctx, r, t0.Add(5*day+time.Minute))
+	require.NoError(t, err)
+	require.Zero(t, n, "noticed under the lifted policy: alerted again first")
+	require.Equal(t, map[string]int{"a": 1}, r.DeadLettersToDrop())
+	n, err = outbox.PruneAt(ctx, r, t0.Add(6*day+2*time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
 }

@@ -157,20 +157,31 @@ const overBoundSQL = `over AS (
 	(SELECT id FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND seen_at >= finished_at ORDER BY finished_at
 	 LIMIT greatest((SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND $3::bigint > 0) - $3, 0)))`
 
+// DeadBound is a kind's dead-letter bounds as a policy in force sets
+// them: an age (Keep, 0: none) and a count (MaxCount, 0: none). Since is
+// when the policy was set: a notice older than the policy in force (given
+// under an earlier one, unset since) does not count, so no dead letter goes
+// without an alert under the policy that drops it.
+type DeadBound struct {
+	Kind     string
+	Keep     time.Duration
+	MaxCount int64
+	Since    time.Time
+}
+
 // noticeDeadSQL marks the dead letters past the bounds that no pass has
-// noticed since they died, so the alert says they are to be dropped a
-// notice period before they are.
+// noticed since they died and the policy was set, so the alert says they
+// are to be dropped a notice period before they are.
 const noticeDeadSQL = `WITH ` + overBoundSQL + `
 UPDATE keel_jobs SET drop_noticed_at = coalesce($4::timestamptz, now()) WHERE id = ANY (ARRAY (
 	SELECT id FROM keel_jobs WHERE id IN (SELECT id FROM over)
-	  AND (drop_noticed_at IS NULL OR drop_noticed_at < finished_at) LIMIT $5 FOR UPDATE SKIP LOCKED))
+	  AND (drop_noticed_at IS NULL OR drop_noticed_at < greatest(finished_at, $6)) LIMIT $5 FOR UPDATE SKIP LOCKED))
   AND status = 'dead'`
 
-// NoticeDeadDrops marks up to limit of kind's seen dead letters past its
-// bounds (keep: age, 0 none; maxCount: count, 0 none) as to be dropped,
-// and returns how many it marked.
-func NoticeDeadDrops(ctx context.Context, db DB, kind string, keep time.Duration, maxCount int64, limit int, now Now) (int, error) {
-	tag, err := db.Exec(ctx, noticeDeadSQL, kind, keep.Milliseconds(), maxCount, now, limit)
+// NoticeDeadDrops marks up to limit of a kind's seen dead letters past its
+// bounds b as to be dropped, and returns how many it marked.
+func NoticeDeadDrops(ctx context.Context, db DB, b DeadBound, limit int, now Now) (int, error) {
+	tag, err := db.Exec(ctx, noticeDeadSQL, b.Kind, b.Keep.Milliseconds(), b.MaxCount, now, limit, b.Since)
 	return int(tag.RowsAffected()), err
 }
 
@@ -181,35 +192,35 @@ func NoticeDeadDrops(ctx context.Context, db DB, kind string, keep time.Duration
 const dropDeadSQL = `WITH ` + overBoundSQL + `,
 gone AS (DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
 	SELECT id FROM keel_jobs WHERE id IN (SELECT id FROM over) AND status = 'dead'
-	  AND drop_noticed_at >= finished_at AND drop_noticed_at <= coalesce($4::timestamptz, now()) - $5 * interval '1 millisecond'
+	  AND drop_noticed_at >= greatest(finished_at, $7) AND drop_noticed_at <= coalesce($4::timestamptz, now()) - $5 * interval '1 millisecond'
 	ORDER BY finished_at LIMIT $6 FOR UPDATE SKIP LOCKED))
-	AND status = 'dead' AND seen_at >= finished_at AND drop_noticed_at >= finished_at
+	AND status = 'dead' AND seen_at >= finished_at AND drop_noticed_at >= greatest(finished_at, $7)
 	RETURNING id),
 progress AS (DELETE FROM keel_job_progress WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
 results AS (DELETE FROM keel_job_results WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
 deps AS (DELETE FROM keel_job_deps WHERE child_id = ANY (ARRAY (SELECT id FROM gone)))
 SELECT count(*) FROM gone`
 
-// DropDeadLetters deletes up to limit of kind's seen dead letters past its
-// bounds whose drop was noticed at least notice ago, oldest first, and
-// returns how many.
-func DropDeadLetters(ctx context.Context, db DB, kind string, keep time.Duration, maxCount int64, notice time.Duration, limit int, now Now) (int, error) {
+// DropDeadLetters deletes up to limit of a kind's seen dead letters past
+// its bounds b whose drop was noticed at least notice ago, oldest first,
+// and returns how many.
+func DropDeadLetters(ctx context.Context, db DB, b DeadBound, notice time.Duration, limit int, now Now) (int, error) {
 	var n int
-	err := db.QueryRow(ctx, dropDeadSQL, kind, keep.Milliseconds(), maxCount, now, notice.Milliseconds(), limit).Scan(&n)
+	err := db.QueryRow(ctx, dropDeadSQL, b.Kind, b.Keep.Milliseconds(), b.MaxCount, now, notice.Milliseconds(), limit, b.Since).Scan(&n)
 	return n, err
 }
 
 // deadToDropSQL counts kind's dead letters noticed as to be dropped that
 // are still past its bounds.
 const deadToDropSQL = `WITH ` + overBoundSQL + `
-SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND drop_noticed_at >= finished_at
+SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND drop_noticed_at >= greatest(finished_at, $5)
   AND id IN (SELECT id FROM over)`
 
-// DeadToDrop counts kind's dead letters that are to be dropped once their
-// notice has run: what the alert keel_dead_letters_to_drop shows.
-func DeadToDrop(ctx context.Context, db DB, kind string, keep time.Duration, maxCount int64, now Now) (int, error) {
+// DeadToDrop counts a kind's dead letters that are to be dropped once
+// their notice has run: what the alert keel_dead_letters_to_drop shows.
+func DeadToDrop(ctx context.Context, db DB, b DeadBound, now Now) (int, error) {
 	var n int
-	err := db.QueryRow(ctx, deadToDropSQL, kind, keep.Milliseconds(), maxCount, now).Scan(&n)
+	err := db.QueryRow(ctx, deadToDropSQL, b.Kind, b.Keep.Milliseconds(), b.MaxCount, now, b.Since).Scan(&n)
 	return n, err
 }
 

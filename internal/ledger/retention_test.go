@@ -13,15 +13,16 @@ import (
 func TestRetentionPlans(t *testing.T) {
 	ctx := context.Background()
 	day := 24 * time.Hour
+	bound := ledger.DeadBound{Kind: "kind3", Keep: 30 * day, MaxCount: 1000, Since: time.Now().Add(-60 * day)}
 	p := plan(t, func(db ledger.DB) { ledger.FinishedKinds(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_finished_kind"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.PruneKind(ctx, db, "kind3", "succeeded", 30*day, 1000, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_finished_kind"}, "keel_jobs")
-	p = plan(t, func(db ledger.DB) { ledger.NoticeDeadDrops(ctx, db, "kind3", 30*day, 1000, 1000, nil) }) //nolint:errcheck
+	p = plan(t, func(db ledger.DB) { ledger.NoticeDeadDrops(ctx, db, bound, 1000, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_dead_kind"}, "keel_jobs")
-	p = plan(t, func(db ledger.DB) { ledger.DropDeadLetters(ctx, db, "kind3", 30*day, 1000, day, 1000, nil) }) //nolint:errcheck
+	p = plan(t, func(db ledger.DB) { ledger.DropDeadLetters(ctx, db, bound, day, 1000, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_dead_kind"}, "keel_jobs")
-	p = plan(t, func(db ledger.DB) { ledger.DeadToDrop(ctx, db, "kind3", 30*day, 1000, nil) }) //nolint:errcheck
+	p = plan(t, func(db ledger.DB) { ledger.DeadToDrop(ctx, db, bound, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_dead_kind"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.MarkSeen(ctx, db, []string{"j00000001"}, "ops", nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_pkey"}, "keel_jobs")
