@@ -500,6 +500,7 @@ func statusCmd(e *Env) *cobra.Command {
 			}
 			printStatus(cmd.OutOrStdout(), e.app.name(), job, steps, out)
 			printDeps(cmd.OutOrStdout(), e.app.name(), job, deps)
+			markSeen(cmd, job, func(by string) (int, error) { return ledger.MarkSeen(ctx, pool, []string{job.ID}, by, nil) })
 			return nil
 		},
 	}

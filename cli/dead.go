@@ -305,6 +305,7 @@ func deadShowCmd(e *Env) *cobra.Command {
 				return printJSON(out, map[string]any{"job": toStatusJSON(j, steps).with(output), "audit": a})
 			}
 			printStatus(out, e.app.name(), j, steps, output)
+			markSeen(cmd, j, func(by string) (int, error) { return ops.MarkSeen(ctx, []string{j.ID}, by) })
 			for _, x := range audit {
 				// A note's further lines are indented: at column 0 they
 				// would read as entries of their own.

@@ -116,6 +116,22 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 		Pruned:         stat(func(s *server.Server) uint64 { return reconStats(s).Pruned }),
 		PrunedBatches:  stat(func(s *server.Server) uint64 { return reconStats(s).PrunedBatches }),
 		OwedAlerts:     stat(func(s *server.Server) uint64 { return reconStats(s).OwedAlerts }),
+		PrunedByKind: func() map[outbox.KindStatus]uint64 {
+			ob.mu.Lock()
+			defer ob.mu.Unlock()
+			if ob.srv == nil || ob.srv.Reconciler() == nil {
+				return nil
+			}
+			return ob.srv.Reconciler().PrunedByKind()
+		},
+		DeadLettersToDrop: func() map[string]int {
+			ob.mu.Lock()
+			defer ob.mu.Unlock()
+			if ob.srv == nil || ob.srv.Reconciler() == nil {
+				return nil
+			}
+			return ob.srv.Reconciler().DeadLettersToDrop()
+		},
 	})
 	if err != nil {
 		return nil, err

@@ -42,7 +42,7 @@ func exported(t *testing.T) map[string]bool {
 	}
 	zero := func() uint64 { return 0 }
 	require.NoError(t, metrics.RegisterOutbox(reg, metrics.OutboxOptions{Published: zero, Republished: zero,
-		LeasesReleased: zero, Pruned: zero}))
+		LeasesReleased: zero, Pruned: zero, PrunedByKind: onePruned, DeadLettersToDrop: oneToDrop}))
 	// One attempt so that the duration histogram has a series to gather.
 	h := w.Middleware(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
 	require.NoError(t, h.ProcessTask(context.Background(), asynq.NewTask("k", nil)))

@@ -1,6 +1,10 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keeljobs/keel/outbox"
+)
 
 // OutboxOptions read the counters of a process's relay and reconciler at
 // scrape time. A nil func leaves its metric out.
@@ -20,6 +24,13 @@ type OutboxOptions struct {
 	// OwedAlerts: deaths whose worker stopped before its OnDead returned,
 	// alerted by the reconciler.
 	OwedAlerts func() uint64
+	// PrunedByKind: jobs pruned per kind and status, dead letters dropped
+	// by their kind's bounds as status dead (keel_pruned_jobs_total).
+	PrunedByKind func() map[outbox.KindStatus]uint64
+	// DeadLettersToDrop: per kind, seen dead letters past the kind's
+	// bounds, alerted and dropped once their notice has run
+	// (keel_dead_letters_to_drop).
+	DeadLettersToDrop func() map[string]int
 }
 
 // RegisterOutbox registers the relay's and reconciler's counters on reg.
@@ -44,5 +55,46 @@ func RegisterOutbox(reg prometheus.Registerer, o OutboxOptions) error {
 			return err
 		}
 	}
+	if o.PrunedByKind != nil || o.DeadLettersToDrop != nil {
+		return reg.Register(retentionCollector{o.PrunedByKind, o.DeadLettersToDrop})
+	}
 	return nil
+}
+
+var (
+	prunedJobsDesc = prometheus.NewDesc("keel_pruned_jobs_total",
+		"Jobs pruned after their kind's retention, by kind and status; dead letters dropped by their kind's bounds count as status dead.",
+		[]string{"kind", "status"}, nil)
+	deadToDropDesc = prometheus.NewDesc("keel_dead_letters_to_drop",
+		"Seen dead letters past their kind's bounds, alerted and dropped once the notice (DeadDropNotice, 24h) has run, by kind.",
+		[]string{"kind"}, nil)
+)
+
+// retentionCollector reads the reconciler's per-kind prune counts at
+// scrape time: their labels are the kinds it met, not known beforehand.
+type retentionCollector struct {
+	pruned func() map[outbox.KindStatus]uint64
+	toDrop func() map[string]int
+}
+
+func (c retentionCollector) Describe(ch chan<- *prometheus.Desc) {
+	if c.pruned != nil {
+		ch <- prunedJobsDesc
+	}
+	if c.toDrop != nil {
+		ch <- deadToDropDesc
+	}
+}
+
+func (c retentionCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.pruned != nil {
+		for k, n := range c.pruned() {
+			ch <- prometheus.MustNewConstMetric(prunedJobsDesc, prometheus.CounterValue, float64(n), k.Kind, k.Status)
+		}
+	}
+	if c.toDrop != nil {
+		for kind, n := range c.toDrop() {
+			ch <- prometheus.MustNewConstMetric(deadToDropDesc, prometheus.GaugeValue, float64(n), kind)
+		}
+	}
 }

@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // SetLegacyPollForTest sets how often an awake relay claims rows written
@@ -67,4 +70,9 @@ func InitReconcileSignals(r *Reconciler) *ReconcileSignals {
 	r.signals.Passed.Init()
 	r.signals.Rescued.Init()
 	return &r.signals
+}
+
+// PruneAt is r.Prune with the ledger's clock at now.
+func PruneAt(ctx context.Context, r *Reconciler, now time.Time) (int, error) {
+	return r.prune(ctx, ledger.At(now))
 }

@@ -44,6 +44,10 @@ const (
 	// DefaultPruneInterval: pruning is not urgent, and its delete need
 	// not run at the reconcile pass's pace.
 	DefaultPruneInterval = time.Minute
+	// DefaultDeadDropNotice: a day between the alert that seen dead
+	// letters are past their kind's bound and their drop, so the alert
+	// reaches a person on call whatever the hour.
+	DefaultDeadDropNotice = 24 * time.Hour
 )
 
 // ReconcilerConfig configures a Reconciler.
@@ -67,11 +71,17 @@ type ReconcilerConfig struct {
 	// BatchSize is how many ledger rows one query reads. Default:
 	// DefaultReconcileBatch (1000).
 	BatchSize int
-	// Retention is how long succeeded and discarded jobs are kept. It is
-	// also the dedupe window of a business key: after it, the same key makes
-	// a new job. Dead jobs are never pruned. Default: DefaultRetention (30
-	// days); negative disables pruning.
+	// Retention is how long succeeded, discarded and cancelled jobs are
+	// kept where their kind has no retention policy of its own (keel
+	// retention, tasks.Keep). It is also the dedupe window of a business
+	// key: after it, the same key makes a new job. Dead jobs are kept
+	// unless their kind bounds them. Default: DefaultRetention (30 days);
+	// negative disables pruning, policies and dead-letter bounds included.
 	Retention time.Duration
+	// DeadDropNotice is how long a seen dead letter past its kind's bound
+	// waits, alerted (keel_dead_letters_to_drop), before it is dropped.
+	// Default: DefaultDeadDropNotice (24h).
+	DeadDropNotice time.Duration
 	// PruneBatch is how many rows one delete removes. Default:
 	// DefaultPruneBatch (1000).
 	PruneBatch int
@@ -105,7 +115,8 @@ func (c ReconcilerConfig) Validate() error {
 		notNegative("ReconcilerConfig.Grace", c.Grace),
 		notNegative("ReconcilerConfig.BatchSize", c.BatchSize),
 		notNegative("ReconcilerConfig.PruneBatch", c.PruneBatch),
-		notNegative("ReconcilerConfig.PruneInterval", c.PruneInterval))
+		notNegative("ReconcilerConfig.PruneInterval", c.PruneInterval),
+		notNegative("ReconcilerConfig.DeadDropNotice", c.DeadDropNotice))
 	return errors.Join(errs...)
 }
 
@@ -131,6 +142,9 @@ func (c ReconcilerConfig) WithDefaults() ReconcilerConfig {
 	}
 	if c.PruneInterval == 0 {
 		c.PruneInterval = DefaultPruneInterval
+	}
+	if c.DeadDropNotice == 0 {
+		c.DeadDropNotice = DefaultDeadDropNotice
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -161,6 +175,8 @@ type Reconciler struct {
 	cfg   ReconcilerConfig
 
 	repaired, rescued, pruned, prunedBatches, settled, owedAlerts atomic.Uint64
+
+	retained retained
 
 	signals reconcileSignals
 }
@@ -575,36 +591,45 @@ func (r *Reconciler) onDead(ctx context.Context, e idempotency.DeadEvent) {
 	r.cfg.OnDead(ctx, e)
 }
 
-// Prune deletes succeeded and discarded jobs (and their steps) finished
-// longer than Retention ago, in small batches so it never holds long locks.
-// Dead jobs are kept until a person closes them.
+// Prune deletes succeeded, discarded and cancelled jobs (their steps,
+// progress and result go with them) finished longer ago than their kind's
+// retention, or Retention, and the seen dead letters past their kind's
+// bounds a notice after it alerted them, in small batches so it never holds
+// long locks. See retention.go.
 func (r *Reconciler) Prune(ctx context.Context) (int, error) {
+	return r.prune(ctx, nil)
+}
+
+func (r *Reconciler) prune(ctx context.Context, now ledger.Now) (int, error) {
 	if r.cfg.Retention <= 0 {
 		return 0, nil
 	}
-	total := 0
-	for {
-		n, err := ledger.Prune(ctx, r.pool, r.cfg.Retention, r.cfg.PruneBatch, nil)
-		if err != nil {
-			return total, err
-		}
-		total += n
-		if n < r.cfg.PruneBatch || ctx.Err() != nil {
-			break
-		}
-	}
-	// The jobs are gone whatever happens to the batches: count them first.
+	total, err := r.pruneKinds(ctx, now)
+	// The jobs are gone whatever happens next: count them first.
 	if total > 0 {
 		r.pruned.Add(uint64(total))
-		if err := ledger.LogPrune(ctx, r.pool, total, nil); err != nil {
-			return total, err
+		if lerr := ledger.LogPrune(ctx, r.pool, total, now); lerr != nil {
+			return total, errors.Join(err, lerr)
 		}
-		if err := ledger.TrimPruneLog(ctx, r.pool, nil); err != nil {
-			return total, err
+		if lerr := ledger.TrimPruneLog(ctx, r.pool, now); lerr != nil {
+			return total, errors.Join(err, lerr)
 		}
 	}
+	if err != nil {
+		return total, err
+	}
+	dropped, err := r.boundDeadLetters(ctx, now)
+	total += dropped
+	if dropped > 0 {
+		if lerr := ledger.LogPrune(ctx, r.pool, dropped, now); lerr != nil {
+			return total, errors.Join(err, lerr)
+		}
+	}
+	if err != nil {
+		return total, err
+	}
 	for ctx.Err() == nil {
-		n, err := ledger.PruneBatches(ctx, r.pool, r.cfg.Retention, r.cfg.PruneBatch, nil)
+		n, err := ledger.PruneBatches(ctx, r.pool, r.cfg.Retention, r.cfg.PruneBatch, now)
 		if err != nil {
 			return total, fmt.Errorf("prune batches: %w", err)
 		}

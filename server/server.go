@@ -432,6 +432,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	s.declareRetention(ctx)
 	if err := s.srv.Start(s.h); err != nil {
 		s.close()
 		return fmt.Errorf("keel: start worker: %w", err)

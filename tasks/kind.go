@@ -148,6 +148,7 @@ type Kind[P any] struct {
 	key      func(P) string
 	summary  func(P) string
 	defaults settings
+	keep     keepSet
 }
 
 // Define declares a kind; a program then lists its kinds in NewKinds for
@@ -159,8 +160,11 @@ func Define[P any](name string, opts ...Option) *Kind[P] {
 		panic("keel: tasks.Define with an empty kind name")
 	}
 	k := &Kind[P]{name: name}
+	var keeps []keepOption
 	for _, o := range opts {
 		switch o := o.(type) {
+		case keepOption:
+			keeps = append(keeps, o)
 		case keyOption[P]:
 			k.key = o.fn
 		case summaryOption[P]:
@@ -171,6 +175,9 @@ func Define[P any](name string, opts ...Option) *Kind[P] {
 		default:
 			o.apply(&k.defaults)
 		}
+	}
+	for _, o := range keeps { // after Unique, wherever it was given
+		k.keep = k.keep.add(name, k.defaults.unique, o)
 	}
 	if k.key == nil {
 		var p P

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/keeljobs/keel/inspect"
 )
 
 // AnyKind is a declared kind of any payload type (a *Kind[P]), as NewKinds
@@ -25,6 +27,7 @@ type kindInfo interface {
 	AnyKind
 	summarize(payload []byte) (string, bool)
 	defaultSettings() settings
+	Retention() []inspect.RetentionPolicy
 	newJSON(payload []byte, opts []Option) (*Task, error)
 }
 

@@ -472,6 +472,7 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 		}
 	}
 	d.Next = nextStep(j, relay, d.InDoubt, d.LeaseExpired)
+	s.markSeen(ctx, r, j)
 	d.Ended = j.Status.Terminal() || j.Status == idempotency.StatusDead
 	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && slices.Contains(refreshChoices, n) && !d.Ended {
 		d.Live = n

@@ -132,6 +132,7 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("GET /jobs", s.lookup)
 	app.HandleFunc("GET /jobs/{id}", s.job)
 	app.HandleFunc("GET /batches", s.batches)
+	app.HandleFunc("GET /retention", s.retention)
 	app.HandleFunc("GET /batches/{id}", s.batch)
 	app.HandleFunc("GET /workflows/{id}", s.workflow)
 	app.HandleFunc("GET /schedules", s.schedules)

@@ -444,7 +444,7 @@ func (s *scaleRun) plans(ctx context.Context) ([]Plan, error) {
 		}},
 		{"rescue page (1,000)", func(db ledger.DB) { ledger.RescuePage(ctx, db, "", outbox.DefaultReconcileBatch, nil) }}, //nolint:errcheck
 		{"prune batch (1,000)", func(db ledger.DB) {
-			ledger.Prune(ctx, db, outbox.DefaultRetention, outbox.DefaultPruneBatch, nil) //nolint:errcheck
+			ledger.PruneKind(ctx, db, Kind, "succeeded", outbox.DefaultRetention, outbox.DefaultPruneBatch, nil) //nolint:errcheck
 		}},
 	} {
 		sql, args := ledger.Statement(st.call)

@@ -452,7 +452,7 @@ func knownStatements() []knownStatement {
 		{"stray marks", of(func(db ledger.DB) { _ = ledger.MarkStrays(ctx, db, nil, 0) })},
 		{"failure record", of(func(db ledger.DB) { _, _, _ = ledger.Fail(ctx, db, ledger.Failure{}) })},
 		{"release (run interrupted)", of(func(db ledger.DB) { _ = ledger.Release(ctx, db, "", "", 0) })},
-		{"prune finished jobs", of(func(db ledger.DB) { _, _ = ledger.Prune(ctx, db, 0, 0, nil) })},
+		{"prune finished jobs", of(func(db ledger.DB) { _, _ = ledger.PruneKind(ctx, db, "", "", 0, 0, nil) })},
 		{"prune completed batches", of(func(db ledger.DB) { _, _ = ledger.PruneBatches(ctx, db, 0, 0, nil) })},
 		{"BEGIN", "begin"},
 		// Under-counted: Postgres 15's pg_stat_statements counts a prepared

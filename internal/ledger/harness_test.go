@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +17,12 @@ func TestHarnessPlans(t *testing.T) {
 	ctx := context.Background()
 	p := plan(t, func(db ledger.DB) { ledger.RunningJobs(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_running_lease"}, "keel_jobs")
+	// One kind's succeeded jobs: the per-kind prune's index serves as well.
 	p = plan(t, func(db ledger.DB) { ledger.SucceededOfKind(ctx, db, "kind3") }) //nolint:errcheck
-	usesIndex(t, p, []string{"keel_jobs_kind_business_key"}, "keel_jobs")
+	if !strings.Contains(p, "keel_jobs_finished_kind") {
+		usesIndex(t, p, []string{"keel_jobs_kind_business_key"}, "keel_jobs")
+	}
+	lacks(t, p, "Seq Scan on keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.KindTally(ctx, db, "kind3") }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_kind_business_key"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.Unpublished(ctx, db) }) //nolint:errcheck

@@ -37,7 +37,7 @@ func TestProgressAndResultPlans(t *testing.T) {
 	p = plan(t, func(db ledger.DB) { ledger.ReadResultByKey(ctx, db, "kind1", "key8") }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_job_results_pkey"}, "keel_jobs", "keel_job_results")
 	// The prune takes a job's progress and result with it, by primary key.
-	p = plan(t, func(db ledger.DB) { ledger.Prune(ctx, db, 30*24*time.Hour, 1000, nil) }) //nolint:errcheck
+	p = plan(t, func(db ledger.DB) { ledger.PruneKind(ctx, db, "kind1", "succeeded", 30*24*time.Hour, 1000, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_job_progress_pkey", "keel_job_results_pkey"}, "keel_job_progress", "keel_job_results")
 }
 
@@ -134,9 +134,7 @@ func TestResultGoesWithSuccess(t *testing.T) {
 		INSERT INTO keel_job_results (job_id, result) VALUES ('zr', '1');
 		INSERT INTO keel_job_progress (job_id, run, done, total) VALUES ('zr', 1, 1, 1)`)
 	require.NoError(t, err)
-	pruned, err := ledger.Prune(ctx, tx, 100*24*time.Hour, 100000, ledger.At(time.Now().Add(365*24*time.Hour)))
-	require.NoError(t, err)
-	require.Positive(t, pruned)
+	require.Positive(t, pruneAll(t, tx, 100*24*time.Hour, ledger.At(time.Now().Add(365*24*time.Hour))))
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM keel_job_progress p WHERE NOT EXISTS (SELECT FROM keel_jobs j WHERE j.id = p.job_id)`).Scan(&n))
 	require.Zero(t, n, "no progress is left without its job")
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM keel_job_results r WHERE NOT EXISTS (SELECT FROM keel_jobs j WHERE j.id = r.job_id)`).Scan(&n))

@@ -80,32 +80,6 @@ func RescuePage(ctx context.Context, db DB, after string, limit int, now Now) ([
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Orphan])
 }
 
-// pruneSQL stays on keel_jobs_finished. ANY(ARRAY(…)) makes the delete
-// probe the primary key per row; with IN (subquery) the planner hashes the
-// batch and scans the whole table. A job's steps go by their foreign key;
-// its progress and result, which have none, are deleted by the same
-// statement: a probe of each table's primary key per job pruned. Its
-// dependencies (as a child) go with it too; those naming it as a parent
-// stay while their child does, which shows the parent as pruned.
-const pruneSQL = `WITH gone AS (DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
-	SELECT id FROM keel_jobs
-	WHERE status IN ('succeeded', 'discarded', 'cancelled') AND finished_at < coalesce($3::timestamptz, now()) - $1 * interval '1 millisecond'
-	ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-	RETURNING id),
-progress AS (DELETE FROM keel_job_progress WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
-results AS (DELETE FROM keel_job_results WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
-deps AS (DELETE FROM keel_job_deps WHERE child_id = ANY (ARRAY (SELECT id FROM gone)))
-SELECT count(*) FROM gone`
-
-// Prune deletes up to limit succeeded, discarded and cancelled jobs (their
-// steps, progress and result go with them) finished longer than retention
-// ago, oldest first, and returns how many.
-func Prune(ctx context.Context, db DB, retention time.Duration, limit int, now Now) (int, error) {
-	var n int
-	err := db.QueryRow(ctx, pruneSQL, retention.Milliseconds(), limit, now).Scan(&n)
-	return n, err
-}
-
 // pruneBatchesSQL deletes batches that completed longer than the retention
 // ago and have no member left: pruning took the members that ended, and a
 // dead one keeps its batch, which its replay would reopen. Batches with a
