@@ -109,7 +109,7 @@ func New(app App) *cobra.Command {
 	}
 	e.bind(root)
 	root.AddCommand(versionCmd(e), migrateCmd(e), workerCmd(e), relayCmd(e), enqueueCmd(e), statusCmd(e),
-		ledgerCmd(e), deadCmd(e), cancelCmd(e), releaseCmd(e), workflowCmd(e), queueCmd(e), batchCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e))
+		ledgerCmd(e), deadCmd(e), cancelCmd(e), releaseCmd(e), workflowCmd(e), queueCmd(e), kindCmd(e), batchCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e))
 	if app.Commands != nil {
 		root.AddCommand(app.Commands(e)...)
 	}
@@ -122,7 +122,7 @@ func New(app App) *cobra.Command {
 var keelCommand = regexp.MustCompile("(^|[^\\w./-])keel (" + commandWords + ")\\b")
 
 // commandWords are keel's own commands, as a regular expression.
-const commandWords = "migrate|worker|relay|enqueue|status|ledger|dead|cancel|release|workflow|queue|batch|web|scheduler|healthcheck|version"
+const commandWords = "migrate|worker|relay|enqueue|status|ledger|dead|cancel|release|workflow|queue|kind|batch|web|scheduler|healthcheck|version"
 
 // nameCommands puts the program's own name in the commands its help tells
 // a person to run: a program built with this package under another name has

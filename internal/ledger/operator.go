@@ -263,7 +263,7 @@ func Audited(ctx context.Context, db DB, jobID, action string) (bool, error) {
 
 // Filter selects jobs for a bulk action. Zero fields match everything.
 type Filter struct {
-	// Open selects jobs not finished (pending, paused, running, failed), what a
+	// Open selects jobs not finished (pending, running, failed), what a
 	// cancel applies to, with Since and Until on when they were enqueued;
 	// otherwise dead jobs, with Since and Until on when they died.
 	Open               bool
@@ -275,7 +275,7 @@ func (f Filter) where() (string, []any) {
 	conds := []string{"j.status = 'dead'"}
 	at := "j.finished_at"
 	if f.Open {
-		conds[0], at = "j.status IN ('pending', 'paused', 'running', 'failed')", "j.created_at"
+		conds[0], at = "j.status IN ('pending', 'running', 'failed')", "j.created_at"
 	}
 	var args []any
 	add := func(cond string, v any) {
