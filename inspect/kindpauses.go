@@ -75,7 +75,7 @@ func kindAction(kind, actor string) error {
 		return err
 	}
 	if err := ledger.ValidateKey("kind", kind); err != nil {
-		return fmt.Errorf("keel: %w", err)
+		return fmt.Errorf("keel: %w: %w", ErrInvalidName, err)
 	}
 	return nil
 }
