@@ -14,6 +14,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
+	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
 )
 
@@ -145,4 +146,61 @@ func TestAPausedKindWaitsOnEveryWorkerThroughAFlushedRedis(t *testing.T) {
 		require.Equal(t, 1, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, id), "job %s ran more than once", id)
 	}
 	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM keel_audit WHERE action IN ('pause-kind:hunt:paused', 'resume-kind:hunt:paused')`))
+}
+
+// The joints of a kind's pause: a dependent released while its kind is
+// paused, a dead job replayed meanwhile and one enqueued for later are
+// held; a held job can be cancelled, and the resume leaves it so; the
+// others run once each after the resume.
+func TestAPausedKindHoldsReleasedReplayedAndCancelledJobs(t *testing.T) {
+	e := setup(t)
+	depsTables(t, e)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `CREATE TABLE kind_gate (open boolean)`)
+	require.NoError(t, err)
+	mux := tasks.NewMux()
+	kindPauseHandlers(mux, e.pool)
+	tasks.Handle(mux, depKind, depHandler(e.pool, nil))
+	cfg := server.Config{Redis: e.redisOpt(), Pool: e.pool, Concurrency: 4, ShutdownTimeout: time.Second}
+	cfg.Retry.Base, cfg.Retry.Cap = 100*time.Millisecond, 100*time.Millisecond
+	testworker.RunServer(t, cfg, mux)
+	ops := e.client.Inspector()
+
+	dead, err := e.client.Enqueue(ctx, depKind.New(item{ID: "fail-once-1"}))
+	require.NoError(t, err)
+	testworker.WaitStatus(t, e.store, dead.Job.ID, idempotency.StatusDead, 20*time.Second)
+	parent, err := e.client.Enqueue(ctx, pausedKind.New(item{ID: "gate"}))
+	require.NoError(t, err)
+	child, err := e.client.Enqueue(ctx, depKind.New(item{ID: "child"}, tasks.After(parent.Job.ID)))
+	require.NoError(t, err)
+	later, err := e.client.Enqueue(ctx, depKind.New(item{ID: "later"}, tasks.Delay(time.Hour)))
+	require.NoError(t, err)
+
+	_, err = ops.PauseKind(ctx, depKind.Name(), "ops", "the supplier is down")
+	require.NoError(t, err)
+	testworker.WaitStatus(t, e.store, later.Job.ID, idempotency.StatusPaused, 10*time.Second)
+	cancelled, err := ops.Cancel(ctx, later.Job.ID, "ops", "not needed after all")
+	require.NoError(t, err)
+	require.False(t, cancelled.AlreadyCancelled)
+	_, err = ops.Replay(ctx, dead.Job.ID, "ops", "the warehouse is back")
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO kind_gate VALUES (true)`)
+	require.NoError(t, err)
+	testworker.WaitStatus(t, e.store, parent.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	testworker.WaitStatus(t, e.store, child.Job.ID, idempotency.StatusPaused, 20*time.Second)
+	testworker.WaitStatus(t, e.store, dead.Job.ID, idempotency.StatusPaused, 20*time.Second)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, child.Job.ID))
+
+	_, err = ops.ResumeKind(ctx, depKind.Name(), "ops", "back")
+	require.NoError(t, err)
+	testworker.WaitStatus(t, e.store, child.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	testworker.WaitStatus(t, e.store, dead.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	for _, id := range []string{child.Job.ID, dead.Job.ID, parent.Job.ID} {
+		require.Equal(t, 1, e.effects(t, id), "job %s", id)
+	}
+	j, err := e.store.Get(ctx, later.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusCancelled, j.Status)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, later.Job.ID))
+	e.noEarlyRuns(t)
 }
