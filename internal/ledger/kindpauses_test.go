@@ -3,10 +3,13 @@ package ledger_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/keeljobs/keel/internal/testenv"
 )
 
 // A kind's pause holds its waiting jobs, and only its; a delivery's claim
@@ -91,4 +94,51 @@ func TestKindPauses(t *testing.T) {
 	var audited int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM keel_audit WHERE action IN ('pause-kind:kind3', 'resume-kind:kind3')`).Scan(&audited))
 	require.Equal(t, 2, audited)
+}
+
+// A hold that commits while a resume runs is released by that resume: the
+// hold locks the kind's pause row, so the resume's delete waits for it and
+// its release then sees the held job. Without the lock the job would stay
+// held with no pause left to resume.
+func TestAHoldDuringAResumeIsReleased(t *testing.T) {
+	pool, _ := testenv.PrivatePool(t, "keel_test_ledger_kindrace")
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, run_at)
+		VALUES ('j1', 'mail', 'k1', 'default', '\x7b7d', 3, 'pending', now(), now())`)
+	require.NoError(t, err)
+	_, err = ledger.PauseKind(ctx, pool, "mail", "ops", "")
+	require.NoError(t, err)
+
+	// A delivery's claim did not take; its hold is not committed yet.
+	hold, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(ctx) //nolint:errcheck
+	var why []ledger.Unclaimed
+	require.NoError(t, ledger.ReadUnclaimed(ctx, hold, []string{"j1"}, func(u ledger.Unclaimed) { why = append(why, u) }))
+	require.Equal(t, ledger.StatusPaused, why[0].Status)
+	var holdPID int
+	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
+
+	resumed := make(chan error, 1)
+	go func() {
+		resumed <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := ledger.ResumeKind(ctx, tx, "mail", "ops", ""); err != nil {
+				return err
+			}
+			_, err := ledger.ReleaseKind(ctx, tx, "mail")
+			return err
+		})
+	}()
+	// The resume waits for the hold's lock on the pause row.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE $1 = ANY (pg_blocking_pids(pid)))`, holdPID).Scan(&waiting))
+		return waiting
+	}, "the resume did not wait for the hold")
+	require.NoError(t, hold.Commit(ctx))
+	require.NoError(t, <-resumed)
+	var st string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = 'j1'`).Scan(&st))
+	require.Equal(t, "pending", st)
 }
