@@ -127,6 +127,12 @@ func TestAPausedKindWaitsOnEveryWorkerThroughAFlushedRedis(t *testing.T) {
 		require.Equal(t, idempotency.StatusPaused, j.Status, "job %s", id)
 		require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, id), "a paused kind's job %s started", id)
 	}
+	// The same business action again: the held job, still held.
+	dup, err := e.client.Enqueue(ctx, pausedKind.New(item{ID: "during-0"}))
+	require.NoError(t, err)
+	require.True(t, dup.Existed)
+	require.Equal(t, held[3], dup.Job.ID)
+	require.False(t, dup.Published)
 	paused, err := ops.PausedKinds(ctx)
 	require.NoError(t, err)
 	require.Len(t, paused, 1)
