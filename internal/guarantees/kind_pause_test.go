@@ -156,8 +156,8 @@ func TestAPausedKindWaitsOnEveryWorkerThroughAFlushedRedis(t *testing.T) {
 
 // The joints of a kind's pause: a dependent released while its kind is
 // paused, a dead job replayed meanwhile and one enqueued for later are
-// held; a held job can be cancelled, and the resume leaves it so; the
-// others run once each after the resume.
+// held; a held job can be cancelled, and the resume leaves it so; a held
+// job's deadline ends it; the others run once each after the resume.
 func TestAPausedKindHoldsReleasedReplayedAndCancelledJobs(t *testing.T) {
 	e := setup(t)
 	depsTables(t, e)
@@ -169,6 +169,7 @@ func TestAPausedKindHoldsReleasedReplayedAndCancelledJobs(t *testing.T) {
 	tasks.Handle(mux, depKind, depHandler(e.pool, nil))
 	cfg := server.Config{Redis: e.redisOpt(), Pool: e.pool, Concurrency: 4, ShutdownTimeout: time.Second}
 	cfg.Retry.Base, cfg.Retry.Cap = 100*time.Millisecond, 100*time.Millisecond
+	cfg.Reconciler.Interval, cfg.Reconciler.Grace = 200*time.Millisecond, 200*time.Millisecond
 	testworker.RunServer(t, cfg, mux)
 	ops := e.client.Inspector()
 
@@ -185,6 +186,12 @@ func TestAPausedKindHoldsReleasedReplayedAndCancelledJobs(t *testing.T) {
 	_, err = ops.PauseKind(ctx, depKind.Name(), "ops", "the supplier is down")
 	require.NoError(t, err)
 	testworker.WaitStatus(t, e.store, later.Job.ID, idempotency.StatusPaused, 10*time.Second)
+	// Held at its delivery; its deadline ends it while its kind is paused.
+	expiring, err := e.client.Enqueue(ctx, depKind.New(item{ID: "expiring"}, tasks.Deadline(time.Now().Add(2*time.Second))))
+	require.NoError(t, err)
+	testworker.WaitStatus(t, e.store, expiring.Job.ID, idempotency.StatusPaused, 10*time.Second)
+	j := testworker.WaitStatus(t, e.store, expiring.Job.ID, idempotency.StatusDead, 20*time.Second)
+	require.Equal(t, "deadline", j.ErrorClass)
 	cancelled, err := ops.Cancel(ctx, later.Job.ID, "ops", "not needed after all")
 	require.NoError(t, err)
 	require.False(t, cancelled.AlreadyCancelled)
@@ -204,9 +211,11 @@ func TestAPausedKindHoldsReleasedReplayedAndCancelledJobs(t *testing.T) {
 	for _, id := range []string{child.Job.ID, dead.Job.ID, parent.Job.ID} {
 		require.Equal(t, 1, e.effects(t, id), "job %s", id)
 	}
-	j, err := e.store.Get(ctx, later.Job.ID)
+	j, err = e.store.Get(ctx, later.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusCancelled, j.Status)
-	require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, later.Job.ID))
+	for _, id := range []string{later.Job.ID, expiring.Job.ID} {
+		require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, id))
+	}
 	e.noEarlyRuns(t)
 }

@@ -162,7 +162,7 @@ const kindNotPausedSQL = `(status = 'running' OR NOT EXISTS (SELECT 1 FROM keel_
 // others could not be claimed: the rare path. The kinds' pause rows are
 // locked first, so a resume's release sees these holds.
 const unclaimedSQL = `WITH p AS MATERIALIZED (SELECT kind FROM keel_kind_pauses
-	WHERE kind = ANY (ARRAY (SELECT kind FROM keel_jobs WHERE id = ANY($1)))),
+	WHERE kind = ANY (ARRAY (SELECT kind FROM keel_jobs WHERE id = ANY($1))) FOR SHARE),
 h AS (UPDATE keel_jobs SET status = 'paused', updated_at = now() WHERE id IN (
 	SELECT id FROM keel_jobs WHERE id = ANY($1) AND status IN ('pending', 'failed') AND kind IN (SELECT kind FROM p)
 	FOR UPDATE SKIP LOCKED)

@@ -79,6 +79,21 @@ func ReleaseKind(ctx context.Context, db DB, kind string) (int64, error) {
 	return tag.RowsAffected(), err
 }
 
+const heldPastDeadlineSQL = `SELECT id FROM keel_jobs
+	WHERE status = 'paused' AND deadline IS NOT NULL AND deadline < coalesce($2::timestamptz, now())
+	ORDER BY deadline LIMIT $1`
+
+// HeldPastDeadline returns up to limit held jobs whose deadline has
+// passed: no run can start them any more, so they end (EndPastDeadline)
+// without waiting for their kind's resume.
+func HeldPastDeadline(ctx context.Context, db DB, limit int, now Now) ([]string, error) {
+	rows, err := db.Query(ctx, heldPastDeadlineSQL, limit, now)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // kindPausesSQL reads the paused kinds with the number of jobs each holds,
 // from the held jobs' index.
 const kindPausesSQL = `SELECT p.kind, p.paused_at, p.paused_by, p.note,

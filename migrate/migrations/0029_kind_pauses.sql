@@ -25,3 +25,5 @@ CREATE TABLE IF NOT EXISTS keel_kind_pauses (
 );
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_paused ON keel_jobs (kind, run_at) WHERE status = 'paused';
+-- A held job's deadline still ends it: reconcilers find those past it here.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_paused_deadline ON keel_jobs (deadline) WHERE status = 'paused' AND deadline IS NOT NULL;
