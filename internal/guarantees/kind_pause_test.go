@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/server"
@@ -102,14 +103,23 @@ func TestAPausedKindWaitsOnEveryWorkerThroughAFlushedRedis(t *testing.T) {
 	for _, id := range held {
 		testworker.WaitStatus(t, e.store, id, idempotency.StatusPaused, 20*time.Second)
 	}
+	// Held, not postponed: Redis keeps no copy to deliver again and again.
+	rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
+	defer rdb.Close()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		for _, id := range held {
+			if rdb.Exists(ctx, asynqwire.TaskKey("default", id)).Val() != 0 {
+				return false
+			}
+		}
+		return true
+	}, "a held job's task is still in Redis")
 	// The run that began before the pause finishes under it.
 	_, err = e.pool.Exec(ctx, `INSERT INTO kind_gate VALUES (true)`)
 	require.NoError(t, err)
 	testworker.WaitStatus(t, e.store, gate.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 
 	// Redis loses everything; both workers die and a new one starts.
-	rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
-	defer rdb.Close()
 	require.NoError(t, rdb.FlushAll(ctx).Err())
 	require.NoError(t, a.Process.Signal(syscall.SIGKILL))
 	require.NoError(t, b.Process.Signal(syscall.SIGKILL))
