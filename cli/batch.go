@@ -159,7 +159,7 @@ func loadBatch(ctx context.Context, store *jobstore.Store, id string, limit int)
 		return batchJSON{}, err
 	}
 	v.Open = map[string]int{}
-	for _, st := range []idempotency.Status{idempotency.StatusPending, idempotency.StatusRunning, idempotency.StatusFailed} {
+	for _, st := range []idempotency.Status{idempotency.StatusPending, idempotency.StatusPaused, idempotency.StatusRunning, idempotency.StatusFailed} {
 		v.Open[string(st)] = statuses[st]
 		v.OpenTotal += statuses[st]
 	}

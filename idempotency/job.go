@@ -14,8 +14,11 @@ type Status = ledger.Status
 // The ledger's statuses.
 const (
 	// StatusWaiting: the job waits for other jobs to succeed (tasks.After).
-	StatusWaiting   = ledger.StatusWaiting
-	StatusPending   = ledger.StatusPending
+	StatusWaiting = ledger.StatusWaiting
+	StatusPending = ledger.StatusPending
+	// StatusPaused: the job's kind is paused (inspect.PauseKind); it runs
+	// when the kind resumes.
+	StatusPaused    = ledger.StatusPaused
 	StatusRunning   = ledger.StatusRunning
 	StatusSucceeded = ledger.StatusSucceeded
 	StatusFailed    = ledger.StatusFailed

@@ -14,6 +14,10 @@ import (
 // (Config.Redis or RedisClient).
 var ErrNoRedis = errors.New("keel inspect: pausing a queue needs Redis (Config.Redis)")
 
+// ErrInvalidName means a queue or kind name a pause was asked for cannot
+// name one.
+var ErrInvalidName = errors.New("invalid name")
+
 // QueuePause is a queue a person paused: who, when and why.
 type QueuePause = ledger.Pause
 
@@ -64,7 +68,7 @@ func (in *Inspector) queueAction(queue, actor string) error {
 		return err
 	}
 	if err := ledger.ValidateQueue(queue); err != nil {
-		return fmt.Errorf("keel: %w", err)
+		return fmt.Errorf("keel: %w: %w", ErrInvalidName, err)
 	}
 	if in.rdb == nil {
 		return ErrNoRedis

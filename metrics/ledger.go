@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -86,8 +87,14 @@ type Snapshot struct {
 	// those sealed and waiting for members.
 	BatchesOpen, BatchesSealed int
 	// Waiting counts the jobs waiting for their parents, by kind.
-	Waiting     []WaitingCount
-	PostgresErr error // nil when the ledger was read
+	Waiting []WaitingCount
+	// PausedQueues are the queues the ledger holds paused (keel queue
+	// pause), PausedKinds the kinds (keel kind pause); Held counts the
+	// jobs held as paused, by kind.
+	PausedQueues []string
+	PausedKinds  []string
+	Held         map[string]int64
+	PostgresErr  error // nil when the ledger was read
 }
 
 // Ledger is a prometheus.Collector that reads queue sizes from asynq and
@@ -103,6 +110,7 @@ type Ledger struct {
 
 	queueSize, oldestPending, paused, dead, backlog, lag, batches, up, duration *prometheus.Desc
 	waiting, waitingOnDead, waitingOldest                                       *prometheus.Desc
+	queuePausedByKeel, kindPaused, kindHeld                                     *prometheus.Desc
 }
 
 // NewLedger returns a collector, or the error of cfg.Validate; register it
@@ -133,6 +141,12 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 			"Waiting jobs with a dead parent: they wait for a person (replay the parent, or release or cancel the job).", []string{"kind"}, nil),
 		waitingOldest: prometheus.NewDesc("keel_jobs_waiting_oldest_seconds",
 			"Age of the oldest waiting job of a kind.", []string{"kind"}, nil),
+		queuePausedByKeel: prometheus.NewDesc("keel_queue_paused_by_keel",
+			"1 for each queue the ledger holds paused (keel queue pause); a reconciler pass pauses it in Redis.", []string{"queue"}, nil),
+		kindPaused: prometheus.NewDesc("keel_kind_paused",
+			"1 for each kind the ledger holds paused (keel kind pause).", []string{"kind"}, nil),
+		kindHeld: prometheus.NewDesc("keel_kind_paused_jobs",
+			"Jobs held in the ledger because their kind is paused, by kind: they run when it resumes.", []string{"kind"}, nil),
 		up: prometheus.NewDesc("keel_collector_up",
 			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
 		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
@@ -143,7 +157,7 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 // Describe implements prometheus.Collector.
 func (l *Ledger) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.batches,
-		l.waiting, l.waitingOnDead, l.waitingOldest, l.up, l.duration} {
+		l.waiting, l.waitingOnDead, l.waitingOldest, l.queuePausedByKeel, l.kindPaused, l.kindHeld, l.up, l.duration} {
 		ch <- d
 	}
 }
@@ -181,6 +195,18 @@ func (l *Ledger) Collect(ch chan<- prometheus.Metric) {
 				gauge(l.waiting, float64(w.N), w.Kind)
 				gauge(l.waitingOnDead, float64(w.OnDead), w.Kind)
 				gauge(l.waitingOldest, max(time.Since(w.Oldest), 0).Seconds(), w.Kind)
+			}
+			for _, q := range s.PausedQueues {
+				gauge(l.queuePausedByKeel, 1, q)
+			}
+			for _, k := range s.PausedKinds {
+				gauge(l.kindPaused, 1, k)
+				gauge(l.kindHeld, float64(s.Held[k]), k)
+			}
+			for k, n := range s.Held {
+				if !slices.Contains(s.PausedKinds, k) {
+					gauge(l.kindHeld, float64(n), k) // held without a pause: keel kind resume releases them
+				}
 			}
 		}
 	}
@@ -295,6 +321,23 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 	s.BatchesOpen, s.BatchesSealed = int(open), int(sealed)
 	if s.Waiting, err = ledger.WaitingByKind(ctx, l.cfg.Pool); err != nil {
 		return fmt.Errorf("keel: reading waiting jobs: %w", err)
+	}
+	queues, err := ledger.Pauses(ctx, l.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("keel: reading paused queues: %w", err)
+	}
+	for _, q := range queues {
+		s.PausedQueues = append(s.PausedQueues, q.Queue)
+	}
+	kinds, err := ledger.KindPauses(ctx, l.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("keel: reading paused kinds: %w", err)
+	}
+	for _, k := range kinds {
+		s.PausedKinds = append(s.PausedKinds, k.Kind)
+	}
+	if s.Held, err = ledger.HeldByKind(ctx, l.cfg.Pool); err != nil {
+		return fmt.Errorf("keel: reading held jobs: %w", err)
 	}
 	return nil
 }

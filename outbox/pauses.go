@@ -8,6 +8,24 @@ import (
 	"github.com/keeljobs/keel/internal/ledger"
 )
 
+// endHeldPastDeadline ends the jobs a kind's pause holds whose deadline
+// has passed (dead, or expired where their kind drops stale work), as it
+// ends those waiting in Redis: a deadline ends a job, paused or not.
+func (r *Reconciler) endHeldPastDeadline(ctx context.Context) error {
+	ids, err := ledger.HeldPastDeadline(ctx, r.pool, r.cfg.BatchSize, nil)
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	deaths, expired, err := r.store.EndPastDeadline(ctx, ids)
+	if err != nil {
+		return err
+	}
+	if len(expired) > 0 {
+		r.cfg.Logger.Info("keel reconciler: held jobs of a paused kind expired at their deadline", "jobs", len(expired))
+	}
+	return r.died(ctx, deaths)
+}
+
 // applyPauses pauses in Redis every queue the ledger holds paused (see
 // inspect.PauseQueue): a Redis that lost its data, or a pause recorded
 // while Redis was down, gets it back within a pass. It never resumes a

@@ -349,6 +349,9 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	if err := r.applyPauses(ctx); err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Warn("keel reconciler: paused queues not checked in Redis; the next pass tries again", "err", err)
 	}
+	if err := r.endHeldPastDeadline(ctx); err != nil && ctx.Err() == nil {
+		r.cfg.Logger.Warn("keel reconciler: held jobs past their deadline not ended; the next pass tries again", "err", err)
+	}
 	repaired, err := r.takeOverOutbox(ctx)
 	if err != nil {
 		return repaired, err

@@ -541,6 +541,8 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 				msg = "keel: job interrupted by shutdown"
 			case outcome.GivenUp:
 				level, msg = slog.LevelWarn, "keel: job given up"
+			case outcome.Held:
+				msg, withErr = "keel: job held: its kind is paused", false
 			case outcome.Retired:
 				level, msg, withErr = slog.LevelWarn, "keel: job retired as a poison job", false
 			default:

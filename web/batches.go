@@ -49,12 +49,14 @@ type batchData struct {
 	Batch                    jobstore.Batch
 	State                    string
 	Pending, Running, Failed int
-	Open                     []idempotency.Job
-	Callbacks                []batchCallbackView
+	// Paused: members held because their kind is paused.
+	Paused    int
+	Open      []idempotency.Job
+	Callbacks []batchCallbackView
 }
 
 // OpenTotal counts the members that have not ended.
-func (d batchData) OpenTotal() int { return d.Pending + d.Running + d.Failed }
+func (d batchData) OpenTotal() int { return d.Pending + d.Paused + d.Running + d.Failed }
 
 // MoreOpen counts the open members the page does not list.
 func (d batchData) MoreOpen() int { return d.OpenTotal() - len(d.Open) }
@@ -87,6 +89,7 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	statuses, err := s.store.BatchStatuses(ctx, id)
 	if err == nil {
 		d.Pending, d.Running, d.Failed = statuses[idempotency.StatusPending], statuses[idempotency.StatusRunning], statuses[idempotency.StatusFailed]
+		d.Paused = statuses[idempotency.StatusPaused]
 		d.Open, err = s.store.OpenMembers(ctx, id, openMembersShown)
 	}
 	for _, cb := range []struct {

@@ -36,7 +36,8 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) {
 
 // cancellable reports whether a job in status may still be cancelled.
 func cancellable(st idempotency.Status) bool {
-	return st == idempotency.StatusWaiting || st == idempotency.StatusPending || st == idempotency.StatusRunning || st == idempotency.StatusFailed
+	return st == idempotency.StatusWaiting || st == idempotency.StatusPending || st == idempotency.StatusPaused ||
+		st == idempotency.StatusRunning || st == idempotency.StatusFailed
 }
 
 // Cancellable says whether the job page offers Cancel.

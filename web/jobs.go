@@ -26,7 +26,7 @@ import (
 const statusInDoubt = "in-doubt"
 
 var listStatuses = []string{
-	string(idempotency.StatusWaiting), string(idempotency.StatusPending), string(idempotency.StatusRunning),
+	string(idempotency.StatusWaiting), string(idempotency.StatusPending), string(idempotency.StatusPaused), string(idempotency.StatusRunning),
 	string(idempotency.StatusFailed), string(idempotency.StatusDead), string(idempotency.StatusSucceeded), string(idempotency.StatusDiscarded),
 	string(idempotency.StatusCancelled), statusInDoubt,
 }

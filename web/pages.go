@@ -512,6 +512,8 @@ func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 	case idempotency.StatusWaiting:
 		return fmt.Sprintf("Waiting for %d of the jobs below to succeed; the last one's success makes it pending, and the relay hands it to a worker. "+
 			"An operator can release it to start it now.", j.WaitingOn)
+	case idempotency.StatusPaused:
+		return "Held: its kind " + j.Kind + " is paused (see Pauses). No worker starts it until the kind resumes; then the relay hands it to a worker."
 	case idempotency.StatusPending:
 		if j.RunAt.After(time.Now()) {
 			return "Runs at " + j.RunAt.UTC().Format("2006-01-02 15:04:05 UTC") + " (in " + time.Until(j.RunAt).Round(time.Second).String() +

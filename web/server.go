@@ -144,6 +144,8 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("POST /jobs/{id}/cancel", operatorOnly(checkToken(s.cancelJob)))
 	app.HandleFunc("POST /jobs/{id}/release", operatorOnly(checkToken(s.releaseJob)))
 	app.HandleFunc("POST /jobs/{id}/payload", operatorOnly(checkToken(s.showPayload)))
+	app.HandleFunc("GET /pauses", s.pauses)
+	app.HandleFunc("POST /pauses", operatorOnly(checkToken(s.pauseAction)))
 	app.HandleFunc("POST /logout", checkToken(s.logout))
 	app.HandleFunc("GET "+MonitoringPath, func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, MonitoringPath+"/", http.StatusMovedPermanently)

@@ -167,7 +167,7 @@ type workflowData struct {
 
 // statusOrder is the order the workflow page counts statuses in: those
 // still to run first.
-var statusOrder = []idempotency.Status{idempotency.StatusWaiting, idempotency.StatusPending, idempotency.StatusRunning,
+var statusOrder = []idempotency.Status{idempotency.StatusWaiting, idempotency.StatusPending, idempotency.StatusPaused, idempotency.StatusRunning,
 	idempotency.StatusFailed, idempotency.StatusDead, idempotency.StatusSucceeded, idempotency.StatusCancelled, idempotency.StatusDiscarded}
 
 func (s *Server) workflow(w http.ResponseWriter, r *http.Request) {

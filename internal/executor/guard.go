@@ -280,6 +280,9 @@ type GuardStats struct {
 	// the delivery's own deadline: the job was handed back unstarted, to
 	// run at a delivery soon after (a slow ledger, not a refusing one).
 	LateClaims uint64
+	// Held counts deliveries acknowledged unrun because their job's kind
+	// is paused (the ledger holds the job until the kind resumes).
+	Held uint64
 }
 
 // Guard is the ledger middleware: it claims each delivery's job with a lease
@@ -305,7 +308,7 @@ type Guard struct {
 	stats struct {
 		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs atomic.Uint64
 		overran, interrupted, crashed, cancelled, expired           atomic.Uint64
-		progressWrites, lateClaims                                  atomic.Uint64
+		progressWrites, lateClaims, held                            atomic.Uint64
 	}
 
 	stopRenew context.CancelFunc
@@ -437,6 +440,7 @@ func (g *Guard) Stats() GuardStats {
 		LedgerErrors: g.stats.ledgerErrs.Load(), Overran: g.stats.overran.Load(),
 		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(), Cancelled: g.stats.cancelled.Load(),
 		Expired: g.stats.expired.Load(), ProgressWrites: g.stats.progressWrites.Load(), LateClaims: g.stats.lateClaims.Load(),
+		Held: g.stats.held.Load(),
 	}
 }
 
@@ -504,6 +508,9 @@ const (
 	// claimExhausted: the job is claimable but its budget is used up by
 	// runs that ended without an outcome; it must retire, not run.
 	claimExhausted
+	// claimHeld: the job's kind is paused; the ledger holds the job until
+	// the kind resumes, and the delivery is acknowledged unrun.
+	claimHeld
 )
 
 type claimResult struct {
@@ -649,6 +656,8 @@ func (g *Guard) explainUnclaimed(ctx context.Context, ids []string, results map[
 		switch {
 		case u.Exhausted:
 			res.outcome = claimExhausted
+		case res.status == ledger.StatusPaused:
+			res.outcome = claimHeld
 		case res.status.Terminal():
 			res.outcome = claimFinished
 		case res.status == ledger.StatusDead:
@@ -908,6 +917,13 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 			return fmt.Errorf("%w: job %s: %w", ErrUnknownJob, id, asynq.SkipRetry)
 		case claimExhausted:
 			return g.retireCrashed(ctx, t, id)
+		case claimHeld:
+			// The resume hands the job to the relay, which publishes it
+			// anew: this copy goes, so a paused job costs no delivery.
+			g.stats.held.Add(1)
+			outcome.Note(ctx, outcome.Held)
+			g.cfg.signals.Skipped.Signal(id)
+			return nil
 		}
 		g.stats.claimed.Add(1)
 

@@ -62,6 +62,8 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 	case "deps":
 		cfg.Guard.Lease = 2 * time.Second
 		depsHandlers(mux, pool)
+	case "kind-pause":
+		kindPauseHandlers(mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second
 		oneShotHandlers(mux, pool)

@@ -56,6 +56,7 @@ free AS (
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
 	  AND (attempts <= max_retry + extra_runs OR (` + crashedBesideOthers + `))
 	  AND ` + keyFreeSQL + `
+	  AND ` + kindNotPausedSQL + `
 	FOR UPDATE SKIP LOCKED),
 c AS (
 	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
@@ -149,8 +150,25 @@ func Round(ctx context.Context, db DB, a RoundArgs, fn func(Claimed)) error {
 const keyFreeSQL = `NOT EXISTS (SELECT 1 FROM keel_jobs o WHERE o.stray_until IS NOT NULL AND o.stray_until > now()
 	AND o.kind = keel_jobs.kind AND o.business_key = keel_jobs.business_key || '#' || o.id)`
 
-// unclaimedSQL reads why jobs could not be claimed (the rare path).
-const unclaimedSQL = `SELECT id, status, attempts, coalesce(lease_until, now()), ` + exhaustedSQL + `
+// kindNotPausedSQL is the claim's condition that the job's kind is not
+// paused; the claimed row is keel_jobs. A crashed run's job (running, its
+// lease expired) is claimed all the same: that run began before the pause,
+// and its crash is counted as always.
+const kindNotPausedSQL = `(status = 'running' OR NOT EXISTS (SELECT 1 FROM keel_kind_pauses p WHERE p.kind = keel_jobs.kind))`
+
+// unclaimedSQL holds those of the jobs that the claim left because their
+// kind is paused (status 'paused', see kindpauses.go; one that another
+// transaction has locked is looked at again later) and reads why the
+// others could not be claimed: the rare path. The kinds' pause rows are
+// locked first, so a resume's release sees these holds.
+const unclaimedSQL = `WITH p AS MATERIALIZED (SELECT kind FROM keel_kind_pauses
+	WHERE kind = ANY (ARRAY (SELECT kind FROM keel_jobs WHERE id = ANY($1))) FOR SHARE),
+h AS (UPDATE keel_jobs SET status = 'paused', updated_at = now() WHERE id IN (
+	SELECT id FROM keel_jobs WHERE id = ANY($1) AND status IN ('pending', 'failed') AND kind IN (SELECT kind FROM p)
+	FOR UPDATE SKIP LOCKED)
+	RETURNING id)
+SELECT id, CASE WHEN id IN (SELECT id FROM h) THEN 'paused' ELSE status END, attempts, coalesce(lease_until, now()),
+	id NOT IN (SELECT id FROM h) AND ` + exhaustedSQL + `
 	FROM keel_jobs WHERE id = ANY($1)`
 
 // exhaustedSQL holds for a job that is claimable but whose budget runs
@@ -169,7 +187,8 @@ type Unclaimed struct {
 	Exhausted bool
 }
 
-// ReadUnclaimed reads why the claims of ids did not take.
+// ReadUnclaimed holds those of ids whose kind is paused and reads why the
+// claims of ids did not take.
 func ReadUnclaimed(ctx context.Context, db DB, ids []string, fn func(Unclaimed)) error {
 	rows, err := db.Query(ctx, unclaimedSQL, ids)
 	if err != nil {

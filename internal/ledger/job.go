@@ -18,8 +18,11 @@ type Status string
 const (
 	// StatusWaiting: the job waits for its parents to succeed; nothing
 	// publishes it until the last one does (see deps.go).
-	StatusWaiting   Status = "waiting"
-	StatusPending   Status = "pending"
+	StatusWaiting Status = "waiting"
+	StatusPending Status = "pending"
+	// StatusPaused: the job's kind is paused; it waits in the ledger,
+	// neither published nor claimed, until the kind resumes.
+	StatusPaused    Status = "paused"
 	StatusRunning   Status = "running"
 	StatusSucceeded Status = "succeeded"
 	StatusFailed    Status = "failed"
@@ -30,7 +33,7 @@ const (
 
 // Statuses are every status a job can have, in the order of a job's life.
 func Statuses() []Status {
-	return []Status{StatusWaiting, StatusPending, StatusRunning, StatusSucceeded, StatusFailed,
+	return []Status{StatusWaiting, StatusPending, StatusPaused, StatusRunning, StatusSucceeded, StatusFailed,
 		StatusDead, StatusDiscarded, StatusCancelled}
 }
 

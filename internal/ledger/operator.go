@@ -56,10 +56,10 @@ var verdictSQL = map[Action]string{
 		WHEN EXISTS (` + inDoubtSQL + `) THEN 'doubt'
 		ELSE 'ok' END`,
 	Discard: `CASE j.status WHEN 'dead' THEN 'ok' WHEN 'discarded' THEN 'already' ELSE 'status' END`,
-	Cancel: `CASE WHEN j.status IN ('waiting', 'pending', 'running', 'failed') THEN 'ok'
+	Cancel: `CASE WHEN j.status IN ('waiting', 'pending', 'paused', 'running', 'failed') THEN 'ok'
 		WHEN j.status = 'cancelled' THEN 'already' WHEN j.status = 'dead' THEN 'dead' ELSE 'status' END`,
 	ReleaseWaiting: `CASE WHEN j.status = 'waiting' THEN 'ok'
-		WHEN j.status IN ('pending', 'running', 'failed', 'succeeded') THEN 'already' ELSE 'status' END`,
+		WHEN j.status IN ('pending', 'paused', 'running', 'failed', 'succeeded') THEN 'already' ELSE 'status' END`,
 }
 
 func verdictOf(a Action) string {

@@ -61,8 +61,8 @@ func RenewFlights(ctx context.Context, db DB, holder string, leaseMS int64, jobI
 }
 
 // endPastDeadlineSQL ends the jobs in $1 whose deadline comes before
-// now + $2 ms while no run holds them: pending, failed, or running under a
-// lease that ran out. asynq fails a delivery past its deadline before any
+// now + $2 ms while no run holds them: pending, failed, held by a kind's
+// pause, or running under a lease that ran out. asynq fails a delivery past its deadline before any
 // middleware runs, so no run of such a job can start any more. A kind that
 // drops stale work gets a discarded row (no alert, not replayable);
 // otherwise the job is dead for a person. $3 is the payload summary when
@@ -80,7 +80,7 @@ const endPastDeadlineSQL = `UPDATE keel_jobs SET
 	payload_summary = coalesce(nullif($3, ''), payload_summary),
 	lease_holder = NULL, lease_until = NULL, solo_run = -1, finished_at = now(), updated_at = now()
 	WHERE id = ANY($1) AND deadline < coalesce($4::timestamptz, now()) + $2 * interval '1 millisecond'
-	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < coalesce($4::timestamptz, now())))
+	  AND (status IN ('pending', 'failed', 'paused') OR (status = 'running' AND lease_until < coalesce($4::timestamptz, now())))
 	RETURNING id, kind, queue, business_key, error_class, last_error, coalesce(trace_id, ''), attempts, status`
 
 // Ended is a job EndPastDeadline ended.

@@ -31,6 +31,9 @@ const (
 	// Retired: the job's runs kept ending without an outcome; it was
 	// retired as a poison job (dead, class crashed) and nothing ran.
 	Retired
+	// Held: the job's kind is paused; the ledger holds it until the
+	// kind resumes, the delivery was acknowledged and nothing ran.
+	Held
 )
 
 type outcomeKey struct{}
