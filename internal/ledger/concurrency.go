@@ -26,7 +26,7 @@ type KeyCount struct {
 	OldestHeld *time.Time
 }
 
-// concurrencyKeysSQL reads the open keys of kind $1 ($2: one key, '' for
+// concurrencyKeysSQL reads the open keys of kind $1 ($2: one key, ” for
 // all), most held first, at most $3; by keel_jobs_concurrency.
 const concurrencyKeysSQL = `SELECT concurrency_key,
 		(array_agg(concurrency_limit ORDER BY created_at DESC))[1],
