@@ -62,6 +62,9 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 	case "deps":
 		cfg.Guard.Lease = 2 * time.Second
 		depsHandlers(mux, pool)
+	case "tenant":
+		cfg.Guard.Lease = 2 * time.Second
+		tenantHandlers(mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second
 		oneShotHandlers(mux, pool)
