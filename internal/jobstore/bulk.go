@@ -274,7 +274,7 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 	err := ledger.InsertJobs(ctx, db, ledger.JobRows{IDs: ids, Kinds: kinds, Keys: keys, Queues: queues, Payloads: payloads,
 		MaxRetry: maxRetry, Timeouts: timeouts, MaxWaits: maxWaits, Deadlines: deadlines, RunAts: runAts,
 		Summaries: summaries, Traces: traces, TraceParents: parents, TraceStates: states, Batches: rowBatches, Expire: expires,
-			ConcurrencyKeys: ckeys, ConcurrencyLimits: climits},
+		ConcurrencyKeys: ckeys, ConcurrencyLimits: climits},
 		opts.Claim, opts.WakeRelay, batches, func(row ledger.NewRow) {
 			nj := jobs[at[row.ID]]
 			got[bulkKey{nj.Kind, nj.BusinessKey}] = Inserted{Job: newJob(row, nj)}
