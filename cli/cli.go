@@ -109,7 +109,7 @@ func New(app App) *cobra.Command {
 	}
 	e.bind(root)
 	root.AddCommand(versionCmd(e), migrateCmd(e), workerCmd(e), relayCmd(e), enqueueCmd(e), statusCmd(e),
-		ledgerCmd(e), deadCmd(e), cancelCmd(e), releaseCmd(e), workflowCmd(e), queueCmd(e), batchCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e))
+		ledgerCmd(e), deadCmd(e), cancelCmd(e), releaseCmd(e), workflowCmd(e), queueCmd(e), keysCmd(e), batchCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e))
 	if app.Commands != nil {
 		root.AddCommand(app.Commands(e)...)
 	}
