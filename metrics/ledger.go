@@ -72,6 +72,11 @@ type DeadCount struct {
 // enqueued.
 type WaitingCount = ledger.WaitingCount
 
+// HeldCount is the jobs of one kind held for a slot of their concurrency
+// key (tasks.ConcurrencyKey): how many, on how many keys, and when the
+// oldest was held.
+type HeldCount = ledger.KindHeld
+
 // Snapshot is what one read of Redis and the ledger found.
 type Snapshot struct {
 	Queues   []QueueState
@@ -86,7 +91,10 @@ type Snapshot struct {
 	// those sealed and waiting for members.
 	BatchesOpen, BatchesSealed int
 	// Waiting counts the jobs waiting for their parents, by kind.
-	Waiting     []WaitingCount
+	Waiting []WaitingCount
+	// Held counts the jobs held for a slot of their concurrency key, by
+	// kind.
+	Held        []HeldCount
 	PostgresErr error // nil when the ledger was read
 }
 
@@ -103,6 +111,7 @@ type Ledger struct {
 
 	queueSize, oldestPending, paused, dead, backlog, lag, batches, up, duration *prometheus.Desc
 	waiting, waitingOnDead, waitingOldest                                       *prometheus.Desc
+	held, heldKeys, heldOldest                                                  *prometheus.Desc
 }
 
 // NewLedger returns a collector, or the error of cfg.Validate; register it
@@ -133,6 +142,12 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 			"Waiting jobs with a dead parent: they wait for a person (replay the parent, or release or cancel the job).", []string{"kind"}, nil),
 		waitingOldest: prometheus.NewDesc("keel_jobs_waiting_oldest_seconds",
 			"Age of the oldest waiting job of a kind.", []string{"kind"}, nil),
+		held: prometheus.NewDesc("keel_concurrency_held_jobs",
+			"Jobs held for a slot of their concurrency key (tasks.ConcurrencyKey), by kind.", []string{"kind"}, nil),
+		heldKeys: prometheus.NewDesc("keel_concurrency_held_keys",
+			"Concurrency keys of a kind with a job held for a slot.", []string{"kind"}, nil),
+		heldOldest: prometheus.NewDesc("keel_concurrency_held_oldest_seconds",
+			"How long the oldest job of a kind held for a slot of its concurrency key has waited.", []string{"kind"}, nil),
 		up: prometheus.NewDesc("keel_collector_up",
 			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
 		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
@@ -143,7 +158,7 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 // Describe implements prometheus.Collector.
 func (l *Ledger) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.batches,
-		l.waiting, l.waitingOnDead, l.waitingOldest, l.up, l.duration} {
+		l.waiting, l.waitingOnDead, l.waitingOldest, l.held, l.heldKeys, l.heldOldest, l.up, l.duration} {
 		ch <- d
 	}
 }
@@ -181,6 +196,11 @@ func (l *Ledger) Collect(ch chan<- prometheus.Metric) {
 				gauge(l.waiting, float64(w.N), w.Kind)
 				gauge(l.waitingOnDead, float64(w.OnDead), w.Kind)
 				gauge(l.waitingOldest, max(time.Since(w.Oldest), 0).Seconds(), w.Kind)
+			}
+			for _, h := range s.Held {
+				gauge(l.held, float64(h.Held), h.Kind)
+				gauge(l.heldKeys, float64(h.Keys), h.Kind)
+				gauge(l.heldOldest, max(time.Since(h.OldestHeld), 0).Seconds(), h.Kind)
 			}
 		}
 	}
@@ -295,6 +315,9 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 	s.BatchesOpen, s.BatchesSealed = int(open), int(sealed)
 	if s.Waiting, err = ledger.WaitingByKind(ctx, l.cfg.Pool); err != nil {
 		return fmt.Errorf("keel: reading waiting jobs: %w", err)
+	}
+	if s.Held, err = ledger.HeldByKind(ctx, l.cfg.Pool); err != nil {
+		return fmt.Errorf("keel: reading held jobs: %w", err)
 	}
 	return nil
 }

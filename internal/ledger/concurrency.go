@@ -54,15 +54,16 @@ func ConcurrencyKeys(ctx context.Context, db DB, kind, key string, limit int) ([
 // KindHeld is how many jobs of one kind are held for their keys' slots,
 // and since when the oldest is.
 type KindHeld struct {
-	Kind       string
-	Held       int64
+	Kind string
+	// Held counts the jobs held, Keys the keys they wait on.
+	Held, Keys int64
 	OldestHeld time.Time
 }
 
 // heldByKindSQL reads, per kind, the jobs held for a concurrency slot.
 // The partial index keel_jobs_waiting holds every waiting row, few unless
 // keys or parents hold them.
-const heldByKindSQL = `SELECT kind, count(*), min(key_held_since) FROM keel_jobs
+const heldByKindSQL = `SELECT kind, count(*), count(DISTINCT concurrency_key), min(key_held_since) FROM keel_jobs
 	WHERE status = 'waiting' AND key_held_since IS NOT NULL
 	GROUP BY kind ORDER BY kind`
 

@@ -131,7 +131,7 @@ func TestConcurrencyKeyAdmitsUpToItsLimit(t *testing.T) {
 	byKind, err := ledger.HeldByKind(ctx, db)
 	require.NoError(t, err)
 	require.Len(t, byKind, 1)
-	require.Equal(t, int64(3), byKind[0].Held)
+	require.Equal(t, []int64{3, 1}, []int64{byKind[0].Held, byKind[0].Keys})
 
 	// A job that fails keeps its slot; one that ends (succeeded, dead,
 	// discarded, cancelled) hands it to the oldest held job, into the
