@@ -31,3 +31,14 @@ func (in *Inspector) ConcurrencyKeys(ctx context.Context, kind, key string, limi
 	ks, err := ledger.ConcurrencyKeys(ctx, in.pool, kind, key, limit)
 	return ks, interpret(err)
 }
+
+// HeldCount is, for one kind, the jobs held for a slot of their
+// concurrency key: how many, on how many keys, since when the oldest.
+type HeldCount = ledger.KindHeld
+
+// HeldByKind returns, per kind with any, the jobs held for a slot of
+// their concurrency keys.
+func (in *Inspector) HeldByKind(ctx context.Context) ([]HeldCount, error) {
+	hs, err := ledger.HeldByKind(ctx, in.pool)
+	return hs, interpret(err)
+}

@@ -134,6 +134,7 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("GET /batches", s.batches)
 	app.HandleFunc("GET /batches/{id}", s.batch)
 	app.HandleFunc("GET /workflows/{id}", s.workflow)
+	app.HandleFunc("GET /keys", s.concurrencyKeys)
 	app.HandleFunc("POST /jobs/{id}/replay", operatorOnly(checkToken(s.replay)))
 	app.HandleFunc("POST /jobs/{id}/discard", operatorOnly(checkToken(s.discard)))
 	app.HandleFunc("POST /jobs/{id}/resolve", operatorOnly(checkToken(s.resolve)))
