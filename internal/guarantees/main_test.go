@@ -62,6 +62,9 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 	case "deps":
 		cfg.Guard.Lease = 2 * time.Second
 		depsHandlers(mux, pool)
+	case "fair-bench":
+		cfg.Concurrency = benchConcurrent
+		benchHandlers(mux, pool)
 	case "tenant":
 		cfg.Guard.Lease = 2 * time.Second
 		tenantHandlers(mux, pool)

@@ -61,8 +61,9 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 			return nil, fmt.Errorf("keel: job %d (%s, key %q): %w", i, nj.Kind, nj.BusinessKey, err)
 		}
 	}
-	// One row per key, in (kind, key) order: concurrent calls with
-	// overlapping keys then take the unique index's locks in the same order
+	// One row per key, in (kind, concurrency key, key) order: concurrent
+	// calls with overlapping keys then take the unique index's locks, and
+	// their concurrency keys' locks (see migration 0030), in the same order
 	// and cannot deadlock.
 	first := make(map[bulkKey]int, len(jobs))
 	uniq := make([]int, 0, len(jobs))
@@ -74,7 +75,8 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 		}
 	}
 	slices.SortFunc(uniq, func(a, b int) int {
-		return cmp.Or(cmp.Compare(jobs[a].Kind, jobs[b].Kind), cmp.Compare(jobs[a].BusinessKey, jobs[b].BusinessKey))
+		return cmp.Or(cmp.Compare(jobs[a].Kind, jobs[b].Kind), cmp.Compare(jobs[a].ConcurrencyKey, jobs[b].ConcurrencyKey),
+			cmp.Compare(jobs[a].BusinessKey, jobs[b].BusinessKey))
 	})
 	chunks := chunkJobs(jobs, uniq)
 	var batches []string
