@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/internal/ledger"
@@ -189,4 +190,52 @@ func TestConcurrencyKeyAdmitsAReleasedChild(t *testing.T) {
 	setStatus(t, db, "succeeded", "p")
 	require.Equal(t, []string{"pending"}, statusOf(t, db, "c"))
 	require.True(t, outboxHas(t, db, "c"))
+}
+
+// Two jobs of a key ending at once, in two transactions, each release one
+// held job: the second waits for the first's lock and counts what it
+// released, so no slot is lost and none is given twice.
+func TestConcurrencyKeyTwoEndsAtOnceReleaseTwo(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	for _, id := range []string{"a1", "a2", "h1", "h2", "h3"} {
+		_, err := ledger.InsertJob(ctx, db, keyed(id, "acme", 2), true)
+		require.NoError(t, err)
+	}
+	setStatus(t, db, "running", "a1", "a2")
+	tx1, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx) //nolint:errcheck
+	_, err = tx1.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded' WHERE id = 'a1'`)
+	require.NoError(t, err)
+	second := make(chan error, 1)
+	go func() {
+		_, err := db.Exec(ctx, `UPDATE keel_jobs SET status = 'dead' WHERE id = 'a2'`)
+		second <- err
+	}()
+	require.NoError(t, tx1.Commit(ctx))
+	require.NoError(t, <-second)
+	require.Equal(t, []string{"pending", "pending", "held"}, statusOf(t, db, "h1", "h2", "h3"))
+}
+
+// Two enqueues of a key at once, in two transactions, for its last slot:
+// one is admitted, the other held.
+func TestConcurrencyKeyTwoInsertsAtOnceAdmitOne(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	tx1, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx) //nolint:errcheck
+	first, err := ledger.InsertJob(ctx, tx1, keyed("x1", "acme", 1), true)
+	require.NoError(t, err)
+	require.Equal(t, ledger.StatusPending, first.Status)
+	second := make(chan ledger.NewRow, 1)
+	go func() {
+		row, err := ledger.InsertJob(ctx, db, keyed("x2", "acme", 1), true)
+		assert.NoError(t, err)
+		second <- row
+	}()
+	require.NoError(t, tx1.Commit(ctx))
+	require.Equal(t, ledger.StatusWaiting, (<-second).Status)
+	require.Equal(t, []string{"pending", "held"}, statusOf(t, db, "x1", "x2"))
 }
