@@ -22,10 +22,10 @@
 -- left with a held job and a free slot.
 --
 -- Both triggers fire only for rows with a concurrency_key: other jobs pay
--- nothing. Additive: an older binary writes no key and never sees a held
--- row as anything but waiting (each of its statements names the statuses
--- it reads); it does not release held rows, so upgrade every binary that
--- ends jobs before a kind declares a key.
+-- nothing. Additive: an older binary writes no key, and a held row is
+-- waiting to it, which none of its statements publishes or claims (each
+-- names the statuses it reads); the triggers release held rows whichever
+-- binary ends a keyed job.
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS concurrency_key text;
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS concurrency_limit integer;
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS key_held_since timestamptz;
