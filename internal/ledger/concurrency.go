@@ -27,16 +27,22 @@ type KeyCount struct {
 }
 
 // concurrencyKeysSQL reads the open keys of kind $1 ($2: one key, ” for
-// all), most held first, at most $3; by keel_jobs_concurrency.
+// all), most held first, at most $3: the jobs in flight and the held ones
+// each by their own index (keel_jobs_concurrency_flight, _held).
 const concurrencyKeysSQL = `SELECT concurrency_key,
 		(array_agg(concurrency_limit ORDER BY created_at DESC))[1],
-		count(*) FILTER (WHERE status IN ('pending', 'running', 'failed')),
+		count(*) FILTER (WHERE status <> 'waiting'),
 		count(*) FILTER (WHERE status = 'running'),
 		count(*) FILTER (WHERE status = 'waiting' AND key_held_since IS NOT NULL),
-		min(key_held_since) FILTER (WHERE status = 'waiting')
-	FROM keel_jobs
-	WHERE kind = $1 AND concurrency_key IS NOT NULL AND ($2 = '' OR concurrency_key = $2)
-		AND status IN ('waiting', 'pending', 'running', 'failed')
+		min(key_held_since)
+	FROM (
+		SELECT concurrency_key, concurrency_limit, created_at, status, key_held_since FROM keel_jobs
+		WHERE kind = $1 AND concurrency_key IS NOT NULL AND ($2 = '' OR concurrency_key = $2)
+			AND status IN ('pending', 'running', 'failed')
+		UNION ALL
+		SELECT concurrency_key, concurrency_limit, created_at, status, key_held_since FROM keel_jobs
+		WHERE kind = $1 AND concurrency_key IS NOT NULL AND ($2 = '' OR concurrency_key = $2)
+			AND status = 'waiting') k
 	GROUP BY concurrency_key
 	ORDER BY 5 DESC, 3 DESC, 1
 	LIMIT $3`

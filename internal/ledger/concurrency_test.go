@@ -20,9 +20,9 @@ func TestConcurrencyPlans(t *testing.T) {
 		call    func(db ledger.DB)
 		indexes []string
 	}{
-		"keys of a kind": {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "kind1", "", 100) }, []string{"keel_jobs_concurrency"}},        //nolint:errcheck
-		"one key":        {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "kind1", "tenant7", 100) }, []string{"keel_jobs_concurrency"}}, //nolint:errcheck
-		"held by kind":   {func(db ledger.DB) { ledger.HeldByKind(ctx, db) }, []string{"keel_jobs_waiting"}},                                   //nolint:errcheck
+		"keys of a kind": {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "kind1", "", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}},        //nolint:errcheck
+		"one key":        {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "kind1", "tenant7", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}}, //nolint:errcheck
+		"held by kind":   {func(db ledger.DB) { ledger.HeldByKind(ctx, db) }, []string{"keel_jobs_waiting"}},                                                                        //nolint:errcheck
 	} {
 		t.Run(name, func(t *testing.T) {
 			usesIndex(t, plan(t, c.call), c.indexes, "keel_jobs")
@@ -34,14 +34,14 @@ func TestConcurrencyPlans(t *testing.T) {
 // by its index, on the big ledger, where its tenants hold 2,940 jobs.
 func TestConcurrencyTriggerPlans(t *testing.T) {
 	ctx := context.Background()
-	for name, sql := range map[string]string{
-		"in flight": `SELECT count(*) FROM keel_jobs WHERE kind = 'kind1' AND concurrency_key = 'tenant7'
-			AND status IN ('pending', 'running', 'failed') AND id <> 'x'`,
-		"oldest held": `SELECT id FROM keel_jobs WHERE kind = 'kind1' AND concurrency_key = 'tenant7'
-			AND status = 'waiting' AND key_held_since IS NOT NULL ORDER BY created_at, id LIMIT 1`,
+	for name, c := range map[string]struct{ sql, index string }{
+		"in flight": {`SELECT count(*) FROM keel_jobs WHERE kind = 'kind1' AND concurrency_key = 'tenant7'
+			AND status IN ('pending', 'running', 'failed') AND id <> 'x'`, "keel_jobs_concurrency_flight"},
+		"oldest held": {`SELECT id FROM keel_jobs WHERE kind = 'kind1' AND concurrency_key = 'tenant7'
+			AND status = 'waiting' AND key_held_since IS NOT NULL ORDER BY created_at, id LIMIT 1`, "keel_jobs_concurrency_held"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			rows, err := big.Query(ctx, "EXPLAIN "+sql)
+			rows, err := big.Query(ctx, "EXPLAIN "+c.sql)
 			require.NoError(t, err)
 			var p string
 			for rows.Next() {
@@ -50,8 +50,8 @@ func TestConcurrencyTriggerPlans(t *testing.T) {
 				p += line + "\n"
 			}
 			require.NoError(t, rows.Err())
-			usesIndex(t, p, []string{"keel_jobs_concurrency"}, "keel_jobs")
-			lacks(t, p, "Sort")
+			usesIndex(t, p, []string{c.index}, "keel_jobs")
+			lacks(t, p, "Sort", "Rows Removed")
 		})
 	}
 }
@@ -238,4 +238,39 @@ func TestConcurrencyKeyTwoInsertsAtOnceAdmitOne(t *testing.T) {
 	require.NoError(t, tx1.Commit(ctx))
 	require.Equal(t, ledger.StatusWaiting, (<-second).Status)
 	require.Equal(t, []string{"pending", "held"}, statusOf(t, db, "x1", "x2"))
+}
+
+// A bulk insert of one key reads, for each row, only the key's jobs in
+// flight (at most its limit), not the rows it held before it: the
+// statement stays linear in its rows.
+func TestConcurrencyKeyBulkInsertReadsOnlyJobsInFlight(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	const n = 2000
+	var r ledger.JobRows
+	for i := range n {
+		id := fmt.Sprintf("b%04d", i)
+		r.IDs, r.Kinds, r.Keys, r.Queues = append(r.IDs, id), append(r.Kinds, "tenantwork"), append(r.Keys, id), append(r.Queues, "default")
+		r.Payloads, r.MaxRetry = append(r.Payloads, []byte(`{}`)), append(r.MaxRetry, 3)
+		r.Timeouts, r.MaxWaits = append(r.Timeouts, 0), append(r.MaxWaits, 0)
+		r.Deadlines, r.RunAts = append(r.Deadlines, nil), append(r.RunAts, nil)
+		r.Summaries, r.Traces, r.Batches = append(r.Summaries, ""), append(r.Traces, ""), append(r.Batches, "")
+		r.Expire = append(r.Expire, false)
+		r.ConcurrencyKeys, r.ConcurrencyLimits = append(r.ConcurrencyKeys, "acme"), append(r.ConcurrencyLimits, 2)
+	}
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	held := 0
+	require.NoError(t, ledger.InsertJobs(ctx, tx, r, true, false, nil, func(row ledger.NewRow) {
+		if row.Status == ledger.StatusWaiting {
+			held++
+		}
+	}))
+	require.Equal(t, n-2, held)
+	var read int64
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('keel_jobs_concurrency_flight'::regclass)
+		+ pg_stat_get_xact_tuples_returned('keel_jobs_concurrency_held'::regclass)
+		+ pg_stat_get_xact_tuples_returned('keel_jobs'::regclass)`).Scan(&read))
+	require.LessOrEqual(t, read, int64(3*n), "index entries and rows read to admit %d rows", n)
 }

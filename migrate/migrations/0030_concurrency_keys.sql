@@ -30,18 +30,25 @@ ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS concurrency_key text;
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS concurrency_limit integer;
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS key_held_since timestamptz;
 
--- A key's jobs in flight (counted at each admission and release) and its
--- held jobs, oldest first; a key's ended jobs leave the index.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_concurrency ON keel_jobs (kind, concurrency_key, status, created_at, id)
-    WHERE concurrency_key IS NOT NULL AND status IN ('waiting', 'pending', 'running', 'failed');
+-- A key's jobs in flight, counted at each admission and release (at most
+-- about its limit: held rows are not in it), and its held jobs, oldest
+-- first; a key's ended jobs leave both.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_concurrency_flight ON keel_jobs (kind, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND status IN ('pending', 'running', 'failed');
+CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_concurrency_held ON keel_jobs (kind, concurrency_key, created_at, id)
+    WHERE concurrency_key IS NOT NULL AND status = 'waiting';
 
 CREATE OR REPLACE FUNCTION keel_concurrency_lock(kind text, key text) RETURNS void
 LANGUAGE sql AS $fn$
     SELECT pg_advisory_xact_lock(('keel_jobs'::regclass::oid::int8 & 2147483647)::int4, hashtext(kind || E'\x1f' || key))
 $fn$;
 
+-- The triggers' statements read by keel_jobs_concurrency however small
+-- the table was when their plans were cached: a plan made on a nearly
+-- empty ledger would otherwise scan the table, row after row of a bulk
+-- insert of one key (enable_seqscan for these functions only).
 CREATE OR REPLACE FUNCTION keel_concurrency_admit() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 BEGIN
     PERFORM keel_concurrency_lock(NEW.kind, NEW.concurrency_key);
     IF (SELECT count(*) FROM keel_jobs WHERE kind = NEW.kind AND concurrency_key = NEW.concurrency_key
@@ -55,7 +62,7 @@ END
 $fn$;
 
 CREATE OR REPLACE FUNCTION keel_concurrency_release() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 DECLARE
     free integer;
     n integer;
