@@ -57,25 +57,42 @@ func benchHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
 // enqueues benchFlood jobs, then tenant b one; how long b's job waits from
 // its enqueue to its start, against its own run time, on benchWorkers
 // worker processes of benchConcurrent each. With the kind's concurrency
-// key (limit tenantLimit) and, for comparison, without one.
+// key (limit tenantLimit) and, for comparison, without one, and with no
+// flood at all: keel's own latency from enqueue to start, which the flood's
+// delay is on top of.
 func TestFairnessFigure(t *testing.T) {
 	if os.Getenv(fairnessBenchEnv) == "" {
 		t.Skipf("set %s=1 to measure fair shares (about a minute)", fairnessBenchEnv)
 	}
-	for _, k := range []*tasks.Kind[tenantItem]{fairKind, floodKind} {
-		t.Run(strings.TrimPrefix(k.Name(), "hunt:"), func(t *testing.T) {
+	for _, c := range []struct {
+		k     *tasks.Kind[tenantItem]
+		flood int
+	}{{fairKind, benchFlood}, {floodKind, benchFlood}, {fairKind, 0}} {
+		k := c.k
+		name := strings.TrimPrefix(k.Name(), "hunt:")
+		if c.flood == 0 {
+			name = "alone"
+		}
+		t.Run(name, func(t *testing.T) {
 			e := setupAlone(t)
 			ctx := context.Background()
 			for range benchWorkers {
 				e.startChild(t, "fair-bench")
 			}
 			start := time.Now()
-			flood := make([]*tasks.Task, 0, benchFlood)
-			for i := range benchFlood {
+			flood := make([]*tasks.Task, 0, c.flood)
+			for i := range c.flood {
 				flood = append(flood, k.New(tenantItem{Tenant: "a", ID: fmt.Sprint(i)}))
 			}
-			_, err := e.client.EnqueueMany(ctx, flood...)
-			require.NoError(t, err)
+			if len(flood) > 0 {
+				_, err := e.client.EnqueueMany(ctx, flood...)
+				require.NoError(t, err)
+			} else {
+				// Workers up and idle, as the flood's find them.
+				_, err := e.client.Enqueue(ctx, k.New(tenantItem{Tenant: "warm", ID: "up"}))
+				require.NoError(t, err)
+				testworker.WaitStatus(t, e.store, mustLookup(t, e, k.Name(), "warm/up"), idempotency.StatusSucceeded, time.Minute)
+			}
 			enqueued := time.Since(start)
 			b, err := e.client.Enqueue(ctx, k.New(tenantItem{Tenant: "b", ID: "single"}))
 			require.NoError(t, err)
@@ -87,8 +104,15 @@ func TestFairnessFigure(t *testing.T) {
 			require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'succeeded'`, k.Name()).Scan(&doneA))
 			t.Logf("%s: %d jobs of tenant a enqueued in %s; tenant b's job waited %s from enqueue to start = %.2f× its run time (%s); "+
 				"%d of a's jobs had finished by then; %d workers × concurrency %d",
-				k.Name(), benchFlood, enqueued.Round(time.Millisecond), wait.Round(time.Millisecond),
+				name, c.flood, enqueued.Round(time.Millisecond), wait.Round(time.Millisecond),
 				float64(wait)/float64(benchRun), benchRun, doneA-1, benchWorkers, benchConcurrent)
 		})
 	}
+}
+
+func mustLookup(t *testing.T, e *env, kind, key string) string {
+	t.Helper()
+	j, err := e.store.Lookup(context.Background(), kind, key)
+	require.NoError(t, err)
+	return j.ID
 }
