@@ -20,8 +20,8 @@ func TestConcurrencyPlans(t *testing.T) {
 		call    func(db ledger.DB)
 		indexes []string
 	}{
-		"keys of a kind": {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "kind1", "", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}},        //nolint:errcheck
-		"one key":        {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "kind1", "tenant7", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}}, //nolint:errcheck
+		"keys of a kind": {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "tenantkind", "", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}},        //nolint:errcheck
+		"one key":        {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "tenantkind", "tenant7", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}}, //nolint:errcheck
 		"held by kind":   {func(db ledger.DB) { ledger.HeldByKind(ctx, db) }, []string{"keel_jobs_waiting"}},                                                                        //nolint:errcheck
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -31,13 +31,13 @@ func TestConcurrencyPlans(t *testing.T) {
 }
 
 // The admission and release statements the triggers run find a key's jobs
-// by its index, on the big ledger, where its tenants hold 2,940 jobs.
+// by its index, on the big ledger, where each of its tenants holds 98.
 func TestConcurrencyTriggerPlans(t *testing.T) {
 	ctx := context.Background()
 	for name, c := range map[string]struct{ sql, index string }{
-		"in flight": {`SELECT count(*) FROM keel_jobs WHERE kind = 'kind1' AND concurrency_key = 'tenant7'
+		"in flight": {`SELECT count(*) FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant7'
 			AND status IN ('pending', 'running', 'failed') AND id <> 'x'`, "keel_jobs_concurrency_flight"},
-		"oldest held": {`SELECT id FROM keel_jobs WHERE kind = 'kind1' AND concurrency_key = 'tenant7'
+		"oldest held": {`SELECT id FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant7'
 			AND status = 'waiting' AND key_held_since IS NOT NULL ORDER BY created_at, id LIMIT 1`, "keel_jobs_concurrency_held"},
 	} {
 		t.Run(name, func(t *testing.T) {
