@@ -22,7 +22,7 @@ func TestConcurrencyPlans(t *testing.T) {
 	}{
 		"keys of a kind": {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "tenantkind", "", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}},        //nolint:errcheck
 		"one key":        {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "tenantkind", "tenant7", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}}, //nolint:errcheck
-		"held by kind":   {func(db ledger.DB) { ledger.HeldByKind(ctx, db) }, []string{"keel_jobs_waiting"}},                                                                        //nolint:errcheck
+		"held by kind":   {func(db ledger.DB) { ledger.HeldByKind(ctx, db) }, []string{"keel_jobs_waiting"}},                                                                             //nolint:errcheck
 	} {
 		t.Run(name, func(t *testing.T) {
 			usesIndex(t, plan(t, c.call), c.indexes, "keel_jobs")
