@@ -21,7 +21,7 @@ func TestConcurrencyPlans(t *testing.T) {
 		indexes []string
 	}{
 		"keys of a kind": {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "tenantkind", "", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}},        //nolint:errcheck
-		"one key":        {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "tenantkind", "tenant7", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}}, //nolint:errcheck
+		"one key":        {func(db ledger.DB) { ledger.ConcurrencyKeys(ctx, db, "tenantkind", "tenant3", 100) }, []string{"keel_jobs_concurrency_flight", "keel_jobs_concurrency_held"}}, //nolint:errcheck
 		"held by kind":   {func(db ledger.DB) { ledger.HeldByKind(ctx, db) }, []string{"keel_jobs_waiting"}},                                                                             //nolint:errcheck
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -35,9 +35,9 @@ func TestConcurrencyPlans(t *testing.T) {
 func TestConcurrencyTriggerPlans(t *testing.T) {
 	ctx := context.Background()
 	for name, c := range map[string]struct{ sql, index string }{
-		"in flight": {`SELECT count(*) FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant7'
+		"in flight": {`SELECT count(*) FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant3'
 			AND status IN ('pending', 'running', 'failed') AND id <> 'x'`, "keel_jobs_concurrency_flight"},
-		"oldest held": {`SELECT id FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant7'
+		"oldest held": {`SELECT id FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant3'
 			AND status = 'waiting' AND key_held_since IS NOT NULL ORDER BY created_at, id LIMIT 1`, "keel_jobs_concurrency_held"},
 	} {
 		t.Run(name, func(t *testing.T) {
