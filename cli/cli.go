@@ -109,7 +109,7 @@ func New(app App) *cobra.Command {
 	}
 	e.bind(root)
 	root.AddCommand(versionCmd(e), migrateCmd(e), workerCmd(e), relayCmd(e), enqueueCmd(e), statusCmd(e),
-		ledgerCmd(e), deadCmd(e), cancelCmd(e), releaseCmd(e), workflowCmd(e), queueCmd(e), kindCmd(e), batchCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e),
+		ledgerCmd(e), deadCmd(e), cancelCmd(e), releaseCmd(e), workflowCmd(e), queueCmd(e), kindCmd(e), keysCmd(e), batchCmd(e), webCmd(e), schedulerCmd(e), healthcheckCmd(e),
 		scheduleCmd(e))
 	root.AddCommand(retentionCmd(e))
 	if app.Commands != nil {
@@ -124,7 +124,7 @@ func New(app App) *cobra.Command {
 var keelCommand = regexp.MustCompile("(^|[^\\w./-])keel (" + commandWords + ")\\b")
 
 // commandWords are keel's own commands, as a regular expression.
-const commandWords = "migrate|worker|relay|enqueue|status|ledger|dead|cancel|release|workflow|queue|kind|batch|web|scheduler|schedule|healthcheck|version|retention"
+const commandWords = "migrate|worker|relay|enqueue|status|ledger|dead|cancel|release|workflow|queue|kind|keys|batch|web|scheduler|schedule|healthcheck|version|retention"
 
 // nameCommands puts the program's own name in the commands its help tells
 // a person to run: a program built with this package under another name has

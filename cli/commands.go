@@ -555,6 +555,10 @@ type statusJSON struct {
 	// in it); Result what it stored with its success.
 	Progress *progressJSON   `json:"progress,omitempty"`
 	Result   json.RawMessage `json:"result,omitempty"`
+	// ConcurrencyKey: the job's tenant under its kind's limit;
+	// KeyHeldSince: set while it waits for a slot of that key.
+	ConcurrencyKey string     `json:"concurrency_key,omitempty"`
+	KeyHeldSince   *time.Time `json:"key_held_since,omitempty"`
 }
 
 type progressJSON struct {
@@ -625,7 +629,8 @@ func toStatusJSON(j idempotency.Job, steps []idempotency.StepRecord) statusJSON 
 		LeaseHolder: j.LeaseHolder, LeaseUntil: j.LeaseUntil, RunAt: j.RunAt, PublishedAt: j.PublishedAt,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt, SupersededAt: j.SupersededAt, PayloadSummary: j.PayloadSummary,
 		EffectsCommittedAt: j.EffectsCommittedAt,
-		TraceID:            j.TraceID, ResolutionNote: j.ResolutionNote, ResolvedBy: j.ResolvedBy, NextRetryAt: nextRetry(j), Steps: []stepJSON{}}
+		TraceID:            j.TraceID, ResolutionNote: j.ResolutionNote, ResolvedBy: j.ResolvedBy, NextRetryAt: nextRetry(j), Steps: []stepJSON{},
+		ConcurrencyKey: j.ConcurrencyKey, KeyHeldSince: j.KeyHeldSince}
 	for _, s := range steps {
 		out.Steps = append(out.Steps, stepJSON{Name: s.Name, Status: s.Status, Calls: s.Calls, Result: string(s.Result),
 			Verifiable: s.Verifiable, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt})
@@ -665,6 +670,11 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	one("business key", j.BusinessKey)
 	one("queue", j.Queue)
 	row("status", string(j.Status))
+	one("concurrency key", j.ConcurrencyKey)
+	if j.HeldForKey() {
+		row("held", fmt.Sprintf("since %s: waiting for a slot of its concurrency key; it is published when one of the key's jobs ends (keel keys ls --kind %s)",
+			j.KeyHeldSince.Format(time.RFC3339), oneRow(j.Kind)))
+	}
 	budget := fmt.Sprintf("max retry %d", j.MaxRetry)
 	if n, ok := j.DefaultPolicyRetries(); ok {
 		budget += fmt.Sprintf("; its error is unclassified: with the default retry policy it gets %d retries and dies after attempt %d", n, n+1)

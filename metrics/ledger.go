@@ -73,6 +73,11 @@ type DeadCount struct {
 // enqueued.
 type WaitingCount = ledger.WaitingCount
 
+// HeldCount is the jobs of one kind held for a slot of their concurrency
+// key (tasks.ConcurrencyKey): how many, on how many keys, and when the
+// oldest was held.
+type HeldCount = ledger.KindHeld
+
 // Snapshot is what one read of Redis and the ledger found.
 type Snapshot struct {
 	Queues   []QueueState
@@ -89,12 +94,15 @@ type Snapshot struct {
 	// Waiting counts the jobs waiting for their parents, by kind.
 	Waiting []WaitingCount
 	// PausedQueues are the queues the ledger holds paused (keel queue
-	// pause), PausedKinds the kinds (keel kind pause); Held counts the
-	// jobs held as paused, by kind.
+	// pause), PausedKinds the kinds (keel kind pause); PausedHeld counts
+	// the jobs held as paused, by kind.
 	PausedQueues []string
 	PausedKinds  []string
-	Held         map[string]int64
-	PostgresErr  error // nil when the ledger was read
+	PausedHeld   map[string]int64
+	// Held counts the jobs held for a slot of their concurrency key, by
+	// kind.
+	Held        []HeldCount
+	PostgresErr error // nil when the ledger was read
 }
 
 // Ledger is a prometheus.Collector that reads queue sizes from asynq and
@@ -111,6 +119,7 @@ type Ledger struct {
 	queueSize, oldestPending, paused, dead, backlog, lag, batches, up, duration *prometheus.Desc
 	waiting, waitingOnDead, waitingOldest                                       *prometheus.Desc
 	queuePausedByKeel, kindPaused, kindHeld                                     *prometheus.Desc
+	held, heldKeys, heldOldest                                                  *prometheus.Desc
 }
 
 // NewLedger returns a collector, or the error of cfg.Validate; register it
@@ -147,6 +156,12 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 			"1 for each kind the ledger holds paused (keel kind pause).", []string{"kind"}, nil),
 		kindHeld: prometheus.NewDesc("keel_kind_paused_jobs",
 			"Jobs held in the ledger because their kind is paused, by kind: they run when it resumes.", []string{"kind"}, nil),
+		held: prometheus.NewDesc("keel_concurrency_held_jobs",
+			"Jobs held for a slot of their concurrency key (tasks.ConcurrencyKey), by kind.", []string{"kind"}, nil),
+		heldKeys: prometheus.NewDesc("keel_concurrency_held_keys",
+			"Concurrency keys of a kind with a job held for a slot.", []string{"kind"}, nil),
+		heldOldest: prometheus.NewDesc("keel_concurrency_held_oldest_seconds",
+			"How long the oldest job of a kind held for a slot of its concurrency key has waited.", []string{"kind"}, nil),
 		up: prometheus.NewDesc("keel_collector_up",
 			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
 		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
@@ -157,7 +172,8 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 // Describe implements prometheus.Collector.
 func (l *Ledger) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.batches,
-		l.waiting, l.waitingOnDead, l.waitingOldest, l.queuePausedByKeel, l.kindPaused, l.kindHeld, l.up, l.duration} {
+		l.waiting, l.waitingOnDead, l.waitingOldest, l.queuePausedByKeel, l.kindPaused, l.kindHeld,
+		l.held, l.heldKeys, l.heldOldest, l.up, l.duration} {
 		ch <- d
 	}
 }
@@ -201,12 +217,17 @@ func (l *Ledger) Collect(ch chan<- prometheus.Metric) {
 			}
 			for _, k := range s.PausedKinds {
 				gauge(l.kindPaused, 1, k)
-				gauge(l.kindHeld, float64(s.Held[k]), k)
+				gauge(l.kindHeld, float64(s.PausedHeld[k]), k)
 			}
-			for k, n := range s.Held {
+			for k, n := range s.PausedHeld {
 				if !slices.Contains(s.PausedKinds, k) {
 					gauge(l.kindHeld, float64(n), k) // held without a pause: keel kind resume releases them
 				}
+			}
+			for _, h := range s.Held {
+				gauge(l.held, float64(h.Held), h.Kind)
+				gauge(l.heldKeys, float64(h.Keys), h.Kind)
+				gauge(l.heldOldest, max(time.Since(h.OldestHeld), 0).Seconds(), h.Kind)
 			}
 		}
 	}
@@ -335,6 +356,9 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 	}
 	for _, k := range kinds {
 		s.PausedKinds = append(s.PausedKinds, k.Kind)
+	}
+	if s.PausedHeld, err = ledger.PausedByKind(ctx, l.cfg.Pool); err != nil {
+		return fmt.Errorf("keel: reading jobs held by a kind's pause: %w", err)
 	}
 	if s.Held, err = ledger.HeldByKind(ctx, l.cfg.Pool); err != nil {
 		return fmt.Errorf("keel: reading held jobs: %w", err)

@@ -197,3 +197,31 @@ keel_jobs_waiting{kind="report"} 3
 keel_jobs_waiting_on_dead{kind="report"} 1
 `), "keel_jobs_waiting", "keel_jobs_waiting_on_dead"))
 }
+
+// Jobs held for their concurrency key's slot are counted by kind, apart
+// from those waiting for parents, with how many keys they wait on.
+func TestLedgerCountsHeldJobs(t *testing.T) {
+	pool, _ := testenv.PrivatePool(t, "keel_test_metrics_held")
+	ctx := context.Background()
+	store := jobstore.NewStore(pool)
+	for i, tenant := range []string{"acme", "acme", "acme", "globex", "globex", "initech"} {
+		_, _, err := store.Insert(ctx, pool, jobstore.NewJob{Kind: "invoice", BusinessKey: fmt.Sprint("i", i), Queue: "default",
+			Payload: []byte(`{}`), MaxRetry: 3, ConcurrencyKey: tenant, ConcurrencyLimit: 1})
+		require.NoError(t, err)
+	}
+	l := newLedger(t, metrics.LedgerConfig{Pool: pool})
+	s := l.Read(ctx)
+	require.NoError(t, s.PostgresErr)
+	require.Empty(t, s.Waiting, "held jobs counted as waiting for parents")
+	require.Len(t, s.Held, 1)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP keel_concurrency_held_jobs Jobs held for a slot of their concurrency key (tasks.ConcurrencyKey), by kind.
+# TYPE keel_concurrency_held_jobs gauge
+keel_concurrency_held_jobs{kind="invoice"} 3
+# HELP keel_concurrency_held_keys Concurrency keys of a kind with a job held for a slot.
+# TYPE keel_concurrency_held_keys gauge
+keel_concurrency_held_keys{kind="invoice"} 2
+`), "keel_concurrency_held_jobs", "keel_concurrency_held_keys"))
+}

@@ -50,5 +50,5 @@ keel_queue_paused_by_keel{queue="low"} 1
 	s := l.Read(ctx)
 	require.NoError(t, s.PostgresErr)
 	require.Empty(t, s.PausedKinds)
-	require.Empty(t, s.Held)
+	require.Empty(t, s.PausedHeld)
 }

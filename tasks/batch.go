@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/internal/jobstore"
 )
 
@@ -170,7 +171,7 @@ func (c *Client) enqueueMember(ctx context.Context, nj jobstore.NewJob) (*Result
 		return nil, fmt.Errorf("keel: enqueue %s: %w", nj.Kind, err)
 	}
 	res := results([]jobstore.NewJob{nj}, ins)
-	if !res[0].Existed {
+	if !res[0].Existed && res[0].Job.Status == idempotency.StatusPending {
 		c.publish(ctx, res)
 	}
 	return res[0], nil

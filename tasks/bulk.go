@@ -58,7 +58,7 @@ func (c *Client) enqueueMany(ctx context.Context, ts []*Task, span enqueueSpan) 
 	res := results(njs, ins)
 	var pub []*Result
 	for _, r := range res {
-		if !r.Existed {
+		if !r.Existed && r.Job.Status == idempotency.StatusPending {
 			pub = append(pub, r)
 		}
 	}
@@ -255,8 +255,9 @@ func (c *Client) insertBatch(ctx context.Context, reqs []insertReq) <-chan struc
 	res := results(njs, ins)
 	var pub []*Result
 	for _, r := range res {
-		// New rows, and an existing one that no publisher has claimed.
-		if !r.Existed || (r.Job.Status == idempotency.StatusPending && r.Job.PublishedAt == nil) {
+		// New rows (not one held for its concurrency key), and an existing
+		// one that no publisher has claimed.
+		if r.Job.Status == idempotency.StatusPending && (!r.Existed || r.Job.PublishedAt == nil) {
 			pub = append(pub, r)
 		}
 	}

@@ -289,6 +289,8 @@ func (c *Client) validate(t *Task) (jobstore.NewJob, error) {
 		UniqueWindow:     t.s.unique,
 		BatchID:          t.s.batchID,
 		After:            t.s.after,
+		ConcurrencyKey:   t.ckey,
+		ConcurrencyLimit: t.climit,
 	}
 	// And what the ledger checks (a summary or trace id that is not UTF-8),
 	// so that Check refuses all the insert would.

@@ -141,12 +141,39 @@ func (summaryOption[P]) kindOnly() string {
 // secrets: the default shows the first 512 bytes of the JSON payload.
 func Summary[P any](fn func(P) string) Option { return summaryOption[P]{fn: fn} }
 
+type concurrencyOption[P any] struct {
+	fn    func(P) string
+	limit int
+}
+
+func (concurrencyOption[P]) apply(*settings) {}
+func (concurrencyOption[P]) kindOnly() string {
+	var p P
+	return fmt.Sprintf("tasks.ConcurrencyKey[%T]", p)
+}
+
+// ConcurrencyKey gives every tenant of a kind a fair share: fn names the
+// partition a payload belongs to (a customer, an account), and at most
+// limit jobs of one partition are in flight at once across all workers —
+// pending, running, or failed and waiting to retry (a retry keeps its
+// slot). The others are held in the ledger, never handed to Redis, and do
+// not spend attempts; when one of the partition's jobs ends (succeeded,
+// dead, discarded, cancelled) the oldest held one is released in the same
+// transaction. Another partition's job therefore never queues behind a
+// flood. fn returning "" leaves that task unlimited. Define panics when
+// limit is below 1. See docs/fairness.md.
+func ConcurrencyKey[P any](fn func(P) string, limit int) Option {
+	return concurrencyOption[P]{fn: fn, limit: limit}
+}
+
 // Kind is a declared task kind: a name, a payload type, a business-key
 // function and default options.
 type Kind[P any] struct {
 	name     string
 	key      func(P) string
 	summary  func(P) string
+	ckey     func(P) string
+	climit   int
 	defaults settings
 	keep     keepSet
 }
@@ -169,6 +196,11 @@ func Define[P any](name string, opts ...Option) *Kind[P] {
 			k.key = o.fn
 		case summaryOption[P]:
 			k.summary = o.fn
+		case concurrencyOption[P]:
+			if o.fn == nil || o.limit < 1 {
+				panic(fmt.Sprintf("keel: kind %q: tasks.ConcurrencyKey needs a function and a limit of at least 1 (got %d)", name, o.limit))
+			}
+			k.ckey, k.climit = o.fn, o.limit
 		case kindOption:
 			var p P
 			panic(fmt.Sprintf("keel: kind %q: %s does not apply to a payload of type %T", name, o.kindOnly(), p))
@@ -222,8 +254,19 @@ func (k *Kind[P]) New(p P, opts ...Option) *Task {
 	if k.summary != nil {
 		t.summary = k.summary(p)
 	}
+	k.concurrency(t, p)
 	t.err = optErr
 	return t
+}
+
+// concurrency sets t's concurrency key and limit from p, when the kind
+// has a ConcurrencyKey.
+func (k *Kind[P]) concurrency(t *Task, p P) {
+	if k.ckey != nil {
+		if t.ckey = k.ckey(p); t.ckey != "" {
+			t.climit = k.climit
+		}
+	}
 }
 
 // applyTaskOptions applies one task's options, refusing those only Define

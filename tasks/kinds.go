@@ -29,6 +29,7 @@ type kindInfo interface {
 	defaultSettings() settings
 	Retention() []inspect.RetentionPolicy
 	newJSON(payload []byte, opts []Option) (*Task, error)
+	rawConcurrency(t *Task)
 }
 
 // Kinds is the set of kinds a program declares, built once with NewKinds
@@ -135,6 +136,8 @@ func (ks *Kinds) NewRaw(kind string, payload []byte, key string, opts ...Option)
 		// The kind's handler decodes it as JSON, which would change it.
 		if err := checkJSONText(payload); err != nil {
 			t.err = fmt.Errorf("%w: %s: %v", ErrInvalidTask, kind, err)
+		} else {
+			k.rawConcurrency(t)
 		}
 	}
 	if key != "" {
@@ -174,6 +177,21 @@ func (k *Kind[P]) summarize(payload []byte) (string, bool) {
 		return "(payload does not decode)", true
 	}
 	return k.summary(p), true
+}
+
+// rawConcurrency gives a raw task of the kind its concurrency key, from
+// its payload decoded: one that does not decode cannot be keyed, and is
+// refused rather than let through unlimited.
+func (k *Kind[P]) rawConcurrency(t *Task) {
+	if k.ckey == nil {
+		return
+	}
+	var p P
+	if err := json.Unmarshal(t.payload, &p); err != nil {
+		t.err = fmt.Errorf("%w: %s: payload does not decode for its concurrency key: %v", ErrInvalidTask, k.name, err)
+		return
+	}
+	k.concurrency(t, p)
 }
 
 func (k *Kind[P]) newJSON(payload []byte, opts []Option) (*Task, error) {

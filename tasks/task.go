@@ -15,7 +15,11 @@ type Task struct {
 	// kindQueue is the queue the task's declared kind names: clients
 	// accept it for this task besides their own queues.
 	kindQueue string
-	err       error
+	// ckey and climit: the task's concurrency key under its kind's
+	// ConcurrencyKey, and the key's limit (empty: none).
+	ckey   string
+	climit int
+	err    error
 }
 
 // NewRaw makes a task of no declared kind from an already-encoded JSON
@@ -33,6 +37,10 @@ func (t *Task) Payload() []byte { return t.payload }
 
 // BusinessKey names the business action the task performs.
 func (t *Task) BusinessKey() string { return t.s.key }
+
+// ConcurrencyKey is the task's partition under its kind's
+// tasks.ConcurrencyKey and that partition's limit; "" and 0 when none.
+func (t *Task) ConcurrencyKey() (key string, limit int) { return t.ckey, t.climit }
 
 // Queue is the queue the task goes to.
 func (t *Task) Queue() string { return t.s.queue }

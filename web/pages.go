@@ -17,6 +17,7 @@ import (
 
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/visible"
 	"github.com/keeljobs/keel/metrics"
 	"github.com/keeljobs/keel/retry"
 )
@@ -510,6 +511,10 @@ func (s *Server) readOutput(ctx context.Context, d *jobData) error {
 func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 	switch j.Status {
 	case idempotency.StatusWaiting:
+		if j.HeldForKey() {
+			return "Held: waiting for a slot of its concurrency key " + visible.Text(j.ConcurrencyKey) + ", which has its limit of jobs in flight; " +
+				"the oldest held job of the key is handed to a worker when one of them ends. An operator can release it to run it now, past the limit."
+		}
 		return fmt.Sprintf("Waiting for %d of the jobs below to succeed; the last one's success makes it pending, and the relay hands it to a worker. "+
 			"An operator can release it to start it now.", j.WaitingOn)
 	case idempotency.StatusPaused:

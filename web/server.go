@@ -138,6 +138,7 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("GET /schedules", s.schedules)
 	app.HandleFunc("POST /schedules/pause", operatorOnly(checkToken(s.scheduleAction(false))))
 	app.HandleFunc("POST /schedules/resume", operatorOnly(checkToken(s.scheduleAction(true))))
+	app.HandleFunc("GET /keys", s.concurrencyKeys)
 	app.HandleFunc("POST /jobs/{id}/replay", operatorOnly(checkToken(s.replay)))
 	app.HandleFunc("POST /jobs/{id}/discard", operatorOnly(checkToken(s.discard)))
 	app.HandleFunc("POST /jobs/{id}/resolve", operatorOnly(checkToken(s.resolve)))

@@ -29,7 +29,7 @@ type pages struct {
 	set map[string]*template.Template
 }
 
-var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error", "batches", "batch", "workflow", "schedules", "retention", "pauses"}
+var pageNames = []string{"login", "overview", "dead", "lookup", "jobs", "job", "confirm", "bulk", "error", "batches", "batch", "workflow", "schedules", "retention", "pauses", "keys"}
 
 // pageParts are the templates a page includes besides the layout and its
 // own: sections kept in files of their own.

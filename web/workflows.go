@@ -40,10 +40,12 @@ func (s *Server) jobDeps(ctx context.Context, j idempotency.Job) (*depsView, err
 	if err != nil {
 		return nil, err
 	}
-	if len(deps.Parents) == 0 && len(deps.Children) == 0 && j.WorkflowID == "" && j.Status != idempotency.StatusWaiting {
+	// A job held for its concurrency key waits for a slot, not for parents.
+	waiting := j.Status == idempotency.StatusWaiting && !j.HeldForKey()
+	if len(deps.Parents) == 0 && len(deps.Children) == 0 && j.WorkflowID == "" && !waiting {
 		return nil, nil
 	}
-	d := &depsView{Parents: deps.Parents, Children: deps.Children, Waiting: j.Status == idempotency.StatusWaiting,
+	d := &depsView{Parents: deps.Parents, Children: deps.Children, Waiting: waiting,
 		WorkflowID: j.WorkflowID, WorkflowTask: j.WorkflowTask}
 	if j.WorkflowID != "" {
 		d.WorkflowURL = workflowURL(j.WorkflowID)

@@ -64,6 +64,12 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		depsHandlers(mux, pool)
 	case "kind-pause":
 		kindPauseHandlers(mux, pool)
+	case "fair-bench":
+		cfg.Concurrency = benchConcurrent
+		benchHandlers(mux, pool)
+	case "tenant":
+		cfg.Guard.Lease = 2 * time.Second
+		tenantHandlers(mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second
 		oneShotHandlers(mux, pool)

@@ -61,8 +61,9 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 			return nil, fmt.Errorf("keel: job %d (%s, key %q): %w", i, nj.Kind, nj.BusinessKey, err)
 		}
 	}
-	// One row per key, in (kind, key) order: concurrent calls with
-	// overlapping keys then take the unique index's locks in the same order
+	// One row per key, in (kind, concurrency key, key) order: concurrent
+	// calls with overlapping keys then take the unique index's locks, and
+	// their concurrency keys' locks (see migration 0030), in the same order
 	// and cannot deadlock.
 	first := make(map[bulkKey]int, len(jobs))
 	uniq := make([]int, 0, len(jobs))
@@ -74,7 +75,8 @@ func (s *Store) InsertMany(ctx context.Context, db DB, jobs []NewJob, opts Inser
 		}
 	}
 	slices.SortFunc(uniq, func(a, b int) int {
-		return cmp.Or(cmp.Compare(jobs[a].Kind, jobs[b].Kind), cmp.Compare(jobs[a].BusinessKey, jobs[b].BusinessKey))
+		return cmp.Or(cmp.Compare(jobs[a].Kind, jobs[b].Kind), cmp.Compare(jobs[a].ConcurrencyKey, jobs[b].ConcurrencyKey),
+			cmp.Compare(jobs[a].BusinessKey, jobs[b].BusinessKey))
 	})
 	chunks := chunkJobs(jobs, uniq)
 	var batches []string
@@ -145,6 +147,14 @@ func ValidateNewJob(nj NewJob) error {
 	}
 	if err := ledger.ValidateKey("business key", nj.BusinessKey); err != nil {
 		return err
+	}
+	if nj.ConcurrencyKey != "" {
+		if err := ledger.ValidateKey("concurrency key", nj.ConcurrencyKey); err != nil {
+			return err
+		}
+		if nj.ConcurrencyLimit < 1 {
+			return fmt.Errorf("concurrency limit %d is below 1", nj.ConcurrencyLimit)
+		}
 	}
 	if !utf8.ValidString(nj.PayloadSummary) || !utf8.ValidString(nj.TraceID) {
 		return fmt.Errorf("payload summary and trace id must be valid UTF-8")
@@ -258,13 +268,15 @@ func (s *Store) insertRows(ctx context.Context, db DB, jobs []NewJob, idx []int,
 		expires[r] = nj.ExpireAtDeadline
 	}
 	parents, states := traceContexts(jobs, idx)
+	ckeys, climits := concurrencyKeys(jobs, idx)
 	at := make(map[string]int, n)
 	for r, id := range ids {
 		at[id] = idx[r]
 	}
 	err := ledger.InsertJobs(ctx, db, ledger.JobRows{IDs: ids, Kinds: kinds, Keys: keys, Queues: queues, Payloads: payloads,
 		MaxRetry: maxRetry, Timeouts: timeouts, MaxWaits: maxWaits, Deadlines: deadlines, RunAts: runAts,
-		Summaries: summaries, Traces: traces, TraceParents: parents, TraceStates: states, Batches: rowBatches, Expire: expires},
+		Summaries: summaries, Traces: traces, TraceParents: parents, TraceStates: states, Batches: rowBatches, Expire: expires,
+		ConcurrencyKeys: ckeys, ConcurrencyLimits: climits},
 		opts.Claim, opts.WakeRelay, batches, func(row ledger.NewRow) {
 			nj := jobs[at[row.ID]]
 			got[bulkKey{nj.Kind, nj.BusinessKey}] = Inserted{Job: newJob(row, nj)}
@@ -280,4 +292,21 @@ func lookupRows(ctx context.Context, db DB, jobs []NewJob, idx []int, got map[bu
 	return Interpret(ledger.LookupJobs(ctx, db, kinds, keys, func(j Job) {
 		got[bulkKey{j.Kind, j.BusinessKey}] = Inserted{Job: j, Existed: true}
 	}))
+}
+
+// concurrencyKeys are the concurrency keys and limits of the jobs at idx,
+// or empty arrays when none has a key: the statement then pads them with
+// NULLs, and keyless jobs send nothing more.
+func concurrencyKeys(jobs []NewJob, idx []int) ([]string, []int32) {
+	keys, limits := []string{}, []int32{}
+	for r, i := range idx {
+		if jobs[i].ConcurrencyKey == "" {
+			continue
+		}
+		if len(keys) == 0 {
+			keys, limits = make([]string, len(idx)), make([]int32, len(idx))
+		}
+		keys[r], limits[r] = jobs[i].ConcurrencyKey, int32(jobs[i].ConcurrencyLimit)
+	}
+	return keys, limits
 }

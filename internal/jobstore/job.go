@@ -12,9 +12,13 @@ import (
 func newJob(r ledger.NewRow, nj NewJob) Job {
 	// A copy, as a row read back would be: the caller may reuse its buffer.
 	payload := append([]byte{}, nj.Payload...)
-	return Job{ID: r.ID, Kind: nj.Kind, BusinessKey: nj.BusinessKey, Queue: nj.Queue, Payload: payload,
-		Status: ledger.StatusPending, MaxRetry: nj.MaxRetry, Timeout: time.Duration(nj.Timeout.Milliseconds()) * time.Millisecond,
+	j := Job{ID: r.ID, Kind: nj.Kind, BusinessKey: nj.BusinessKey, Queue: nj.Queue, Payload: payload,
+		Status: r.Status, MaxRetry: nj.MaxRetry, Timeout: time.Duration(nj.Timeout.Milliseconds()) * time.Millisecond,
 		Deadline: r.Deadline, RunAt: r.RunAt, PublishedAt: r.PublishedAt, TraceID: nj.TraceID,
 		PayloadSummary: nj.PayloadSummary, CreatedAt: r.CreatedAt, UpdatedAt: r.CreatedAt,
-		TraceParent: nj.TraceParent, TraceState: nj.TraceState, BatchID: nj.BatchID}
+		TraceParent: nj.TraceParent, TraceState: nj.TraceState, BatchID: nj.BatchID, ConcurrencyKey: nj.ConcurrencyKey}
+	if j.Status == ledger.StatusWaiting && nj.ConcurrencyKey != "" && j.WaitingOn == 0 {
+		j.KeyHeldSince = &r.CreatedAt
+	}
+	return j
 }

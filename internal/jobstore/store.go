@@ -76,6 +76,11 @@ type NewJob struct {
 	After []Ref
 	// WorkflowID and WorkflowTask place the job in a workflow.
 	WorkflowID, WorkflowTask string
+	// ConcurrencyKey, when not empty, bounds the jobs of the kind and key
+	// in flight at once to ConcurrencyLimit (at least 1): a job past it is
+	// written held (status waiting) and released when one of them ends.
+	ConcurrencyKey   string
+	ConcurrencyLimit int
 }
 
 // Insert records nj in db (a pool or the caller's transaction). When a row for
@@ -103,7 +108,8 @@ func (s *Store) Insert(ctx context.Context, db DB, nj NewJob) (job Job, existed 
 		Queue: nj.Queue, Payload: nj.Payload, MaxRetry: nj.MaxRetry, TimeoutMS: nj.Timeout.Milliseconds(),
 		Deadline: deadline, RunAt: runAt, PayloadSummary: nj.PayloadSummary, TraceID: nj.TraceID,
 		MaxWaitMS: nj.MaxWait.Milliseconds(), TraceParent: nj.TraceParent, TraceState: nj.TraceState,
-		BatchID: nj.BatchID, ExpireStale: nj.ExpireAtDeadline}
+		BatchID: nj.BatchID, ExpireStale: nj.ExpireAtDeadline,
+		ConcurrencyKey: nj.ConcurrencyKey, ConcurrencyLimit: nj.ConcurrencyLimit}
 	dependent := len(nj.After) > 0 || nj.WorkflowID != ""
 	var wait *ledger.Waiting
 	if nj.UniqueWindow > 0 || dependent {

@@ -50,13 +50,15 @@ func LockParents(ctx context.Context, db DB, ids, kinds, keys []string) ([]Paren
 // published (see the migration): its release hands it to the relay.
 const insertWaitingSQL = `WITH ins AS (INSERT INTO keel_jobs
 	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
-	 traceparent, tracestate, batch_id, expire_stale, status, waiting_on, workflow_id, workflow_task, published_at)
+	 traceparent, tracestate, batch_id, expire_stale, status, waiting_on, workflow_id, workflow_task,
+	 concurrency_key, concurrency_limit, published_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
 	 nullif($13, ''), nullif($14, ''), nullif($15, ''), $16,
 	 CASE WHEN $18::int > 0 THEN 'waiting' ELSE 'pending' END, $18::int, nullif($19, ''), nullif($20, ''),
+	 nullif($21, ''), nullif($22::int, 0),
 	 CASE WHEN $18::int > 0 OR coalesce($9, now()) <= now() THEN now() END)
 	ON CONFLICT (kind, business_key) DO NOTHING
-	RETURNING ` + newRowColumns + `, status),
+	RETURNING ` + newRowColumns + `),
 deps AS (INSERT INTO keel_job_deps (parent_id, child_id) SELECT p, ins.id FROM ins, unnest($17::text[]) p
 	ON CONFLICT DO NOTHING),
 outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE status = 'pending' AND published_at IS NOT NULL),
@@ -80,7 +82,8 @@ func InsertWaiting(ctx context.Context, db DB, r JobInsert, w Waiting) (NewRow, 
 	var row NewRow
 	err := row.scan(db.QueryRow(ctx, insertWaitingSQL, r.ID, r.Kind, r.BusinessKey, r.Queue, r.Payload,
 		r.MaxRetry, r.TimeoutMS, r.Deadline, r.RunAt, r.PayloadSummary, r.TraceID, r.MaxWaitMS,
-		r.TraceParent, r.TraceState, r.BatchID, r.ExpireStale, w.Parents, w.WaitingOn, w.WorkflowID, w.Task))
+		r.TraceParent, r.TraceState, r.BatchID, r.ExpireStale, w.Parents, w.WaitingOn, w.WorkflowID, w.Task,
+		r.ConcurrencyKey, r.ConcurrencyLimit))
 	return row, err
 }
 

@@ -23,8 +23,13 @@ import (
 // A job never appears in both lists (runRound sees to it): a statement may
 // not update one row twice. A claim's last column is the job's batch, if
 // it is a batch member.
+//
+// The concurrency keys of the jobs completed (keys) are locked in key
+// order before their release triggers run (at the end of the statement):
+// rounds, and inserts (which write rows in that order), would otherwise
+// meet keys in opposite orders and deadlock. Keyless rounds lock nothing.
 const roundSQL = roundCTEs + `
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done
+SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done WHERE (SELECT count(*) FROM keys) >= 0
 UNION ALL
 SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone, deadline FROM c`
 
@@ -39,7 +44,8 @@ locked AS (
 	SELECT id FROM keel_batches
 	WHERE id = ANY (ARRAY (SELECT batch_id FROM done WHERE batch_id IS NOT NULL))
 	ORDER BY id FOR UPDATE)
-SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done WHERE (SELECT count(*) FROM locked) >= 0
+SELECT id, 0, 0, 0::bigint, 0::bigint, '', 0, false, NULL::timestamptz FROM done
+	WHERE (SELECT count(*) FROM keys) >= 0 AND (SELECT count(*) FROM locked) >= 0
 UNION ALL
 SELECT id, attempts, budget, waited_ms, max_wait_ms, coalesce(batch_id, ''), run, alone, deadline FROM c`
 
@@ -49,7 +55,10 @@ const roundCTEs = `WITH done AS (
 		last_error = NULL, error_class = NULL
 	FROM unnest($4::text[], $5::int[]) AS d(id, run)
 	WHERE j.id = d.id AND j.run = d.run AND j.status = 'running' AND j.lease_holder = $1
-	RETURNING j.id, j.batch_id),
+	RETURNING j.id, j.batch_id, j.kind, j.concurrency_key),
+keys AS (
+	SELECT keel_concurrency_lock(kind, concurrency_key) FROM (
+		SELECT DISTINCT kind, concurrency_key FROM done WHERE concurrency_key IS NOT NULL ORDER BY 1, 2) k),
 free AS (
 	SELECT id, status, attempts > max_retry + extra_runs AS over, crashes > 0 AS crashed_before FROM keel_jobs
 	WHERE id = ANY($3)

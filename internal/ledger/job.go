@@ -105,7 +105,16 @@ type Job struct {
 	// WorkflowID and WorkflowTask place the job in a workflow: the id its
 	// caller gave and the job's task name in it; empty for most jobs.
 	WorkflowID, WorkflowTask string
+	// ConcurrencyKey is the job's key under its kind's tasks.ConcurrencyKey
+	// (empty: none). KeyHeldSince is set while the job is held, waiting
+	// for a slot of its key (status waiting); nil once released.
+	ConcurrencyKey string
+	KeyHeldSince   *time.Time
 }
+
+// HeldForKey reports whether the job waits for a slot of its concurrency
+// key (not for parents).
+func (j Job) HeldForKey() bool { return j.Status == StatusWaiting && j.KeyHeldSince != nil }
 
 // OriginalKey is the business key of a superseded job whose row stores it
 // moved aside as key#id (see idempotency's supersede).
@@ -140,7 +149,8 @@ const JobColumns = `id, kind, business_key, queue, payload, status, attempts, ma
 	coalesce(payload_summary, ''), coalesce(resolution_note, ''), coalesce(resolved_by, ''),
 	created_at, updated_at, finished_at, superseded_at, coalesce(traceparent, ''), coalesce(tracestate, ''),
 	coalesce(batch_id, ''), effects_committed_at, extra_runs, expire_stale, in_doubt,
-	waiting_on, coalesce(workflow_id, ''), coalesce(workflow_task, '')`
+	waiting_on, coalesce(workflow_id, ''), coalesce(workflow_task, ''),
+	coalesce(concurrency_key, ''), key_held_since`
 
 // PublishColumns are what publishing reads of a job's row (taskMessage,
 // the publish spans, PublishMany's mark): the relay's claims read only
@@ -167,7 +177,7 @@ func ScanJob(row pgx.Row) (Job, error) {
 		&j.LastError, &j.ErrorClass, &j.TraceID, &j.PayloadSummary, &j.ResolutionNote, &j.ResolvedBy,
 		&j.CreatedAt, &j.UpdatedAt, &j.FinishedAt, &j.SupersededAt,
 		&j.TraceParent, &j.TraceState, &j.BatchID, &j.EffectsCommittedAt, &j.ExtraRuns, &j.ExpireAtDeadline, &j.InDoubt,
-		&j.WaitingOn, &j.WorkflowID, &j.WorkflowTask)
+		&j.WaitingOn, &j.WorkflowID, &j.WorkflowTask, &j.ConcurrencyKey, &j.KeyHeldSince)
 	if j.SupersededAt != nil {
 		j.BusinessKey = OriginalKey(j.BusinessKey, j.ID)
 	}

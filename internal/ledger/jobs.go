@@ -13,8 +13,9 @@ import (
 // newRowColumns are what an insert returns of a row it wrote: the values
 // Postgres chose (times are the server's, kept to the microsecond). The
 // rest of the row is the NewJob as given (newJobRow), so an insert does
-// not send back every column of every row.
-const newRowColumns = `id, run_at, published_at, deadline, created_at`
+// not send back every column of every row. Its status is pending, or
+// waiting when its concurrency key was full (held: see ConcurrencyKeys).
+const newRowColumns = `id, run_at, published_at, deadline, created_at, status`
 
 // NewRow is what an insert returns of a row it wrote (newRowColumns).
 type NewRow struct {
@@ -22,10 +23,11 @@ type NewRow struct {
 	RunAt                 time.Time
 	PublishedAt, Deadline *time.Time
 	CreatedAt             time.Time
+	Status                Status
 }
 
 func (r *NewRow) scan(row pgx.Row) error {
-	return row.Scan(&r.ID, &r.RunAt, &r.PublishedAt, &r.Deadline, &r.CreatedAt)
+	return row.Scan(&r.ID, &r.RunAt, &r.PublishedAt, &r.Deadline, &r.CreatedAt, &r.Status)
 }
 
 // insertRow writes one job with ON CONFLICT DO NOTHING; insertSQL and
@@ -33,9 +35,9 @@ func (r *NewRow) scan(row pgx.Row) error {
 const (
 	insertRowHead = `INSERT INTO keel_jobs
 	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
-	 traceparent, tracestate, batch_id, expire_stale, published_at)
+	 traceparent, tracestate, batch_id, expire_stale, concurrency_key, concurrency_limit, published_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, now()), nullif($10, ''), nullif($11, ''), $12,
-	 nullif($13, ''), nullif($14, ''), nullif($15, ''), $16, `
+	 nullif($13, ''), nullif($14, ''), nullif($15, ''), $16, nullif($17, ''), nullif($18::int, 0), `
 	insertRowTail = `)
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + newRowColumns
@@ -49,7 +51,7 @@ const insertSQL = insertRowHead + `NULL` + insertRowTail
 // RelayAwakeLock). A row to run later goes in unpublished, for
 // ClaimUnpublished at its run_at.
 const insertWakeSQL = `WITH ins AS (` + insertRowHead + `CASE WHEN coalesce($9, now()) <= now() THEN now() END` + insertRowTail + `),
-	outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE published_at IS NOT NULL),
+	outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE published_at IS NOT NULL AND status = 'pending'),
 	wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins WHERE ` + wakeNeeded + `)
 	SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
 
@@ -74,6 +76,10 @@ type JobInsert struct {
 	TraceParent, TraceState      string
 	BatchID                      string
 	ExpireStale                  bool
+	// ConcurrencyKey and ConcurrencyLimit: at most that many jobs of the
+	// kind and key in flight at once (empty key: no limit).
+	ConcurrencyKey   string
+	ConcurrencyLimit int
 }
 
 // InsertJob writes r unless its (kind, business key) exists
@@ -86,7 +92,7 @@ func InsertJob(ctx context.Context, db DB, r JobInsert, wake bool) (NewRow, erro
 	var row NewRow
 	err := row.scan(db.QueryRow(ctx, sql, r.ID, r.Kind, r.BusinessKey, r.Queue, r.Payload,
 		r.MaxRetry, r.TimeoutMS, r.Deadline, r.RunAt, r.PayloadSummary, r.TraceID, r.MaxWaitMS,
-		r.TraceParent, r.TraceState, r.BatchID, r.ExpireStale))
+		r.TraceParent, r.TraceState, r.BatchID, r.ExpireStale, r.ConcurrencyKey, r.ConcurrencyLimit))
 	return row, err
 }
 
@@ -119,8 +125,9 @@ func Supersede(ctx context.Context, db DB, kinds, keys []string, windowsMS []int
 // one is awake and polling). $15, $16: the rows' trace
 // contexts, empty arrays when none is traced (unnest pads them with NULLs);
 // $17: the rows' batch ids (empty strings for none); $18: whether each
-// expires at its deadline; $19: the batches of the whole call, for
-// bulkInsertBatchSQL.
+// expires at its deadline; $19, $20: the rows' concurrency keys and
+// limits, empty arrays when none has a key; $21: the batches of the whole
+// call, for bulkInsertBatchSQL.
 const bulkInsertSQL = bulkInsertCTEs + `
 SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
 
@@ -128,31 +135,34 @@ SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0`
 // Each new member's trigger updates its batch's row, at the end of the
 // statement, in the order the rows went in (key order): two calls meeting
 // batches A and B in opposite orders would deadlock. So once every row is
-// in (count reads all of ins first), the rows of the call's batches ($19,
+// in (count reads all of ins first), the rows of the call's batches ($21,
 // every chunk's: a later chunk then locks no other) are locked in id
 // order, before the triggers run. Jobs outside batches do not pay for it.
 const bulkInsertBatchSQL = bulkInsertCTEs + `,
 locked AS (
-	SELECT id FROM keel_batches WHERE id = ANY ($19::text[]) AND (SELECT count(*) FROM ins) >= 0
+	SELECT id FROM keel_batches WHERE id = ANY ($21::text[]) AND (SELECT count(*) FROM ins) >= 0
 	ORDER BY id FOR UPDATE)
 SELECT * FROM ins WHERE (SELECT count(*) FROM wake) >= 0 AND (SELECT count(*) FROM locked) >= 0`
 
 const bulkInsertCTEs = `WITH ins AS (
 	INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id, expire_stale)
+		run_at, payload_summary, trace_id, max_wait_ms, published_at, traceparent, tracestate, batch_id, expire_stale,
+		concurrency_key, concurrency_limit)
 	SELECT i.id, i.kind, i.business_key, i.queue, i.payload, i.max_retry, i.timeout_ms, i.deadline,
 		coalesce(i.run_at, now()), nullif(i.summary, ''), nullif(i.trace_id, ''), i.max_wait_ms,
 		CASE WHEN $13::bool OR ($14::bool AND coalesce(i.run_at, now()) <= now()) THEN now() END, nullif(i.traceparent, ''), nullif(i.tracestate, ''), nullif(i.batch_id, ''),
-		i.expire_stale
+		i.expire_stale, nullif(i.concurrency_key, ''), nullif(i.concurrency_limit, 0)
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::int[], $7::bigint[],
-		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[], $17::text[], $18::bool[])
+		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::bigint[], $15::text[], $16::text[], $17::text[], $18::bool[],
+		$19::text[], $20::int[])
 		WITH ORDINALITY AS i(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline,
-			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, batch_id, expire_stale, ord)
+			run_at, summary, trace_id, max_wait_ms, traceparent, tracestate, batch_id, expire_stale,
+			concurrency_key, concurrency_limit, ord)
 	ORDER BY i.ord
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + newRowColumns + `),
 outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins
-	WHERE $14::bool AND NOT $13::bool AND published_at IS NOT NULL),
+	WHERE $14::bool AND NOT $13::bool AND published_at IS NOT NULL AND status = 'pending'),
 wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM (SELECT 1 FROM ins LIMIT 1) one
 	WHERE $14::bool AND ` + wakeNeeded + `)`
 
@@ -171,6 +181,9 @@ type JobRows struct {
 	TraceParents, TraceStates []string // empty when none is traced
 	Batches                   []string
 	Expire                    []bool
+	// ConcurrencyKeys and ConcurrencyLimits: empty when no row has a key.
+	ConcurrencyKeys   []string
+	ConcurrencyLimits []int32
 }
 
 // InsertJobs writes rows, skipping those whose key exists; fn sees each
@@ -179,7 +192,8 @@ type JobRows struct {
 // none.
 func InsertJobs(ctx context.Context, db DB, r JobRows, claim, wake bool, batches []string, fn func(NewRow)) error {
 	args := []any{r.IDs, r.Kinds, r.Keys, r.Queues, r.Payloads, r.MaxRetry, r.Timeouts,
-		r.Deadlines, r.RunAts, r.Summaries, r.Traces, r.MaxWaits, claim, wake, r.TraceParents, r.TraceStates, r.Batches, r.Expire}
+		r.Deadlines, r.RunAts, r.Summaries, r.Traces, r.MaxWaits, claim, wake, r.TraceParents, r.TraceStates, r.Batches, r.Expire,
+		r.ConcurrencyKeys, r.ConcurrencyLimits}
 	sql := bulkInsertSQL
 	if len(batches) > 0 {
 		sql, args = bulkInsertBatchSQL, append(args, batches)

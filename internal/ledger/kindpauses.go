@@ -113,8 +113,9 @@ func KindPauses(ctx context.Context, db DB) ([]KindPause, error) {
 // held jobs and no pause would be a fault: the metrics show it).
 const heldSQL = `SELECT kind, count(*) FROM keel_jobs WHERE status = 'paused' GROUP BY kind ORDER BY kind`
 
-// HeldByKind returns the number of held jobs of each kind that has any.
-func HeldByKind(ctx context.Context, db DB) (map[string]int64, error) {
+// PausedByKind returns the number of jobs held by a kind's pause, of each
+// kind that has any.
+func PausedByKind(ctx context.Context, db DB) (map[string]int64, error) {
 	rows, err := db.Query(ctx, heldSQL)
 	if err != nil {
 		return nil, err

@@ -22,7 +22,7 @@ func TestKindPauses(t *testing.T) {
 		"hold":    func(db ledger.DB) { ledger.HoldKind(ctx, db, "kind3") },          //nolint:errcheck
 		"release": func(db ledger.DB) { ledger.ReleaseKind(ctx, db, "kind3") },       //nolint:errcheck
 		"pauses":  func(db ledger.DB) { ledger.KindPauses(ctx, db) },                 //nolint:errcheck
-		"held":    func(db ledger.DB) { ledger.HeldByKind(ctx, db) },                 //nolint:errcheck
+		"held":    func(db ledger.DB) { ledger.PausedByKind(ctx, db) },                 //nolint:errcheck
 		"late":    func(db ledger.DB) { ledger.HeldPastDeadline(ctx, db, 100, nil) }, //nolint:errcheck
 	} {
 		p := plan(t, call)
@@ -79,7 +79,7 @@ func TestKindPauses(t *testing.T) {
 	require.Len(t, ps, 1)
 	require.Equal(t, "ops:ann", ps[0].PausedBy)
 	require.Equal(t, open+1, ps[0].Held)
-	held, err := ledger.HeldByKind(ctx, tx)
+	held, err := ledger.PausedByKind(ctx, tx)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int64{"kind3": open + 1}, held)
 

@@ -153,8 +153,9 @@ const (
 
 // A released job goes to the relay as a replayed one does (unpublished,
 // for its claim of due rows); its parents' rows stay, and their later
-// success finds it no longer waiting.
-const releaseJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'pending', waiting_on = 0, published_at = NULL,
+// success finds it no longer waiting. A job held for its concurrency key
+// is let through past the key's limit: a person's override.
+const releaseJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'pending', waiting_on = 0, published_at = NULL, key_held_since = NULL,
 		updated_at = coalesce($4::timestamptz, now())
 		WHERE j.id = ANY($1) AND %s = 'ok' RETURNING j.id, j.queue, false),
 	audit AS (INSERT INTO keel_audit (job_id, action, actor, note, at) SELECT id, 'release', $2, $3, coalesce($4::timestamptz, now()) FROM done)

@@ -105,6 +105,15 @@ UPDATE keel_jobs SET has_dependents = true WHERE id IN (SELECT parent_id FROM ke
 INSERT INTO keel_job_deps (parent_id, child_id)
 SELECT 'j' || lpad(g::text, 8, '0'), 'j' || lpad((g + 1)::text, 8, '0') FROM generate_series(1, 30000) g;
 
+-- Jobs of a kind with a concurrency key (limit 2): six tenants, each
+-- with two running and the rest held for a slot.
+INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, run_at,
+	concurrency_key, concurrency_limit, key_held_since, created_at, updated_at)
+SELECT 'c' || lpad(g::text, 8, '0'), 'tenantkind', 'ckey' || g, 'default', '\x7b7d', 3,
+	CASE WHEN g % 100 < 2 THEN 'running' ELSE 'waiting' END, now(), now(), 'tenant' || (g / 100), 2,
+	CASE WHEN g % 100 >= 2 THEN now() - g * interval '1 second' END, now() - g * interval '1 second', now()
+FROM generate_series(0, 599) g;
+
 -- A few deaths whose alert is owed (their worker was killed first).
 UPDATE keel_jobs SET alert_owed = true WHERE status = 'dead' AND id LIKE '%77';
 

@@ -103,9 +103,10 @@ const waitingByKindSQL = `SELECT j.kind, count(*),
 		count(*) FILTER (WHERE EXISTS (SELECT 1 FROM keel_job_deps d JOIN keel_jobs p ON p.id = d.parent_id
 			WHERE d.child_id = j.id AND p.status = 'dead')),
 		min(j.created_at)
-	FROM keel_jobs j WHERE j.status = 'waiting' GROUP BY j.kind ORDER BY j.kind`
+	FROM keel_jobs j WHERE j.status = 'waiting' AND j.key_held_since IS NULL GROUP BY j.kind ORDER BY j.kind`
 
-// WaitingByKind counts the jobs waiting for their parents, by kind.
+// WaitingByKind counts the jobs waiting for their parents, by kind (not
+// those held for a concurrency slot: HeldByKind).
 func WaitingByKind(ctx context.Context, db DB) ([]WaitingCount, error) {
 	rows, err := db.Query(ctx, waitingByKindSQL)
 	if err != nil {

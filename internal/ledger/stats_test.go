@@ -94,5 +94,5 @@ func TestStats(t *testing.T) {
 	require.ErrorIs(t, err, pgx.ErrNoRows)
 	kinds, err := ledger.Kinds(ctx, tx)
 	require.NoError(t, err)
-	require.Equal(t, []string{"kind0", "kind1", "kind2", "kind3", "kind4", "kind5", "kind6"}, kinds)
+	require.Equal(t, []string{"kind0", "kind1", "kind2", "kind3", "kind4", "kind5", "kind6", "tenantkind"}, kinds)
 }
