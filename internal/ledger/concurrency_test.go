@@ -274,3 +274,46 @@ func TestConcurrencyKeyBulkInsertReadsOnlyJobsInFlight(t *testing.T) {
 		+ pg_stat_get_xact_tuples_returned('keel_jobs'::regclass)`).Scan(&read))
 	require.LessOrEqual(t, read, int64(3*n), "index entries and rows read to admit %d rows", n)
 }
+
+// Pausing a kind with concurrency keys holds its admitted jobs and leaves
+// its key-held ones where they are: nothing of the key is released into
+// the outbox (it would only travel through Redis to be held again). The
+// resume admits the paused jobs again up to the limit, and the key's ends
+// release the rest as before.
+func TestAKindPauseDoesNotReleaseItsKeysHeldJobs(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	for i := 1; i <= 4; i++ {
+		_, err := ledger.InsertJob(ctx, db, keyed(fmt.Sprint("p", i), "acme", 2), true)
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{"pending", "pending", "held", "held"}, statusOf(t, db, "p1", "p2", "p3", "p4"))
+	_, err := db.Exec(ctx, `DELETE FROM keel_outbox`)
+	require.NoError(t, err)
+
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = ledger.PauseKind(ctx, tx, "tenantwork", "ops", "")
+	require.NoError(t, err)
+	n, err := ledger.HoldKind(ctx, tx, "tenantwork")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, []string{"paused", "paused", "held", "held"}, statusOf(t, db, "p1", "p2", "p3", "p4"))
+	for _, id := range []string{"p3", "p4"} {
+		require.False(t, outboxHas(t, db, id), "%s was released by its key while its kind is paused", id)
+	}
+
+	tx, err = db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = ledger.ResumeKind(ctx, tx, "tenantwork", "ops", "")
+	require.NoError(t, err)
+	_, err = ledger.ReleaseKind(ctx, tx, "tenantwork")
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, []string{"pending", "pending", "held", "held"}, statusOf(t, db, "p1", "p2", "p3", "p4"))
+
+	setStatus(t, db, "succeeded", "p1")
+	require.Equal(t, []string{"pending", "held"}, statusOf(t, db, "p3", "p4"))
+	require.True(t, outboxHas(t, db, "p3"))
+}

@@ -13,7 +13,8 @@
 -- pending (inserted, released by its parents, replayed) takes its key's
 -- lock, counts the key's jobs in flight, and is held when they reach the
 -- limit. Release (keel_concurrency_release, AFTER): a keyed job that
--- leaves flight (succeeded, dead, discarded, cancelled) takes the same
+-- leaves flight (succeeded, dead, discarded, cancelled; not one held by
+-- its kind's pause, which the resume admits again) takes the same
 -- lock and moves the oldest held jobs of its key, as many as there are
 -- free slots, to pending and the relay's outbox, in the ending
 -- transaction, whichever statement ended it. The lock is a transaction
@@ -109,7 +110,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'keel_jobs'::regclass AND tgname = 'keel_concurrency_release') THEN
         CREATE TRIGGER keel_concurrency_release AFTER UPDATE OF status ON keel_jobs
             FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL AND OLD.status IN ('pending', 'running', 'failed')
-                AND NEW.status NOT IN ('pending', 'running', 'failed'))
+                AND NEW.status NOT IN ('pending', 'running', 'failed', 'paused'))
             EXECUTE FUNCTION keel_concurrency_release();
     END IF;
 END
