@@ -22,7 +22,7 @@ func TestKindPauses(t *testing.T) {
 		"hold":    func(db ledger.DB) { ledger.HoldKind(ctx, db, "kind3") },          //nolint:errcheck
 		"release": func(db ledger.DB) { ledger.ReleaseKind(ctx, db, "kind3") },       //nolint:errcheck
 		"pauses":  func(db ledger.DB) { ledger.KindPauses(ctx, db) },                 //nolint:errcheck
-		"held":    func(db ledger.DB) { ledger.PausedByKind(ctx, db) },                 //nolint:errcheck
+		"held":    func(db ledger.DB) { ledger.PausedByKind(ctx, db) },               //nolint:errcheck
 		"late":    func(db ledger.DB) { ledger.HeldPastDeadline(ctx, db, 100, nil) }, //nolint:errcheck
 	} {
 		p := plan(t, call)
