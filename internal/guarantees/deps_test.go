@@ -116,9 +116,20 @@ func TestTheLastTwoParentsFinishingAtOnceReleaseTheirChildOnce(t *testing.T) {
 	const rounds = 6
 	var mu sync.Mutex
 	arrived := map[string]chan struct{}{}
+	// A round's parents start once its child is enqueued (else they might
+	// succeed before it, and it would never wait).
+	enqueued := map[string]chan struct{}{}
+	for r := range rounds {
+		enqueued[fmt.Sprintf("gate%d", r)] = make(chan struct{})
+	}
 	// Both parents of a round wait for each other, then commit together.
 	gate := func(ctx context.Context, key string) error {
 		round := key[:strings.LastIndex(key, "-")]
+		select {
+		case <-enqueued[round]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		mu.Lock()
 		ch, ok := arrived[round]
 		if !ok {
@@ -151,6 +162,7 @@ func TestTheLastTwoParentsFinishingAtOnceReleaseTheirChildOnce(t *testing.T) {
 		require.Equal(t, idempotency.StatusWaiting, c.Job.Status)
 		require.Equal(t, 2, c.Job.WaitingOn)
 		require.False(t, c.Published)
+		close(enqueued[fmt.Sprintf("gate%d", r)])
 		children = append(children, c.Job.ID)
 	}
 	for _, id := range children {
