@@ -48,7 +48,7 @@ type ListedJob struct {
 // scan walks the primary key (or keel_jobs_open) in id order and stops
 // after the page, as it does for a status of many rows (dead, succeeded);
 // dead, succeeded and discarded can read the partial indexes keel_jobs_dead
-// and keel_jobs_finished when their rows are few; kind with a business-key
+// and keel_jobs_finished_kind when their rows are few; kind with a business-key
 // prefix uses the (kind, business_key) unique index.
 func ListJobs(ctx context.Context, db DB, f JobFilter, limit int) ([]ListedJob, bool, error) {
 	sql, args := listJobsSQL(f, limit)

@@ -23,7 +23,7 @@ func TestStatsPlans(t *testing.T) {
 	p = plan(t, func(db ledger.DB) { ledger.WaitingByKind(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_waiting", "keel_job_deps_child"}, "keel_jobs", "keel_job_deps")
 	p = plan(t, func(db ledger.DB) { ledger.Prunable(ctx, db, 30*24*time.Hour, nil) }) //nolint:errcheck
-	usesIndex(t, p, []string{"keel_jobs_finished"}, "keel_jobs")
+	usesIndex(t, p, []string{"keel_jobs_finished_kind"}, "keel_jobs")
 	// The prune log holds a week of prunes (the fixture's, 20 days): it is
 	// read whole.
 	p = plan(t, func(db ledger.DB) { ledger.Pruned(ctx, db, nil) }) //nolint:errcheck

@@ -26,9 +26,13 @@ CREATE TABLE IF NOT EXISTS keel_retention (
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS seen_by text;
 ALTER TABLE keel_jobs ADD COLUMN IF NOT EXISTS drop_noticed_at timestamptz;
--- Pruning goes kind by kind and status by status, oldest first.
+-- Pruning goes kind by kind and status by status, oldest first. The index
+-- replaces keel_jobs_finished (0008): two would cost every finished job a
+-- second index entry. An older binary's prune, by finished_at alone, reads
+-- the table instead until it is replaced.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_finished_kind ON keel_jobs (kind, status, finished_at)
     WHERE status IN ('succeeded', 'discarded', 'cancelled');
+DROP INDEX CONCURRENTLY IF EXISTS keel_jobs_finished;
 -- The dead letters due to be dropped, counted per kind for the alert.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS keel_jobs_drop_noticed ON keel_jobs (kind)
     WHERE status = 'dead' AND drop_noticed_at IS NOT NULL;
