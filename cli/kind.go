@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -18,58 +17,10 @@ func kindCmd(e *Env) *cobra.Command {
 		Use:   "kind",
 		Short: "List paused kinds, pause one kind on every worker, resume it",
 	}
-	var actor, note string
-	action := func(resume bool) func(cmd *cobra.Command, args []string) error {
-		return func(cmd *cobra.Command, args []string) error {
-			if strings.TrimSpace(actor) == "" {
-				return usageError{inspect.ErrActorRequired}
-			}
-			if err := checkNote(note); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			ops, _, done, err := e.operator(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer done()
-			verb, changed := "paused", false
-			if resume {
-				verb = "resumed"
-				changed, err = ops.ResumeKind(ctx, args[0], actor, note)
-			} else {
-				changed, err = ops.PauseKind(ctx, args[0], actor, note)
-			}
-			if err != nil {
-				return err
-			}
-			if e.JSON() {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"kind": args[0], "action": strings.TrimSuffix(verb, "d"), "changed": changed})
-			}
-			if changed {
-				fmt.Fprintf(cmd.OutOrStdout(), "kind %s: %s\n", oneRow(args[0]), verb)
-			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "kind %s: %s already\n", oneRow(args[0]), verb)
-			}
-			return nil
-		}
-	}
-	pause := &cobra.Command{
-		Use:   "pause KIND",
-		Short: "Stop every worker from starting the kind's jobs (running ones finish); they wait in the ledger as paused",
-		Args:  cobra.ExactArgs(1),
-		RunE:  action(false),
-	}
-	resume := &cobra.Command{
-		Use:   "resume KIND",
-		Short: "Run the kind's jobs again: those it held go back to the relay, once",
-		Args:  cobra.ExactArgs(1),
-		RunE:  action(true),
-	}
-	for _, c := range []*cobra.Command{pause, resume} {
-		c.Flags().StringVar(&actor, "actor", defaultActor(), "who is acting (kept in the audit log)")
-		c.Flags().StringVar(&note, "note", "", "why (kept in the audit log)")
-	}
+	pause, resume := pauseCommands(e, pausable{noun: "kind", jsonKey: "kind", arg: "KIND",
+		pauseShort:  "Stop every worker from starting the kind's jobs (running ones finish); they wait in the ledger as paused",
+		resumeShort: "Run the kind's jobs again: those it held go back to the relay, once",
+		pause:       (*inspect.Inspector).PauseKind, resume: (*inspect.Inspector).ResumeKind})
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List the paused kinds: who paused each, why, and how many jobs each holds",

@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,58 +19,10 @@ func queueCmd(e *Env) *cobra.Command {
 		Use:   "queue",
 		Short: "List queues, pause one on every worker, resume it",
 	}
-	var actor, note string
-	action := func(resume bool) func(cmd *cobra.Command, args []string) error {
-		return func(cmd *cobra.Command, args []string) error {
-			if strings.TrimSpace(actor) == "" {
-				return usageError{inspect.ErrActorRequired}
-			}
-			if err := checkNote(note); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			ops, _, done, err := e.operator(ctx, true)
-			if err != nil {
-				return err
-			}
-			defer done()
-			verb, changed := "paused", false
-			if resume {
-				verb = "resumed"
-				changed, err = ops.ResumeQueue(ctx, args[0], actor, note)
-			} else {
-				changed, err = ops.PauseQueue(ctx, args[0], actor, note)
-			}
-			if err != nil {
-				return err
-			}
-			if e.JSON() {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"queue": args[0], "action": strings.TrimSuffix(verb, "d"), "changed": changed})
-			}
-			if changed {
-				fmt.Fprintf(cmd.OutOrStdout(), "queue %s: %s\n", args[0], verb)
-			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "queue %s: %s already\n", args[0], verb)
-			}
-			return nil
-		}
-	}
-	pause := &cobra.Command{
-		Use:   "pause QUEUE",
-		Short: "Stop every worker from starting the queue's jobs (running ones finish); kept in the ledger",
-		Args:  cobra.ExactArgs(1),
-		RunE:  action(false),
-	}
-	resume := &cobra.Command{
-		Use:   "resume QUEUE",
-		Short: "Let workers take the queue's jobs again",
-		Args:  cobra.ExactArgs(1),
-		RunE:  action(true),
-	}
-	for _, c := range []*cobra.Command{pause, resume} {
-		c.Flags().StringVar(&actor, "actor", defaultActor(), "who is acting (kept in the audit log)")
-		c.Flags().StringVar(&note, "note", "", "why (kept in the audit log)")
-	}
+	pause, resume := pauseCommands(e, pausable{noun: "queue", jsonKey: "queue", arg: "QUEUE", redis: true,
+		pauseShort:  "Stop every worker from starting the queue's jobs (running ones finish); kept in the ledger",
+		resumeShort: "Let workers take the queue's jobs again",
+		pause:       (*inspect.Inspector).PauseQueue, resume: (*inspect.Inspector).ResumeQueue})
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List the queues: their sizes, and who paused which",

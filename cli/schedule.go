@@ -283,45 +283,10 @@ caught up.`,
 		},
 	}
 	actorNote(rm)
-	pauseResume := func(resume bool) func(cmd *cobra.Command, args []string) error {
-		return func(cmd *cobra.Command, args []string) error {
-			if err := check(); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			ops, _, done, err := e.operator(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer done()
-			if resume {
-				changed, err := ops.ResumeSchedule(ctx, args[0], actor, note)
-				if err != nil {
-					return err
-				}
-				return report(cmd, args[0], "resume", "resumed", changed)
-			}
-			changed, err := ops.PauseSchedule(ctx, args[0], actor, note)
-			if err != nil {
-				return err
-			}
-			return report(cmd, args[0], "pause", "paused", changed)
-		}
-	}
-	pause := &cobra.Command{
-		Use:   "pause NAME",
-		Short: "Stop every scheduler from enqueueing the entry's ticks, whatever defines it; kept in the ledger",
-		Args:  cobra.ExactArgs(1),
-		RunE:  pauseResume(false),
-	}
-	resume := &cobra.Command{
-		Use:   "resume NAME",
-		Short: "Let schedulers enqueue the entry's ticks again, from the next one",
-		Args:  cobra.ExactArgs(1),
-		RunE:  pauseResume(true),
-	}
-	actorNote(pause)
-	actorNote(resume)
+	pause, resume := pauseCommands(e, pausable{noun: "schedule entry", jsonKey: "entry", arg: "NAME",
+		pauseShort:  "Stop every scheduler from enqueueing the entry's ticks, whatever defines it; kept in the ledger",
+		resumeShort: "Let schedulers enqueue the entry's ticks again, from the next one",
+		pause:       (*inspect.Inspector).PauseSchedule, resume: (*inspect.Inspector).ResumeSchedule})
 	cmd.AddCommand(ls, add, set, rm, pause, resume)
 	return cmd
 }
