@@ -305,7 +305,11 @@ func TestBatchReplayOfADeadMemberReopensIt(t *testing.T) {
 	require.NoError(t, err)
 	reopened, err := b.store.GetBatch(ctx, batch.ID)
 	require.NoError(t, err)
-	require.Equal(t, "sealed", reopened.State(), "a replayed member reopens its batch")
+	// The worker may run the replayed member and complete the batch again
+	// before this read: then it is already the second generation's.
+	if reopened.State() != "sealed" {
+		require.Equal(t, 2, reopened.Generation, "a replayed member reopens its batch: %s", reopened.State())
+	}
 	require.Equal(t, 0, reopened.Dead)
 
 	runs = b.waitCallbackRuns(t, batch.ID, 3, 30*time.Second)
