@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
@@ -131,7 +132,7 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 				continue
 			}
 			if a == ActionReplay && in.insp != nil {
-				if os[i].err = deleteTask(in.insp, os[i].queue, os[i].id); os[i].err != nil {
+				if os[i].err = deleteTask(ctx, in.insp, os[i].queue, os[i].id); os[i].err != nil {
 					continue
 				}
 			}
@@ -180,18 +181,32 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 
 // deleteTask removes asynq's copy of job id, if any. A task asynq holds as
 // running cannot be removed: a worker that died running it holds it until
-// asynq's lease on it lapses and asynq takes it back.
-func deleteTask(insp *asynq.Inspector, queue, id string) error {
-	err := insp.DeleteTask(queue, id)
-	if err == nil || errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
-		return nil
+// asynq's lease on it lapses and asynq takes it back. A worker that has
+// just recorded the job's death lets go of it within moments, so an active
+// task is looked at again for up to activeGrace before the replay is
+// refused.
+func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string) error {
+	deadline := time.Now().Add(activeGrace)
+	for {
+		err := insp.DeleteTask(queue, id)
+		if err == nil || errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+			return nil
+		}
+		info, ierr := insp.GetTaskInfo(queue, id)
+		if ierr != nil || info.State != asynq.TaskStateActive {
+			return fmt.Errorf("keel: remove the task of job %s from asynq: %w", id, err)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%w (job %s; the worker that ran it may have died, and asynq takes the task back once "+
+				"its lease lapses, within about a minute): try again then", ErrTaskActive, id)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	if info, ierr := insp.GetTaskInfo(queue, id); ierr == nil && info.State == asynq.TaskStateActive {
-		return fmt.Errorf("%w (job %s; the worker that ran it may have died, and asynq takes the task back once "+
-			"its lease lapses, within about a minute): try again then", ErrTaskActive, id)
-	}
-	return fmt.Errorf("keel: remove the task of job %s from asynq: %w", id, err)
 }
+
+// activeGrace is how long a replay waits for asynq to let go of a task its
+// worker is finishing (see deleteTask).
+const activeGrace = 2 * time.Second
 
 // stopInRedis removes a cancelled job's task from asynq, or, when a worker
 // has it (running in the ledger, or just dequeued), asks asynq to cancel its
