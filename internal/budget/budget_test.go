@@ -29,13 +29,13 @@ import (
 // 3, 5, 1, 0 and 3 (2026-12-02; InTx's completion mark and its COMMIT
 // travel together), so half a round trip of room fails a change that adds
 // one statement to a hot path. Redis commands
-// (measured 3.0, 1.0, 0.01, 0) likewise. WAL bytes vary a little with the
-// server's housekeeping: measured 1.1k, 1.4–2.0k, 2.0k, 0.65k, 0.6k and
-// 0.93k, with a quarter's room. When a change lowers a cost, lower its
+// (measured 3.0, 1.0, 0.01, 0) likewise. WAL bytes, the least of three
+// runs: measured 1.17k, 1.48–1.52k, 2.06–2.09k, 0.64k, 0.6k and 0.93k
+// (2026-12-03), with about a quarter's room. When a change lowers a cost, lower its
 // budget with it; the test logs every figure.
 var budgets = map[string]cost{
 	"process no-op":       {pgTrips: 0.5, walBytes: 1400, redisCmds: 3.5},
-	"process InTx":        {pgTrips: 3.5, walBytes: 2500, redisCmds: 3.5},
+	"process InTx":        {pgTrips: 3.5, walBytes: 1900, redisCmds: 3.5},
 	"process Step + InTx": {pgTrips: 5.5, walBytes: 2600, redisCmds: 3.5},
 	"enqueue one by one":  {pgTrips: 1.5, walBytes: 820, redisCmds: 1.5},
 	"enqueue in bulk":     {pgTrips: 0.1, walBytes: 760, redisCmds: 0.1},
@@ -45,6 +45,12 @@ var budgets = map[string]cost{
 // jobsPerRun is how many jobs each scenario runs: enough that a worker's
 // start and its first rounds weigh little in the average.
 const jobsPerRun = 600
+
+// attempts is how many times each scenario runs; each figure is its least
+// over them. A checkpoint or a page split now and then lands in whichever
+// run it happens beside (a no-op job once cost 1.75k WAL bytes instead of
+// 1.2k); a change that adds work to a path raises every run.
+const attempts = 3
 
 // cost is what a scenario spent per job: Postgres round trips of its own
 // and shared (rounds, renewals), WAL bytes and Redis commands.
@@ -220,13 +226,30 @@ func mux() *tasks.Mux {
 	return m
 }
 
+// least runs scenario attempts times, the i-th run told i, and keeps the
+// least of each figure.
+func least(scenario func(i int) cost) cost {
+	var c cost
+	for i := range attempts {
+		r := scenario(i)
+		if i == 0 {
+			c = r
+			continue
+		}
+		c = cost{pgTrips: min(c.pgTrips, r.pgTrips), pgShared: min(c.pgShared, r.pgShared),
+			walBytes: min(c.walBytes, r.walBytes), redisCmds: min(c.redisCmds, r.redisCmds)}
+	}
+	return c
+}
+
 // process measures what processing jobsPerRun jobs of kind costs a worker
-// with the defaults, the jobs enqueued in bulk before it starts.
-func (b *bench) process(t *testing.T, kind *tasks.Kind[noop]) cost {
+// with the defaults, the jobs enqueued in bulk before it starts; run is
+// which run of the scenario this is, so that its keys are new.
+func (b *bench) process(t *testing.T, kind *tasks.Kind[noop], run int) cost {
 	ctx := context.Background()
 	ts := make([]*tasks.Task, jobsPerRun)
 	for i := range ts {
-		ts[i] = kind.New(noop{N: i})
+		ts[i] = kind.New(noop{N: run*jobsPerRun + i})
 	}
 	_, err := b.client.EnqueueMany(ctx, ts...)
 	require.NoError(t, err)
@@ -241,7 +264,7 @@ func (b *bench) process(t *testing.T, kind *tasks.Kind[noop]) cost {
 		var n int
 		require.NoError(t, b.observe.QueryRow(ctx, `SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'succeeded'`,
 			kind.Name()).Scan(&n))
-		return n == jobsPerRun
+		return n == (run+1)*jobsPerRun
 	}, "the jobs did not all succeed")
 	c := cost{pgTrips: float64(b.workPG.trips.Load() - pg0), pgShared: float64(b.workPG.shared.Load() - shared0),
 		walBytes: b.walSince(t, wal0), redisCmds: float64(b.work.cmds.Load() - redis0)}
@@ -255,10 +278,11 @@ func per(c cost) cost {
 		redisCmds: c.redisCmds / jobsPerRun}
 }
 
-// enqueue measures what a producer spends to enqueue jobsPerRun jobs.
-func (b *bench) enqueue(t *testing.T, how string) cost {
+// enqueue measures what a producer spends to enqueue jobsPerRun jobs; run
+// is which run of the scenario this is.
+func (b *bench) enqueue(t *testing.T, how string, run int) cost {
 	ctx := context.Background()
-	offset := map[string]int{"enqueue one by one": 0, "enqueue in bulk": 1, "EnqueueTx, 1 a tx": 2}[how] * jobsPerRun
+	offset := (run*3 + map[string]int{"enqueue one by one": 0, "enqueue in bulk": 1, "EnqueueTx, 1 a tx": 2}[how]) * jobsPerRun
 	pg0, redis0, wal0 := b.prodPG.trips.Load(), b.prodRedis.cmds.Load(), b.wal(t)
 	switch how {
 	case "enqueue one by one":
@@ -290,14 +314,14 @@ func (b *bench) enqueue(t *testing.T, how string) cost {
 // command to a hot path. A private Postgres keeps other tests' WAL out.
 func TestPerJobCostStaysWithinItsBudget(t *testing.T) {
 	b := setup(t)
-	got := map[string]cost{
-		"process no-op":       b.process(t, noopKind),
-		"process InTx":        b.process(t, inTxKind),
-		"process Step + InTx": b.process(t, stepKind),
+	got := map[string]cost{}
+	for name, kind := range map[string]*tasks.Kind[noop]{"process no-op": noopKind, "process InTx": inTxKind,
+		"process Step + InTx": stepKind} {
+		got[name] = least(func(run int) cost { return b.process(t, kind, run) })
 	}
 	// No worker runs now: the enqueues are measured alone.
 	for _, how := range []string{"enqueue one by one", "enqueue in bulk", "EnqueueTx, 1 a tx"} {
-		got[how] = b.enqueue(t, how)
+		got[how] = least(func(run int) cost { return b.enqueue(t, how, run) })
 	}
 	for name, want := range budgets {
 		c := got[name]
