@@ -52,7 +52,7 @@ func welcomeBinary(t *testing.T) string {
 				vcs, buildHead = "-buildvcs=true", strings.TrimSpace(string(head))
 			}
 		}
-		out, err := exec.Command("go", "build", vcs, "-o", buildDir, "../examples/welcome").CombinedOutput()
+		out, err := testenv.GoBuild(vcs, "-o", buildDir, "../examples/welcome").CombinedOutput()
 		if err != nil {
 			buildErr = errors.New(string(out))
 		}
@@ -75,7 +75,7 @@ func welcome(t *testing.T, env []string, args ...string) run {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), testenv.NoRaceExitSleep, "HOME=" + os.Getenv("HOME")}, env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -178,7 +178,7 @@ func TestYourOwnBinary(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	worker := exec.CommandContext(ctx, welcomeBinary(t), "worker", "--queues", "default:1", "--shutdown-timeout", "2s")
-	worker.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	worker.Env = append([]string{"PATH=" + os.Getenv("PATH"), testenv.NoRaceExitSleep}, env...)
 	var werr testenv.SyncBuffer
 	worker.Stderr = &werr
 	require.NoError(t, worker.Start())
@@ -256,7 +256,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 		defer cancel()
 		addr := closedPort(t)
 		web := exec.CommandContext(ctx, welcomeBinary(t), "web", "--addr", addr)
-		web.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "REDIS_URL=" + down, "DATABASE_URL=" + good}
+		web.Env = []string{"PATH=" + os.Getenv("PATH"), testenv.NoRaceExitSleep, "HOME=" + os.Getenv("HOME"), "REDIS_URL=" + down, "DATABASE_URL=" + good}
 		var werr testenv.SyncBuffer
 		web.Stderr = &werr
 		require.NoError(t, web.Start())

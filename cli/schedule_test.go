@@ -107,7 +107,7 @@ func schedulerProcess(t *testing.T, env []string) *testenv.SyncBuffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, welcomeBinary(t), "scheduler", "--log-level", "info")
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), testenv.NoRaceExitSleep, "HOME=" + os.Getenv("HOME")}, env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	var stderr testenv.SyncBuffer
 	cmd.Stderr = &stderr

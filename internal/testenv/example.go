@@ -19,13 +19,13 @@ func RunExample(t *testing.T, schema string) string {
 	redis := StartRedis(t)
 	Pool(t, schema) // a fresh schema; the program migrates it again
 	bin := filepath.Join(t.TempDir(), "example")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := GoBuild("-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build the example: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = []string{"DATABASE_URL=" + URL(schema), "REDIS_ADDR=" + redis.Addr()}
+	cmd.Env = []string{"DATABASE_URL=" + URL(schema), "REDIS_ADDR=" + redis.Addr(), NoRaceExitSleep}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("run the example: %v\n%s", err, out)
@@ -49,3 +49,19 @@ func GuideShows(t *testing.T, guide string) {
 		t.Errorf("%s does not show main.go as it is", guide)
 	}
 }
+
+// GoBuild is `go build` with the test binary's own race setting: a program
+// a test builds then links the packages the tests compiled, where a build
+// without -race would compile every dependency a second time (two of the
+// minutes a fresh machine's CI spends).
+func GoBuild(args ...string) *exec.Cmd {
+	if Race {
+		args = append([]string{"-race"}, args...)
+	}
+	return exec.Command("go", append([]string{"build"}, args...)...)
+}
+
+// NoRaceExitSleep, in a race-built program's environment, spares it the
+// race detector's second of sleep at exit (its atexit_sleep_ms), which a
+// test that waits for the program to end would wait out every time.
+const NoRaceExitSleep = "GORACE=atexit_sleep_ms=0"
