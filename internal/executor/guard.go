@@ -261,6 +261,11 @@ func (g *Guard) recoverHook(name, jobID string) {
 // GuardStats are counters since the guard started.
 type GuardStats struct {
 	Claimed, Succeeded, Failed, Dead, DuplicatesSkipped, LeaseBusy, LedgerErrors uint64
+	// RenewalsMissed counts ticks of the renew loop whose renewal failed or
+	// found no connection within a third of the lease (also in
+	// LedgerErrors); the next tick renews the same leases, well before
+	// they run out.
+	RenewalsMissed uint64
 	// Overran counts handlers that outlived their deadline and grace.
 	Overran uint64
 	// Interrupted counts runs cut short by shutdown (not counted as attempts).
@@ -306,7 +311,7 @@ type Guard struct {
 	stopping atomic.Bool
 
 	stats struct {
-		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs atomic.Uint64
+		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs, renewalsMissed atomic.Uint64
 		overran, interrupted, crashed, cancelled, expired           atomic.Uint64
 		progressWrites, lateClaims, held                            atomic.Uint64
 	}
@@ -437,7 +442,7 @@ func (g *Guard) Stats() GuardStats {
 	return GuardStats{
 		Claimed: g.stats.claimed.Load(), Succeeded: g.stats.succeeded.Load(), Failed: g.stats.failed.Load(),
 		Dead: g.stats.dead.Load(), DuplicatesSkipped: g.stats.skipped.Load(), LeaseBusy: g.stats.busy.Load(),
-		LedgerErrors: g.stats.ledgerErrs.Load(), Overran: g.stats.overran.Load(),
+		LedgerErrors: g.stats.ledgerErrs.Load(), RenewalsMissed: g.stats.renewalsMissed.Load(), Overran: g.stats.overran.Load(),
 		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(), Cancelled: g.stats.cancelled.Load(),
 		Expired: g.stats.expired.Load(), ProgressWrites: g.stats.progressWrites.Load(), LateClaims: g.stats.lateClaims.Load(),
 		Held: g.stats.held.Load(),
@@ -806,6 +811,7 @@ func (g *Guard) renewRunning(ctx context.Context) (renewed []string, looked bool
 	if err != nil {
 		if ctx.Err() == nil {
 			g.stats.ledgerErrs.Add(1)
+			g.stats.renewalsMissed.Add(1)
 			g.cfg.Logger.Warn("keel: lease renewal failed", "jobs", len(ids), "err", err)
 		}
 		return nil, true

@@ -85,9 +85,13 @@ func TestHandlersHungInsideInTxDoNotWedgeTheWorker(t *testing.T) {
 		require.Zero(t, j.ExtraRuns, "job %s: its lease never ran out", id)
 	}
 	testworker.WaitStatus(t, e.store, ok.Job.ID, idempotency.StatusSucceeded, 30*time.Second)
-	// Every write found a connection: the stray marks, the renewals and
-	// the failures waited for none.
-	require.Zero(t, srv.Guard().Stats().LedgerErrors, "ledger writes failed while the hung runs held the pool")
+	// Every write but a renewal found a connection: the stray marks and the
+	// failures come after the hung runs' connections are dropped. A renewal
+	// that began just after the runs took the pool waits up to a third of
+	// the lease for one, and on a slow host may not get it: the next tick
+	// renews in time, which no extra run above shows.
+	st := srv.Guard().Stats()
+	require.Equal(t, st.RenewalsMissed, st.LedgerErrors, "ledger writes failed while the hung runs held the pool")
 }
 
 var (
