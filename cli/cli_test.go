@@ -26,6 +26,7 @@ import (
 	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 	"github.com/keeljobs/keel/internal/jobstore"
+	"github.com/keeljobs/keel/internal/ledger"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/tasks"
@@ -866,6 +867,27 @@ func TestLedgerFigures(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	require.EqualValues(t, 3, st.Pruned24h)
 	require.EqualValues(t, 43, st.Pruned7d, "a prune 40 days ago is not of the last 7 days")
+
+	// Prunable now follows each kind's retention, as the prune does: a job
+	// three days old under a policy of two counts, under the default 30 days.
+	prunable := func() int64 {
+		t.Helper()
+		out, _, err := e.greeter(t, "", "ledger", "--json")
+		require.NoError(t, err)
+		var st struct {
+			Prunable int64 `json:"prunable_now"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &st))
+		return st.Prunable
+	}
+	before := prunable()
+	_, err = pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, finished_at)
+		VALUES ('ledger-figures-1', 'figures:short', 'k1', 'default', '\x7b7d', 1, 'succeeded', now() - interval '3 days')`)
+	require.NoError(t, err)
+	require.Equal(t, before, prunable(), "within the default 30 days")
+	require.NoError(t, ledger.SetRetention(ctx, pool, ledger.Policy{Kind: "figures:short", Status: "succeeded", Keep: 48 * time.Hour},
+		"ops", "short", nil))
+	require.Equal(t, before+1, prunable(), "past its kind's 2 days")
 
 	for _, args := range [][]string{{"ledger", "--retention", "-24h"}, {"ledger", "--retention", "0s"}} {
 		_, _, err = e.greeter(t, "", args...)

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/keeljobs/keel/outbox"
 )
 
 type ledgerStats struct {
@@ -48,7 +49,9 @@ func ledgerCmd(e *Env) *cobra.Command {
 				return err
 			}
 			st.Unpublished, st.OldestUnpubSecs = unpublished, oldest.Seconds()
-			if st.Prunable, err = ledger.Prunable(ctx, pool, retention, nil); err != nil {
+			// As a worker's reconciler prunes: each kind's policies, then
+			// retention; dead letters by their bounds after the notice.
+			if st.Prunable, err = ledger.Prunable(ctx, pool, retention, outbox.DefaultDeadDropNotice, nil); err != nil {
 				return err
 			}
 			if st.Pruned24h, st.Pruned7d, err = ledger.Pruned(ctx, pool, nil); err != nil {
@@ -67,12 +70,12 @@ func ledgerCmd(e *Env) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%d\n", s, st.Rows[s])
 			}
 			fmt.Fprintf(tw, "unpublished\t%d (oldest %s)\n", st.Unpublished, time.Duration(st.OldestUnpubSecs*float64(time.Second)).Round(time.Second))
-			fmt.Fprintf(tw, "prunable now\t%d (older than %s)\n", st.Prunable, retention)
+			fmt.Fprintf(tw, "prunable now\t%d (by each kind's retention, else %s; dead letters past their bounds after notice)\n", st.Prunable, retention)
 			fmt.Fprintf(tw, "pruned\t%d in the last 24h, %d in the last 7 days\n", st.Pruned24h, st.Pruned7d)
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().DurationVar(&retention, "retention", envDuration("KEEL_RETENTION", 30*24*time.Hour), "retention to count prunable rows against")
+	cmd.Flags().DurationVar(&retention, "retention", envDuration("KEEL_RETENTION", 30*24*time.Hour), "retention to count prunable rows against, for kinds and statuses no policy names (keel retention ls)")
 	return cmd
 }
 

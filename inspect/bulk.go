@@ -17,8 +17,9 @@ import (
 // Filter selects jobs for a bulk action, a dry run or a list. Zero fields
 // match everything.
 type Filter struct {
-	// Open selects the jobs not finished (pending, running, failed), what
-	// a cancel applies to, with Since and Until on when they were
+	// Open selects the jobs not finished, every one a cancel applies to
+	// (pending, running, failed, waiting for parents or a concurrency
+	// slot, paused by their kind), with Since and Until on when they were
 	// enqueued; otherwise dead jobs, with Since and Until on when they
 	// died. ReplayMatching and DiscardMatching read dead jobs and
 	// CancelMatching open ones, whatever Open says.
@@ -177,8 +178,10 @@ func (in *Inspector) DiscardMatching(ctx context.Context, f Filter, expect int, 
 	return in.matching(ctx, ActionDiscard, f, expect, actor, note)
 }
 
-// CancelMatching cancels every job not finished that f matches; see
-// ReplayMatching.
+// CancelMatching cancels every job not finished that f matches (those
+// held by their kind's pause or for a concurrency slot too); see
+// ReplayMatching. A job held for a slot frees none; one its kind's pause
+// held frees its own for the next held job of its key.
 func (in *Inspector) CancelMatching(ctx context.Context, f Filter, expect int, actor, note string) (BulkResult, error) {
 	return in.matching(ctx, ActionCancel, f, expect, actor, note)
 }

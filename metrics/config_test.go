@@ -58,6 +58,9 @@ func TestNewLedgerRefusesANegativeTimeout(t *testing.T) {
 	require.ErrorContains(t, err, "LedgerConfig.Timeout must not be negative")
 	require.Nil(t, l)
 
+	c = metrics.LedgerConfig{ScheduleGrace: -time.Minute}
+	require.ErrorContains(t, c.Validate(), "LedgerConfig.ScheduleGrace must not be negative")
+
 	// Neither source is required: what has none is left out.
 	l, err = metrics.NewLedger(metrics.LedgerConfig{})
 	require.NoError(t, err)

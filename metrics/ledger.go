@@ -14,11 +14,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keeljobs/keel/inspect"
+	"github.com/keeljobs/keel/internal/cronspec"
 	"github.com/keeljobs/keel/internal/ledger"
 )
 
 // DefaultScrapeTimeout bounds the reads one scrape of a Ledger makes.
 const DefaultScrapeTimeout = 5 * time.Second
+
+// DefaultScheduleGrace is LedgerConfig.ScheduleGrace's default: well past
+// a scheduler's retries of a tick it could not enqueue (30 s apart at
+// most).
+const DefaultScheduleGrace = 2 * time.Minute
 
 // LedgerConfig configures a Ledger collector.
 type LedgerConfig struct {
@@ -29,20 +36,31 @@ type LedgerConfig struct {
 	Inspector *asynq.Inspector
 	// Timeout bounds each scrape's reads. Default: DefaultScrapeTimeout.
 	Timeout time.Duration
+	// ScheduleGrace is how long past due a cron entry's tick may be before
+	// keel_schedule_entries{state="overdue"} counts it. Default:
+	// DefaultScheduleGrace.
+	ScheduleGrace time.Duration
 }
 
 // Validate reports everything in c that cannot work.
 func (c LedgerConfig) Validate() error {
+	var errs []error
 	if c.Timeout < 0 {
-		return fmt.Errorf("keel: metrics.LedgerConfig.Timeout must not be negative (0 for DefaultScrapeTimeout), got %v", c.Timeout)
+		errs = append(errs, fmt.Errorf("keel: metrics.LedgerConfig.Timeout must not be negative (0 for DefaultScrapeTimeout), got %v", c.Timeout))
 	}
-	return nil
+	if c.ScheduleGrace < 0 {
+		errs = append(errs, fmt.Errorf("keel: metrics.LedgerConfig.ScheduleGrace must not be negative (0 for DefaultScheduleGrace), got %v", c.ScheduleGrace))
+	}
+	return errors.Join(errs...)
 }
 
 // WithDefaults returns c with each unset field at its default.
 func (c LedgerConfig) WithDefaults() LedgerConfig {
 	if c.Timeout == 0 {
 		c.Timeout = DefaultScrapeTimeout
+	}
+	if c.ScheduleGrace == 0 {
+		c.ScheduleGrace = DefaultScheduleGrace
 	}
 	return c
 }
@@ -101,8 +119,12 @@ type Snapshot struct {
 	PausedHeld   map[string]int64
 	// Held counts the jobs held for a slot of their concurrency key, by
 	// kind.
-	Held        []HeldCount
-	PostgresErr error // nil when the ledger was read
+	Held []HeldCount
+	// SchedulesPaused counts the cron entries a person paused;
+	// SchedulesOverdue those not paused whose next tick is more than
+	// ScheduleGrace past due (see keel_schedule_entries).
+	SchedulesPaused, SchedulesOverdue int
+	PostgresErr                       error // nil when the ledger was read
 }
 
 // Ledger is a prometheus.Collector that reads queue sizes from asynq and
@@ -120,6 +142,7 @@ type Ledger struct {
 	waiting, waitingOnDead, waitingOldest                                       *prometheus.Desc
 	queuePausedByKeel, kindPaused, kindHeld                                     *prometheus.Desc
 	held, heldKeys, heldOldest                                                  *prometheus.Desc
+	schedules                                                                   *prometheus.Desc
 }
 
 // NewLedger returns a collector, or the error of cfg.Validate; register it
@@ -162,6 +185,9 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 			"Concurrency keys of a kind with a job held for a slot.", []string{"kind"}, nil),
 		heldOldest: prometheus.NewDesc("keel_concurrency_held_oldest_seconds",
 			"How long the oldest job of a kind held for a slot of its concurrency key has waited.", []string{"kind"}, nil),
+		schedules: prometheus.NewDesc("keel_schedule_entries",
+			"Cron entries by state: paused (by a person), or overdue (not paused, and a tick more than the grace past due: no scheduler fires it).",
+			[]string{"state"}, nil),
 		up: prometheus.NewDesc("keel_collector_up",
 			"1 when the last scrape could read the source (redis or postgres).", []string{"source"}, nil),
 		duration: prometheus.NewDesc("keel_collector_scrape_duration_seconds",
@@ -173,7 +199,7 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 func (l *Ledger) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{l.queueSize, l.oldestPending, l.paused, l.dead, l.backlog, l.lag, l.batches,
 		l.waiting, l.waitingOnDead, l.waitingOldest, l.queuePausedByKeel, l.kindPaused, l.kindHeld,
-		l.held, l.heldKeys, l.heldOldest, l.up, l.duration} {
+		l.held, l.heldKeys, l.heldOldest, l.schedules, l.up, l.duration} {
 		ch <- d
 	}
 }
@@ -229,6 +255,8 @@ func (l *Ledger) Collect(ch chan<- prometheus.Metric) {
 				gauge(l.heldKeys, float64(h.Keys), h.Kind)
 				gauge(l.heldOldest, max(time.Since(h.OldestHeld), 0).Seconds(), h.Kind)
 			}
+			gauge(l.schedules, float64(s.SchedulesPaused), "paused")
+			gauge(l.schedules, float64(s.SchedulesOverdue), "overdue")
 		}
 	}
 	gauge(l.duration, time.Since(start).Seconds())
@@ -363,5 +391,49 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 	if s.Held, err = ledger.HeldByKind(ctx, l.cfg.Pool); err != nil {
 		return fmt.Errorf("keel: reading held jobs: %w", err)
 	}
+	rows, err := ledger.ScheduleRows(ctx, l.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("keel: reading cron entries: %w", err)
+	}
+	s.SchedulesPaused, s.SchedulesOverdue = scheduleStates(rows, l.cfg.ScheduleGrace)
 	return nil
+}
+
+// scheduleStates counts the paused and the overdue entries among rows.
+// The ledger knows a file's or code's entry only from the schedulers that
+// run it, so such an entry counts only while they describe it: one they
+// stopped describing more than inspect.RunTimeout before the newest
+// description of any entry has left their files. And it is overdue only
+// once no scheduler has described anything for RunTimeout: while one
+// runs, its own entries' ticks restart with a changed spec, which the
+// ledger does not see. A run-time entry, whose spec and changes the
+// ledger has, is overdue whenever its next tick after the newest handled
+// (or its last change) is more than grace past.
+func scheduleStates(rows []ledger.ScheduleRow, grace time.Duration) (paused, overdue int) {
+	var newest time.Time
+	for _, r := range rows {
+		if r.SeenAt != nil && r.SeenAt.After(newest) {
+			newest = *r.SeenAt
+		}
+	}
+	for _, r := range rows {
+		if !r.RunTime && (r.SeenAt == nil || newest.Sub(*r.SeenAt) > inspect.RunTimeout) {
+			continue
+		}
+		if r.Paused {
+			paused++
+			continue
+		}
+		if !r.RunTime && r.Now.Sub(newest) < inspect.RunTimeout {
+			continue
+		}
+		sched, err := cronspec.ParseIn(r.Spec, r.TimeZone)
+		if err != nil {
+			continue // written by another version: not this one's to judge
+		}
+		if due := sched.Next(r.Since); !due.IsZero() && r.Now.Sub(due) > grace {
+			overdue++
+		}
+	}
+	return paused, overdue
 }

@@ -607,7 +607,11 @@ func (r *Reconciler) prune(ctx context.Context, now ledger.Now) (int, error) {
 	if r.cfg.Retention <= 0 {
 		return 0, nil
 	}
-	total, err := r.pruneKinds(ctx, now)
+	plan, err := ledger.PlanPrune(ctx, r.pool, r.cfg.Retention)
+	if err != nil {
+		return 0, err
+	}
+	total, err := r.pruneKinds(ctx, plan.Finished, now)
 	// The jobs are gone whatever happens next: count them first.
 	if total > 0 {
 		r.pruned.Add(uint64(total))
@@ -621,7 +625,7 @@ func (r *Reconciler) prune(ctx context.Context, now ledger.Now) (int, error) {
 	if err != nil {
 		return total, err
 	}
-	dropped, err := r.boundDeadLetters(ctx, now)
+	dropped, err := r.boundDeadLetters(ctx, plan.Dead, now)
 	total += dropped
 	if dropped > 0 {
 		if lerr := ledger.LogPrune(ctx, r.pool, dropped, now); lerr != nil {

@@ -49,41 +49,21 @@ func (r *Reconciler) DeadLettersToDrop() map[string]int {
 	return maps.Clone(r.retained.toDrop)
 }
 
-// finishedStatuses are pruned at their kind's retention, or Retention.
-var finishedStatuses = []string{"succeeded", "discarded", "cancelled"}
-
 // pruneKinds prunes each kind's finished jobs, status by status, at the
-// retention in force for it: each a range of one index, however long
-// other kinds keep theirs.
-func (r *Reconciler) pruneKinds(ctx context.Context, now ledger.Now) (int, error) {
-	ps, err := ledger.Retention(ctx, r.pool)
-	if err != nil {
-		return 0, err
-	}
-	kinds, err := ledger.FinishedKinds(ctx, r.pool)
-	if err != nil {
-		return 0, err
-	}
+// retention in force for it (plan, which Prunable counts by too): each a
+// range of one index, however long other kinds keep theirs.
+func (r *Reconciler) pruneKinds(ctx context.Context, plan []ledger.KindKeep, now ledger.Now) (int, error) {
 	total := 0
-	for _, kind := range kinds {
-		for _, status := range finishedStatuses {
-			keep := r.cfg.Retention
-			if p, ok := ledger.InForce(ps, kind, status); ok {
-				keep = p.Keep
+	for _, k := range plan {
+		for ctx.Err() == nil {
+			n, err := ledger.PruneKind(ctx, r.pool, k.Kind, k.Status, k.Keep, r.cfg.PruneBatch, now)
+			total += n
+			r.retained.add(k.Kind, k.Status, n)
+			if err != nil {
+				return total, err
 			}
-			if keep <= 0 {
-				continue // kept for ever
-			}
-			for ctx.Err() == nil {
-				n, err := ledger.PruneKind(ctx, r.pool, kind, status, keep, r.cfg.PruneBatch, now)
-				total += n
-				r.retained.add(kind, status, n)
-				if err != nil {
-					return total, err
-				}
-				if n < r.cfg.PruneBatch {
-					break
-				}
+			if n < r.cfg.PruneBatch {
+				break
 			}
 		}
 	}
@@ -94,11 +74,7 @@ func (r *Reconciler) pruneKinds(ctx context.Context, now ledger.Now) (int, error
 // letters past them are first noticed (alerted, logged), and dropped once
 // DeadDropNotice has passed since; unseen ones are never touched. It
 // returns how many it dropped.
-func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int, error) {
-	ps, err := ledger.Retention(ctx, r.pool)
-	if err != nil {
-		return 0, err
-	}
+func (r *Reconciler) boundDeadLetters(ctx context.Context, bounds []ledger.DeadBound, now ledger.Now) (int, error) {
 	toDrop := map[string]int{}
 	defer func() {
 		r.retained.mu.Lock()
@@ -106,17 +82,7 @@ func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int,
 		r.retained.mu.Unlock()
 	}()
 	total := 0
-	done := map[string]bool{}
-	for _, p := range ps {
-		if p.Status != "dead" || done[p.Kind] {
-			continue
-		}
-		done[p.Kind] = true
-		p, _ = ledger.InForce(ps, p.Kind, "dead")
-		if p.Keep <= 0 && p.MaxCount <= 0 {
-			continue
-		}
-		bound := ledger.DeadBound{Kind: p.Kind, Keep: p.Keep, MaxCount: p.MaxCount, Since: p.SetAt}
+	for _, bound := range bounds {
 		for ctx.Err() == nil {
 			n, err := ledger.NoticeDeadDrops(ctx, r.pool, bound, r.cfg.PruneBatch, now)
 			if err != nil {
@@ -124,7 +90,7 @@ func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int,
 			}
 			if n > 0 {
 				r.cfg.Logger.Warn("keel reconciler: seen dead letters are past their kind's bound and will be dropped",
-					"kind", p.Kind, "count", n, "after", r.cfg.DeadDropNotice, "keep", p.Keep, "max_count", p.MaxCount)
+					"kind", bound.Kind, "count", n, "after", r.cfg.DeadDropNotice, "keep", bound.Keep, "max_count", bound.MaxCount)
 			}
 			if n < r.cfg.PruneBatch {
 				break
@@ -133,13 +99,13 @@ func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int,
 		for ctx.Err() == nil {
 			n, err := ledger.DropDeadLetters(ctx, r.pool, bound, r.cfg.DeadDropNotice, r.cfg.PruneBatch, now)
 			total += n
-			r.retained.add(p.Kind, "dead", n)
+			r.retained.add(bound.Kind, "dead", n)
 			if err != nil {
 				return total, err
 			}
 			if n > 0 {
 				r.cfg.Logger.Warn("keel reconciler: dropped seen dead letters past their kind's bound",
-					"kind", p.Kind, "count", n, "keep", p.Keep, "max_count", p.MaxCount)
+					"kind", bound.Kind, "count", n, "keep", bound.Keep, "max_count", bound.MaxCount)
 			}
 			if n < r.cfg.PruneBatch {
 				break
@@ -150,7 +116,7 @@ func (r *Reconciler) boundDeadLetters(ctx context.Context, now ledger.Now) (int,
 			return total, err
 		}
 		if n > 0 {
-			toDrop[p.Kind] = n
+			toDrop[bound.Kind] = n
 		}
 	}
 	return total, nil

@@ -396,3 +396,50 @@ func TestDeadLetterNoticeDoesNotOutliveItsPolicy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 }
+
+// `keel ledger`'s "prunable now" is what a prune then deletes: each kind's
+// retention per status (a person's over the code's over Retention, for
+// ever too), and the seen dead letters past a bound whose notice has run.
+func TestPrunableIsWhatThePruneDeletes(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	t0 := time.Now()
+	b.finished(t, "a", "a-ok-3d", "succeeded", t0.Add(-3*day))
+	b.finished(t, "a", "a-ok-1d", "succeeded", t0.Add(-1*day))
+	b.finished(t, "a", "a-cancelled-3d", "cancelled", t0.Add(-3*day))
+	b.finished(t, "b", "b-ok-12d", "succeeded", t0.Add(-12*day))
+	b.finished(t, "b", "b-discarded-4d", "discarded", t0.Add(-4*day))
+	b.finished(t, "c", "c-ok-20d", "succeeded", t0.Add(-20*day))
+	b.finished(t, "c", "c-ok-70d", "succeeded", t0.Add(-70*day))
+	b.finished(t, "d", "d-ok-400d", "succeeded", t0.Add(-400*day))
+	b.finished(t, "d", "d-cancelled-400d", "cancelled", t0.Add(-400*day))
+	var dead []string
+	for i := range 4 {
+		dead = append(dead, b.finished(t, "e", fmt.Sprintf("e-dead-%d", i), "dead", t0.Add(-time.Duration(10-i)*day)))
+	}
+	seen(t, b, t0.Add(-time.Hour), dead...)
+	setPolicy(t, b, ledger.Policy{Kind: "a", Status: "succeeded", Keep: 2 * day})
+	setPolicy(t, b, ledger.Policy{Kind: "c", Status: "succeeded", Keep: 60 * day})
+	setPolicy(t, b, ledger.Policy{Kind: "d", Status: "succeeded"}) // for ever
+	setPolicy(t, b, ledger.Policy{Kind: "e", Status: "dead", MaxCount: 1})
+	setPolicy(t, b, ledger.Policy{Kind: "d", Status: "cancelled"})
+	require.NoError(t, ledger.DeclareRetention(ctx, b.pool, "b", []ledger.Policy{{Status: "discarded", Keep: 3 * day}}, "worker"))
+
+	const retention = 10 * day
+	r := newReconciler(t, outbox.ReconcilerConfig{Pool: b.pool, Redis: b.opt, Retention: retention, DeadDropNotice: day, PruneBatch: 1,
+		Logger: slog.New(slog.DiscardHandler)})
+	defer r.Close()
+	// Now: a's 3-day-old success (2 days), b's 12-day-old one (the default
+	// 10) and its discarded one (the code's 3), c's of 70 days (60); a day on, e's three oldest
+	// seen dead letters, noticed by the first prune; 30 days on, the rest
+	// but c's (60 days) and d's (for ever).
+	for _, at := range []time.Time{t0, t0.Add(day + time.Minute), t0.Add(30 * day)} {
+		want, err := ledger.Prunable(ctx, b.pool, retention, day, ledger.At(at))
+		require.NoError(t, err)
+		n, err := outbox.PruneAt(ctx, r, at)
+		require.NoError(t, err)
+		require.EqualValues(t, n, want, "at %s: prunable %d, pruned %d", at.Sub(t0), want, n)
+		require.Positive(t, n, "at %s", at.Sub(t0))
+	}
+	require.Equal(t, []string{"c-ok-20d", "d-cancelled-400d", "d-ok-400d", "e-dead-3"}, b.keys(t))
+}

@@ -758,7 +758,7 @@ func (s *scaleRun) reconcile(ctx context.Context, name string, open int) (Reconc
 // ledger and Redis meanwhile and a keel worker runs them.
 func (s *scaleRun) prune(ctx context.Context, name string, retention time.Duration, intake bool) (PruneRun, error) {
 	p := PruneRun{Name: name, RetentionDays: retention.Hours() / 24}
-	due64, err := ledger.Prunable(ctx, s.pool, retention, nil)
+	due64, err := ledger.Prunable(ctx, s.pool, retention, outbox.DefaultDeadDropNotice, nil)
 	due := int(due64)
 	if err != nil {
 		return p, err

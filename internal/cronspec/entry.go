@@ -34,15 +34,12 @@ func Check(e Entry, knownKind func(string) bool, maxPayload int) (Entry, Schedul
 	if err := validName(e.Name); err != nil {
 		return bad("name", "bad name %q: %v", e.Name, err)
 	}
-	loc := time.UTC
 	if e.TimeZone != "" {
-		l, err := time.LoadLocation(e.TimeZone)
-		if err != nil {
+		if _, err := time.LoadLocation(e.TimeZone); err != nil {
 			return bad("timezone", "bad timezone %q: %v", e.TimeZone, err)
 		}
-		loc = l
 	}
-	sched, err := Parse(e.Spec, loc, e.TimeZone != "")
+	sched, err := ParseIn(e.Spec, e.TimeZone)
 	if err != nil {
 		return bad("spec", "bad spec %q: %v", e.Spec, err)
 	}
@@ -74,6 +71,20 @@ func Check(e Entry, knownKind func(string) bool, maxPayload int) (Entry, Schedul
 		return bad("timeout", "bad timeout %s: negative", e.Timeout)
 	}
 	return e, sched, "", nil
+}
+
+// ParseIn parses spec read in the IANA zone timezone (UTC when empty), as
+// an entry's are.
+func ParseIn(spec, timezone string) (Schedule, error) {
+	loc := time.UTC
+	if timezone != "" {
+		l, err := time.LoadLocation(timezone)
+		if err != nil {
+			return nil, err
+		}
+		loc = l
+	}
+	return Parse(spec, loc, timezone != "")
 }
 
 func validName(name string) error {

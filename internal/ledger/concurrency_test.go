@@ -37,6 +37,8 @@ func TestConcurrencyTriggerPlans(t *testing.T) {
 	for name, c := range map[string]struct{ sql, index string }{
 		"in flight": {`SELECT count(*) FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant3'
 			AND status IN ('pending', 'running', 'failed') AND id <> 'x'`, "keel_jobs_concurrency_flight"},
+		"paused": {`SELECT count(*) FROM (SELECT 1 FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant3'
+			AND status = 'paused' LIMIT 2) p`, "keel_jobs_concurrency_paused"},
 		"oldest held": {`SELECT id FROM keel_jobs WHERE kind = 'tenantkind' AND concurrency_key = 'tenant3'
 			AND status = 'waiting' AND key_held_since IS NOT NULL ORDER BY created_at, id LIMIT 1`, "keel_jobs_concurrency_held"},
 	} {

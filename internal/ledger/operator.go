@@ -141,10 +141,13 @@ const (
 	SELECT * FROM done`
 	// A running handler may act until its worker notices (which then
 	// renews the mark while it runs) or its lease runs out: a newer job of
-	// the key waits for it (stray_until). SET reads the row as it was.
+	// the key waits for it (stray_until). SET reads the row as it was. A
+	// job held for a concurrency slot waits for none any more; the slot a
+	// job in flight, or held by its kind's pause, kept goes to the next
+	// held job of its key (keel_concurrency_release, migrations 0030, 0031).
 	cancelJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'cancelled', resolution_note = $3, resolved_by = $2,
 		stray_until = CASE WHEN status = 'running' THEN greatest(lease_until, stray_until) ELSE stray_until END,
-		lease_holder = NULL, lease_until = NULL, finished_at = coalesce($4::timestamptz, now()), updated_at = coalesce($4::timestamptz, now())
+		lease_holder = NULL, lease_until = NULL, key_held_since = NULL, finished_at = coalesce($4::timestamptz, now()), updated_at = coalesce($4::timestamptz, now())
 		FROM (SELECT id, status AS was FROM keel_jobs WHERE id = ANY($1)) old
 		WHERE j.id = old.id AND %s = 'ok' RETURNING j.id, j.queue, old.was = 'running'),
 	audit AS (INSERT INTO keel_audit (job_id, action, actor, note, at) SELECT id, 'cancel', $2, $3, coalesce($4::timestamptz, now()) FROM done)
@@ -264,19 +267,26 @@ func Audited(ctx context.Context, db DB, jobID, action string) (bool, error) {
 
 // Filter selects jobs for a bulk action. Zero fields match everything.
 type Filter struct {
-	// Open selects jobs not finished (pending, running, failed), what a
-	// cancel applies to, with Since and Until on when they were enqueued;
-	// otherwise dead jobs, with Since and Until on when they died.
+	// Open selects jobs not finished, every one a cancel applies to
+	// (openSQL), with Since and Until on when they were enqueued; otherwise
+	// dead jobs, with Since and Until on when they died.
 	Open               bool
 	Kind, Queue, Class string
 	Since, Until       time.Time
 }
 
+// openSQL is the jobs not finished: those waiting for a delivery, a run or
+// a retry (keel_jobs_open), for their parents or a concurrency slot
+// (keel_jobs_waiting), and those their kind's pause holds
+// (keel_jobs_paused). Written as one arm per partial index, so that the
+// planner reads each by its own; the cancel verdict takes each of them.
+const openSQL = `(j.status IN ('pending', 'running', 'failed') OR j.status = 'waiting' OR j.status = 'paused')`
+
 func (f Filter) where() (string, []any) {
 	conds := []string{"j.status = 'dead'"}
 	at := "j.finished_at"
 	if f.Open {
-		conds[0], at = "j.status IN ('pending', 'running', 'failed')", "j.created_at"
+		conds[0], at = openSQL, "j.created_at"
 	}
 	var args []any
 	add := func(cond string, v any) {

@@ -117,6 +117,64 @@ func FinishedKinds(ctx context.Context, db DB) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// FinishedStatuses are the statuses pruned at their kind's retention.
+var FinishedStatuses = []string{"succeeded", "discarded", "cancelled"}
+
+// KeepFor is how long kind's jobs of status (one of FinishedStatuses) are
+// kept: the policy in force among ps (as Retention returns them), else
+// retention; 0 or less is for ever. The prune and Prunable both ask it.
+func KeepFor(ps []Policy, kind, status string, retention time.Duration) time.Duration {
+	if p, ok := InForce(ps, kind, status); ok {
+		return p.Keep
+	}
+	return retention
+}
+
+// KindKeep is one kind's finished jobs of one status and how long they
+// are kept (more than 0).
+type KindKeep struct {
+	Kind, Status string
+	Keep         time.Duration
+}
+
+// PrunePlan is what a prune goes through, in order: each kind's finished
+// jobs kept for a time, and each kind's dead-letter bounds.
+type PrunePlan struct {
+	Finished []KindKeep
+	Dead     []DeadBound
+}
+
+// PlanPrune reads the policies and the kinds with finished jobs, and
+// returns the prune they make with retention for what no policy names.
+// The prune and Prunable both follow it, so that what one counts is what
+// the other deletes.
+func PlanPrune(ctx context.Context, db DB, retention time.Duration) (PrunePlan, error) {
+	ps, err := Retention(ctx, db)
+	if err != nil {
+		return PrunePlan{}, err
+	}
+	kinds, err := FinishedKinds(ctx, db)
+	if err != nil {
+		return PrunePlan{}, err
+	}
+	var plan PrunePlan
+	for _, kind := range kinds {
+		for _, status := range FinishedStatuses {
+			if keep := KeepFor(ps, kind, status, retention); keep > 0 {
+				plan.Finished = append(plan.Finished, KindKeep{Kind: kind, Status: status, Keep: keep})
+			}
+		}
+	}
+	plan.Dead = DeadBounds(ps)
+	return plan, nil
+}
+
+// pastKeepSQL is the finished jobs a prune deletes: kind $1's of status $2
+// finished longer than $3 ms before $4. PruneKind deletes them and
+// CountPastKeep counts them, by this one text.
+const pastKeepSQL = `kind = $1 AND status = $2 AND status IN ('succeeded', 'discarded', 'cancelled')
+	  AND finished_at < coalesce($4::timestamptz, now()) - $3 * interval '1 millisecond'`
+
 // pruneKindSQL stays on keel_jobs_finished_kind: one kind's range of one
 // status, oldest first, whatever other kinds keep. ANY(ARRAY(…)) makes the
 // delete probe the primary key per row; with IN (subquery) the planner
@@ -126,10 +184,8 @@ func FinishedKinds(ctx context.Context, db DB) ([]string, error) {
 // dependencies (as a child) go with it too; those naming it as a parent
 // stay while their child does, which shows the parent as pruned.
 const pruneKindSQL = `WITH gone AS (DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
-	SELECT id FROM keel_jobs
-	WHERE kind = $1 AND status = $2 AND status IN ('succeeded', 'discarded', 'cancelled')
-	  AND finished_at < coalesce($5::timestamptz, now()) - $3 * interval '1 millisecond'
-	ORDER BY finished_at LIMIT $4 FOR UPDATE SKIP LOCKED))
+	SELECT id FROM keel_jobs WHERE ` + pastKeepSQL + `
+	ORDER BY finished_at LIMIT $5 FOR UPDATE SKIP LOCKED))
 	RETURNING id),
 progress AS (DELETE FROM keel_job_progress WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
 results AS (DELETE FROM keel_job_results WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
@@ -141,7 +197,16 @@ SELECT count(*) FROM gone`
 // finished longer than keep ago, oldest first, and returns how many.
 func PruneKind(ctx context.Context, db DB, kind, status string, keep time.Duration, limit int, now Now) (int, error) {
 	var n int
-	err := db.QueryRow(ctx, pruneKindSQL, kind, status, keep.Milliseconds(), limit, now).Scan(&n)
+	err := db.QueryRow(ctx, pruneKindSQL, kind, status, keep.Milliseconds(), now, limit).Scan(&n)
+	return n, err
+}
+
+const countPastKeepSQL = `SELECT count(*) FROM keel_jobs WHERE ` + pastKeepSQL
+
+// CountPastKeep counts what PruneKind would delete with no limit.
+func CountPastKeep(ctx context.Context, db DB, kind, status string, keep time.Duration, now Now) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, countPastKeepSQL, kind, status, keep.Milliseconds(), now).Scan(&n)
 	return n, err
 }
 
@@ -169,6 +234,25 @@ type DeadBound struct {
 	Since    time.Time
 }
 
+// DeadBounds returns the dead-letter bounds in force among ps (as
+// Retention returns them), one per kind that has any, by kind.
+func DeadBounds(ps []Policy) []DeadBound {
+	var out []DeadBound
+	done := map[string]bool{}
+	for _, p := range ps {
+		if p.Status != "dead" || done[p.Kind] {
+			continue
+		}
+		done[p.Kind] = true
+		p, _ = InForce(ps, p.Kind, "dead")
+		if p.Keep <= 0 && p.MaxCount <= 0 {
+			continue
+		}
+		out = append(out, DeadBound{Kind: p.Kind, Keep: p.Keep, MaxCount: p.MaxCount, Since: p.SetAt})
+	}
+	return out
+}
+
 // noticeDeadSQL marks the dead letters past the bounds that no pass has
 // noticed since they died and the policy was set, so the alert says they
 // are to be dropped a notice period before they are.
@@ -185,16 +269,21 @@ func NoticeDeadDrops(ctx context.Context, db DB, b DeadBound, limit int, now Now
 	return int(tag.RowsAffected()), err
 }
 
-// dropDeadSQL deletes dead letters past the bounds that were noticed at
-// least the notice $5 ago, since they last died. It locks them skipping
+// droppableSQL is the dead letters among over (overBoundSQL) a drop
+// deletes: noticed, under the policy set at $6, at least the notice $5 ms
+// before $4, since they last died. DropDeadLetters deletes them and
+// CountDroppable counts them, by this one text.
+const droppableSQL = `id IN (SELECT id FROM over) AND status = 'dead'
+	  AND drop_noticed_at >= greatest(finished_at, $6) AND drop_noticed_at <= coalesce($4::timestamptz, now()) - $5 * interval '1 millisecond'`
+
+// dropDeadSQL deletes the droppable dead letters. It locks them skipping
 // those locked, and its DELETE asks again: a replay (which locks the job
 // and makes it pending) or a new death is never dropped.
 const dropDeadSQL = `WITH ` + overBoundSQL + `,
 gone AS (DELETE FROM keel_jobs WHERE id = ANY (ARRAY (
-	SELECT id FROM keel_jobs WHERE id IN (SELECT id FROM over) AND status = 'dead'
-	  AND drop_noticed_at >= greatest(finished_at, $7) AND drop_noticed_at <= coalesce($4::timestamptz, now()) - $5 * interval '1 millisecond'
-	ORDER BY finished_at LIMIT $6 FOR UPDATE SKIP LOCKED))
-	AND status = 'dead' AND seen_at >= finished_at AND drop_noticed_at >= greatest(finished_at, $7)
+	SELECT id FROM keel_jobs WHERE ` + droppableSQL + `
+	ORDER BY finished_at LIMIT $7 FOR UPDATE SKIP LOCKED))
+	AND status = 'dead' AND seen_at >= finished_at AND drop_noticed_at >= greatest(finished_at, $6)
 	RETURNING id),
 progress AS (DELETE FROM keel_job_progress WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
 results AS (DELETE FROM keel_job_results WHERE job_id = ANY (ARRAY (SELECT id FROM gone))),
@@ -206,7 +295,17 @@ SELECT count(*) FROM gone`
 // and returns how many.
 func DropDeadLetters(ctx context.Context, db DB, b DeadBound, notice time.Duration, limit int, now Now) (int, error) {
 	var n int
-	err := db.QueryRow(ctx, dropDeadSQL, b.Kind, b.Keep.Milliseconds(), b.MaxCount, now, notice.Milliseconds(), limit, b.Since).Scan(&n)
+	err := db.QueryRow(ctx, dropDeadSQL, b.Kind, b.Keep.Milliseconds(), b.MaxCount, now, notice.Milliseconds(), b.Since, limit).Scan(&n)
+	return n, err
+}
+
+const countDroppableSQL = `WITH ` + overBoundSQL + `
+SELECT count(*) FROM keel_jobs WHERE kind = $1 AND ` + droppableSQL
+
+// CountDroppable counts what DropDeadLetters would delete with no limit.
+func CountDroppable(ctx context.Context, db DB, b DeadBound, notice time.Duration, now Now) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, countDroppableSQL, b.Kind, b.Keep.Milliseconds(), b.MaxCount, now, notice.Milliseconds(), b.Since).Scan(&n)
 	return n, err
 }
 

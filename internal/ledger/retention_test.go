@@ -22,6 +22,8 @@ func TestRetentionPlans(t *testing.T) {
 	usesIndex(t, p, []string{"keel_jobs_dead_kind"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.DropDeadLetters(ctx, db, bound, day, 1000, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_dead_kind"}, "keel_jobs")
+	p = plan(t, func(db ledger.DB) { ledger.CountDroppable(ctx, db, bound, day, nil) }) //nolint:errcheck
+	usesIndex(t, p, []string{"keel_jobs_dead_kind"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.DeadToDrop(ctx, db, bound, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_dead_kind"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.MarkSeen(ctx, db, []string{"j00000001"}, "ops", nil) }) //nolint:errcheck

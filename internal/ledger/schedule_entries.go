@@ -173,3 +173,40 @@ func TickJobs(ctx context.Context, db DB, kinds, keys []string) ([]TickJob, erro
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[TickJob])
 }
+
+// ScheduleRow is a cron entry as the ledger knows it, for the metrics: a
+// run-time entry, or one a scheduler described from its file or code.
+type ScheduleRow struct {
+	Entry, Spec, TimeZone string
+	// RunTime: added at run time (keel_schedule_entries); otherwise a
+	// file's or code's, as a scheduler described it.
+	RunTime, Paused bool
+	// Since is the newest tick handled, or when the run-time entry was
+	// added or last changed if later: its next tick after Since is due.
+	Since time.Time
+	// SeenAt is when a scheduler last said it runs the entry (nil: none).
+	SeenAt *time.Time
+	// Now is the ledger's clock, which wrote the other times.
+	Now time.Time
+}
+
+// scheduleRowsSQL reads the run-time entries and the described ones
+// (those with a spec), with their pauses: three small tables, whole.
+const scheduleRowsSQL = `SELECT coalesce(e.name, s.entry), coalesce(e.spec, s.spec),
+	CASE WHEN e.name IS NOT NULL THEN e.timezone ELSE s.timezone END,
+	e.name IS NOT NULL, p.entry IS NOT NULL,
+	greatest(s.last_tick, e.created_at, e.updated_at), s.seen_at, now()
+	FROM keel_schedule_entries e FULL JOIN keel_schedule s ON s.entry = e.name
+	LEFT JOIN keel_schedule_pauses p ON p.entry = coalesce(e.name, s.entry)
+	WHERE e.name IS NOT NULL OR s.spec IS NOT NULL
+	ORDER BY 1`
+
+// ScheduleRows returns every cron entry the ledger knows the spec of, by
+// name.
+func ScheduleRows(ctx context.Context, db DB) ([]ScheduleRow, error) {
+	rows, err := db.Query(ctx, scheduleRowsSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[ScheduleRow])
+}

@@ -63,6 +63,9 @@ func TestScheduleEntryPlans(t *testing.T) {
 		ledger.TickJobs(ctx, db, []string{"kind1", "kind2"}, []string{"key8", "key9"}) //nolint:errcheck
 	})
 	usesIndex(t, p, []string{"keel_jobs_kind_business_key"}, "keel_jobs")
+	// The metrics read every entry: the schedule's tables, whole, once.
+	p = plan(t, func(db ledger.DB) { ledger.ScheduleRows(ctx, db) }) //nolint:errcheck
+	usesIndex(t, p, []string{"Full Join", "keel_schedule_entries", "keel_schedule_pauses"})
 }
 
 // Run-time entries are added once, changed, removed with their pause and

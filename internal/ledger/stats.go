@@ -37,14 +37,35 @@ func JobsByStatus(ctx context.Context, db DB) (map[string]int64, error) {
 	return out, err
 }
 
-const prunableSQL = `SELECT count(*) FROM keel_jobs WHERE status IN ('succeeded', 'discarded', 'cancelled')
-				AND finished_at < coalesce($2::timestamptz, now()) - $1 * interval '1 millisecond'`
-
-// Prunable counts the jobs a prune with retention would delete.
-func Prunable(ctx context.Context, db DB, retention time.Duration, now Now) (int64, error) {
-	var n int64
-	err := db.QueryRow(ctx, prunableSQL, retention.Milliseconds(), now).Scan(&n)
-	return n, err
+// Prunable counts the jobs a prune with retention and notice
+// (outbox.ReconcilerConfig's Retention and DeadDropNotice) would delete
+// now: it follows the same PlanPrune, and counts by the same predicates
+// as PruneKind and DropDeadLetters delete by. Retention 0 or less turns
+// pruning off: none.
+func Prunable(ctx context.Context, db DB, retention, notice time.Duration, now Now) (int64, error) {
+	if retention <= 0 {
+		return 0, nil
+	}
+	plan, err := PlanPrune(ctx, db, retention)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, k := range plan.Finished {
+		n, err := CountPastKeep(ctx, db, k.Kind, k.Status, k.Keep, now)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	for _, b := range plan.Dead {
+		n, err := CountDroppable(ctx, db, b, notice, now)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // prunedSQL: older rows go only after a prune that removed something.

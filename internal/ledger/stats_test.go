@@ -22,7 +22,9 @@ func TestStatsPlans(t *testing.T) {
 	usesIndex(t, p, []string{"keel_batches"})
 	p = plan(t, func(db ledger.DB) { ledger.WaitingByKind(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_waiting", "keel_job_deps_child"}, "keel_jobs", "keel_job_deps")
-	p = plan(t, func(db ledger.DB) { ledger.Prunable(ctx, db, 30*24*time.Hour, nil) }) //nolint:errcheck
+	// Prunable reads the policies (TestRetentionPlans) and counts by the
+	// prune's own predicates, each on the prune's index.
+	p = plan(t, func(db ledger.DB) { ledger.CountPastKeep(ctx, db, "kind3", "succeeded", 30*24*time.Hour, nil) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_finished_kind"}, "keel_jobs")
 	// The prune log holds a week of prunes (the fixture's, 20 days): it is
 	// read whole.
@@ -70,10 +72,10 @@ func TestStats(t *testing.T) {
 	require.Equal(t, int64(2000), sealed, "a tenth of the batches is still open, all sealed")
 
 	// Finished 0 to 89 days ago: none 100 days; some 30.
-	prunable, err := ledger.Prunable(ctx, tx, 100*24*time.Hour, nil)
+	prunable, err := ledger.Prunable(ctx, tx, 100*24*time.Hour, 24*time.Hour, nil)
 	require.NoError(t, err)
 	require.Zero(t, prunable)
-	prunable, err = ledger.Prunable(ctx, tx, 100*24*time.Hour, ledger.At(time.Now().Add(365*24*time.Hour)))
+	prunable, err = ledger.Prunable(ctx, tx, 100*24*time.Hour, 24*time.Hour, ledger.At(time.Now().Add(365*24*time.Hour)))
 	require.NoError(t, err)
 	require.Equal(t, byStatus["succeeded"]+byStatus["discarded"]+byStatus["cancelled"], prunable)
 
