@@ -1040,6 +1040,8 @@ func TestWaitingToRunAloneDoesNotEatTheRunsTimeout(t *testing.T) {
 		for b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND status = 'running'`, suspectID) == 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
+		// Real time is what is tested: the neighbour runs longer than the
+		// suspect's 5 s timeout leaves it to wait for room.
 		time.Sleep(4500 * time.Millisecond)
 		return nil
 	})

@@ -49,7 +49,7 @@ func flow(t *testing.T, redisURL string) {
 		m := tasks.NewMux()
 		h := func(ctx context.Context, j job) error {
 			runs.Add(1)
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // work, so that both workers take a share
 			return idempotency.InTx(ctx, func(tx pgx.Tx) error {
 				id, _ := idempotency.JobID(ctx)
 				_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, worker) VALUES ($1, $2)`, id, worker)
