@@ -505,7 +505,7 @@ func (d *driver) events(pgRestart string) []event {
 			w, why := d.victim(i)
 			w.kill()
 			d.note(fmt.Sprintf("worker %d.%d killed (%s)", w.slot, w.gen, why))
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) // down a moment before it is started again
 			d.restart(w)
 		}})
 	}

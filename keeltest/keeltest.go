@@ -67,6 +67,9 @@ type Harness struct {
 	// own test tables there too (the pool's search_path points at it).
 	Schema string
 	opts   Options
+	// redeliverWaited, set by keel's own tests only (export_test.go), is
+	// called each time Redeliver finds asynq's copy still there.
+	redeliverWaited func()
 }
 
 // New builds a harness and registers its cleanup with t.
@@ -227,6 +230,9 @@ func (h *Harness) Redeliver(t testing.TB, id string) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("keeltest: redeliver: asynq's copy of job %s is still there after 30 s: %v", id, err)
+		}
+		if h.redeliverWaited != nil {
+			h.redeliverWaited()
 		}
 	}
 	if _, err := c.Enqueue(jobstore.Task(j), jobstore.TaskOptions(j)...); err != nil {

@@ -2,6 +2,7 @@ package keeltest_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,9 +39,12 @@ func TestRedeliverRightAfterTheLedgerSaysSucceeded(t *testing.T) {
 	require.NoError(t, err)
 	h.Worker(t, mux)
 	h.Wait(t, res.Job.ID, 10*time.Second, idempotency.StatusSucceeded)
-	// Not a synchronisation: it keeps asynq's copy running while Redeliver
-	// first tries, which is the case under test.
-	go func() { time.Sleep(300 * time.Millisecond); close(release) }()
+	// The handler returns, and asynq lets go of its copy, only once
+	// Redeliver has found that copy still running: the case under test.
+	var once sync.Once
+	releaseOnce := func() { once.Do(func() { close(release) }) }
+	defer releaseOnce()
+	keeltest.OnRedeliverWait(h, releaseOnce)
 	h.Redeliver(t, res.Job.ID)
 	h.Drain(t, 10*time.Second)
 	var n int

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,6 +56,20 @@ func InitRelaySignals(r *Relay) *RelaySignals {
 func ShareRelaySignals(r *Relay, shared *RelaySignals) {
 	r.signals.Listening.Share(&shared.Listening)
 	r.signals.Passed.Share(&shared.Passed)
+}
+
+// RelayClock is the clock a relay judges its idleness by, which a test
+// moves ahead of the wall clock.
+type RelayClock struct{ ahead atomic.Int64 }
+
+// Add moves the clock d further ahead.
+func (c *RelayClock) Add(d time.Duration) { c.ahead.Add(int64(d)) }
+
+// MoveRelayClock gives r a clock the test moves; call it before Run.
+func MoveRelayClock(r *Relay) *RelayClock {
+	c := &RelayClock{}
+	r.clock = func() time.Time { return time.Now().Add(time.Duration(c.ahead.Load())) }
+	return c
 }
 
 // ReconcileSignals are a reconciler's test signals; ReconcilePass and

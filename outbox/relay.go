@@ -123,6 +123,17 @@ type Relay struct {
 	listening atomic.Bool
 
 	signals relaySignals
+	// clock, set by tests only (export_test.go), is what the relay judges
+	// its idleness by; nil is the wall clock.
+	clock func() time.Time
+}
+
+// now is the time by the relay's clock.
+func (r *Relay) now() time.Time {
+	if r.clock != nil {
+		return r.clock()
+	}
+	return time.Now()
 }
 
 // relaySignals tell tests what Run did, so they wait on it rather than on
@@ -206,7 +217,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 		if n > 0 {
-			lastWork = time.Now()
+			lastWork = r.now()
 		}
 		was := state
 		switch {
@@ -215,7 +226,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.cfg.Logger.Warn("keel relay: publish pass failed", "err", err)
 		case state == asleep && n > 0, state == settling && n > 0:
 			state = r.wakeUp(ctx, locks)
-		case state == awake && time.Since(lastWork) >= r.cfg.IdleAfter:
+		case state == awake && r.now().Sub(lastWork) >= r.cfg.IdleAfter:
 			if err := locks.unlock(ctx, ledger.RelayAwakeLock); err != nil {
 				locks.close() // lets go of every lock
 			}

@@ -177,13 +177,15 @@ func TestAwakeRelayPublishesWithoutNotification(t *testing.T) {
 func TestIdleRelaySleepsAndIsWokenAgain(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.opt)
-	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: 20 * time.Millisecond})
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
+	clock := outbox.MoveRelayClock(r)
 	signals := runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
 	first := enqueueTx(t, c, b, "first", nil)
 	require.Equal(t, outbox.RelayAwake, waitPublished(t, signals).State, "the notification did not wake the relay")
 	require.True(t, inRedis(t, insp, first))
+	clock.Add(time.Hour)
 	waitState(t, signals, outbox.RelayAsleep)
 
 	second := enqueueTx(t, c, b, "second", func(tx pgx.Tx) {
@@ -201,9 +203,9 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.opt)
-	// IdleAfter long enough that the relay is surely still awake when the
-	// straggler's transaction looks, however loaded the machine.
-	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: 3 * time.Second})
+	// The relay stays awake until the test moves its clock past IdleAfter.
+	r := newRelay(t, outbox.RelayConfig{Pool: b.pool, Redis: b.opt, PollInterval: time.Hour, IdleAfter: time.Hour})
+	clock := outbox.MoveRelayClock(r)
 	signals := runRelay(t, r)
 	insp := asynq.NewInspector(b.opt)
 	defer insp.Close()
@@ -222,6 +224,7 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	// The relay lets go of the awake lock after IdleAfter but cannot
 	// settle while the writer is open: its next look, after it let go,
 	// finds the writer and keeps it settling.
+	clock.Add(time.Hour)
 	require.Equal(t, outbox.RelaySettling, signals.Passed.Wait(t).State, "the relay did not let go of the awake lock")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM pg_locks, (VALUES (`+ledger.RelayAwakeLock+`)) AS k (k1, k2)
 		WHERE locktype = 'advisory' AND classid = k1::int8::oid AND objid = k2::int8::oid AND objsubid = 2
@@ -231,6 +234,7 @@ func TestSettlingRelayWaitsForWritersThatDidNotNotify(t *testing.T) {
 	pass := waitPublished(t, signals)
 	require.True(t, inRedis(t, insp, res.Job.ID), "the straggler's job was not published")
 	if pass.State != outbox.RelayAsleep {
+		clock.Add(time.Hour) // woken again by the straggler's job
 		waitState(t, signals, outbox.RelayAsleep)
 	}
 }

@@ -14,18 +14,31 @@ var errClosed = errors.New("closed")
 // not hang: a handler that ignores its context can outlive the worker.
 func TestBatcherCloseReleasesWaiters(t *testing.T) {
 	block := make(chan struct{})
+	running := make(chan []int, 2)
 	b := New(1, 4, errClosed, func(ctx context.Context, reqs []int) {
+		running <- reqs
 		select {
 		case <-block:
 		case <-ctx.Done():
 		}
 	})
-	if err := b.Submit(context.Background(), 1); err != nil { // taken by the loop, which then blocks
+	if err := b.Submit(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
-	if err := b.Submit(context.Background(), 2); err != nil { // queued, never run
+	// Taken by the loop, which now blocks.
+	select {
+	case reqs := <-running:
+		if len(reqs) != 1 || reqs[0] != 1 {
+			t.Fatalf("first round ran %v, want [1]", reqs)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the loop never took the first request")
+	}
+	if err := b.Submit(context.Background(), 2); err != nil {
 		t.Fatal(err)
+	}
+	if n := b.Queued(); n != 1 {
+		t.Fatalf("%d requests queued, want the second one", n)
 	}
 	done := make(chan struct{})
 	go func() {

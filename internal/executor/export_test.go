@@ -77,6 +77,17 @@ func InitTestSignals(cfg *GuardConfig) *TestSignals {
 	return &cfg.signals
 }
 
+// ShareTestSignals turns on the test signals of the guard made with cfg,
+// sending them to shared's channels (another guard's): a test waits on two
+// workers' guards as one.
+func ShareTestSignals(cfg *GuardConfig, shared *TestSignals) {
+	cfg.signals.Renewed.Share(&shared.Renewed)
+	cfg.signals.Overran.Share(&shared.Overran)
+	cfg.signals.Busy.Share(&shared.Busy)
+	cfg.signals.Skipped.Share(&shared.Skipped)
+	cfg.signals.LateClaim.Share(&shared.LateClaim)
+}
+
 // ReleaseForTest hands run back uncounted, as a deploy's interrupted run
 // is handed back.
 func (g *Guard) ReleaseForTest(ctx context.Context, r ClaimedRun) {

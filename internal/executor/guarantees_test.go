@@ -131,10 +131,11 @@ func TestPoisonJobRetires(t *testing.T) {
 	require.NoError(t, err)
 
 	// Each child dies in the handler; the next one is started at once and
-	// takes the job over when the dead one's lease has expired.
+	// takes the job over when the dead one's lease has expired, which the
+	// test moves time on for.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		_, exited := startGuaranteeChild(t, b)
+		child, exited := startGuaranteeChild(t, b)
 		var j idempotency.Job
 		for {
 			j, err = b.store.Get(ctx, res.Job.ID)
@@ -144,6 +145,7 @@ func TestPoisonJobRetires(t *testing.T) {
 			}
 			select {
 			case <-exited:
+				b.lapseKilledWorker(t, child.Process.Pid)
 			case <-time.After(20 * time.Millisecond):
 				require.True(t, time.Now().Before(deadline), "the poison job never retired: %+v", j)
 				continue
@@ -1040,6 +1042,8 @@ func TestWaitingToRunAloneDoesNotEatTheRunsTimeout(t *testing.T) {
 		for b.count(t, `SELECT count(*) FROM keel_jobs WHERE id = $1 AND status = 'running'`, suspectID) == 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
+		// Real time is what is tested: the neighbour runs longer than the
+		// suspect's 5 s timeout leaves it to wait for room.
 		time.Sleep(4500 * time.Millisecond)
 		return nil
 	})

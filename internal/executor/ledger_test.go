@@ -21,6 +21,7 @@ import (
 	"github.com/keeljobs/keel/internal/executor"
 	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
+	"github.com/keeljobs/keel/internal/testsignal"
 	"github.com/keeljobs/keel/internal/testworker"
 	"github.com/keeljobs/keel/migrate"
 	"github.com/keeljobs/keel/retry"
@@ -103,11 +104,14 @@ func TestConcurrentDuplicateEnqueueYieldsOneRowAndOneRun(t *testing.T) {
 }
 
 // Asynq task ids are unique per queue, so publishing one ledger job to two
-// queues read by two workers is a real duplicate delivery race.
+// queues read by two workers is a real duplicate delivery. The second copy
+// is delivered while the first one's handler runs, which waits until that
+// copy has found the lease held: the two always overlap.
 func TestConcurrentDuplicateDeliveriesRunHandlerOnce(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	var runs, inside atomic.Int32
+	entered, release := make(chan string, 2), make(chan struct{})
 	mux := tasks.NewMux()
 	mux.HandleTask("test:receipt", asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		runs.Add(1)
@@ -115,7 +119,9 @@ func TestConcurrentDuplicateDeliveriesRunHandlerOnce(t *testing.T) {
 			return errors.New("two runs at once")
 		}
 		defer inside.Add(-1)
-		time.Sleep(500 * time.Millisecond)
+		q, _ := asynq.GetQueueName(ctx)
+		entered <- q
+		<-release
 		return idempotency.InTx(ctx, func(tx pgx.Tx) error {
 			id, _ := idempotency.JobID(ctx)
 			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, name) VALUES ($1, 'receipt')`, id)
@@ -125,25 +131,57 @@ func TestConcurrentDuplicateDeliveriesRunHandlerOnce(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "dup"}, tasks.Delay(time.Hour)))
 	require.NoError(t, err)
 	job := res.Job
+	var signals *executor.TestSignals
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.Queues = map[string]int{"dupA": 1}
+		c.DisableRelay = true
+		c.IdleWait = -1 // the copies come from a plain asynq client, which announces nothing
+		signals = executor.InitTestSignals(&c.Guard)
+	})
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.Queues = map[string]int{"dupB": 1}
+		c.DisableRelay = true
+		c.IdleWait = -1 // the copies come from a plain asynq client, which announces nothing
+		executor.ShareTestSignals(&c.Guard, signals)
+	})
 	ac := asynq.NewClient(b.redis)
 	defer ac.Close()
-	for _, q := range []string{"dupA", "dupB"} {
+	deliver := func(q string) {
 		_, err := ac.Enqueue(asynq.NewTask(job.Kind, job.Payload), asynq.TaskID(job.ID), asynq.Queue(q))
 		require.NoError(t, err)
 	}
-	b.startWorker(t, mux, func(c *server.Config) { c.Queues = map[string]int{"dupA": 1}; c.DisableRelay = true })
-	b.startWorker(t, mux, func(c *server.Config) { c.Queues = map[string]int{"dupB": 1}; c.DisableRelay = true })
-
-	b.waitStatus(t, job.ID, idempotency.StatusSucceeded, 10*time.Second)
-	// The loser is postponed (not failed) and acknowledged once it sees success.
+	// The second copy comes while the first delivery's handler runs.
+	deliver("dupA")
+	select {
+	case q := <-entered:
+		require.Equal(t, "dupA", q)
+	case <-time.After(testsignal.Timeout):
+		t.Fatal("the first delivery never started the handler")
+	}
+	deliver("dupB")
+	// The other delivery found the lease held while the handler runs.
+	signals.Busy.WaitFor(t, func(id string) bool { return id == job.ID })
+	require.EqualValues(t, 1, runs.Load(), "the delivery that found the lease held ran the handler")
 	insp := asynq.NewInspector(b.redis)
 	defer insp.Close()
-	// The loser's recheck comes up to 5 s later, and asynq's forwarder's after.
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		a, _ := insp.GetQueueInfo("dupA")
-		bq, _ := insp.GetQueueInfo("dupB")
-		return a != nil && bq != nil && a.Size == 0 && bq.Size == 0
-	}, "both deliveries should be acknowledged")
+	// It is postponed, not failed: back in asynq's retry set.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		info, err := insp.GetTaskInfo("dupB", job.ID)
+		return err == nil && info.State == asynq.TaskStateRetry
+	}, "the delivery that found the lease held was not postponed")
+	close(release)
+	b.waitStatus(t, job.ID, idempotency.StatusSucceeded, 10*time.Second)
+	// Its recheck comes now rather than up to 5 s later. A recheck that
+	// already came (a slow host) fails the move; it is on its way anyway.
+	_ = insp.RunTask("dupB", job.ID)
+	// It sees the success and is acknowledged without a run.
+	signals.Skipped.WaitFor(t, func(id string) bool { return id == job.ID })
+	testenv.WaitAsynqIdle(t, b.redis, 10*time.Second, "dupA", "dupB")
+	for _, q := range []string{"dupA", "dupB"} {
+		info, err := insp.GetQueueInfo(q)
+		require.NoError(t, err)
+		require.Zero(t, info.Size, "queue %s still holds a delivery", q)
+	}
 	require.EqualValues(t, 1, runs.Load(), "handler ran more than once")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, job.ID))
 	j, err := b.store.Get(ctx, job.ID)

@@ -49,7 +49,7 @@ func flow(t *testing.T, redisURL string) {
 		m := tasks.NewMux()
 		h := func(ctx context.Context, j job) error {
 			runs.Add(1)
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // work, so that both workers take a share
 			return idempotency.InTx(ctx, func(tx pgx.Tx) error {
 				id, _ := idempotency.JobID(ctx)
 				_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, worker) VALUES ($1, $2)`, id, worker)
@@ -98,7 +98,8 @@ func flow(t *testing.T, redisURL string) {
 	require.Equal(t, n, effects)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(min(c), 0) FROM (SELECT count(*) c FROM effects GROUP BY worker) s`).Scan(&perWorkerMin))
 	require.Greater(t, perWorkerMin, 0, "one worker did all the work")
-	time.Sleep(200 * time.Millisecond)
+	// Nothing left in asynq could start a handler again.
+	testenv.WaitAsynqIdle(t, opt, 30*time.Second, "critical", "default", "low")
 	require.EqualValues(t, n, runs.Load(), "a handler ran twice")
 
 	// The reconciler works on this Redis too: lose one job and get it back.
