@@ -312,8 +312,8 @@ type Guard struct {
 
 	stats struct {
 		claimed, succeeded, failed, dead, skipped, busy, ledgerErrs, renewalsMissed atomic.Uint64
-		overran, interrupted, crashed, cancelled, expired           atomic.Uint64
-		progressWrites, lateClaims, held                            atomic.Uint64
+		overran, interrupted, crashed, cancelled, expired                           atomic.Uint64
+		progressWrites, lateClaims, held                                            atomic.Uint64
 	}
 
 	stopRenew context.CancelFunc
