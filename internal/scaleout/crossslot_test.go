@@ -66,7 +66,9 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 		for i := range 4 {
 			rules = append(rules, flowlimit.Rule{Name: fmt.Sprint("crossslot-", i), Concurrency: 2, Rate: 1000})
 		}
-		limits, err := flowlimit.New(flowlimit.Config{Redis: opt, Rules: rules, Lease: 300 * time.Millisecond})
+		// Renewed every 500 ms, each renewal given as long: a shorter lease
+		// ran out on a busy host before its first renewal came back.
+		limits, err := flowlimit.New(flowlimit.Config{Redis: opt, Rules: rules, Lease: 1500 * time.Millisecond})
 		require.NoError(t, err)
 		defer limits.Close()
 		for _, r := range rules {
