@@ -211,7 +211,7 @@ func TestUnknownHostsAreRefused(t *testing.T) {
 	req, err = http.NewRequest(http.MethodGet, b.ts.URL+"/healthz", nil)
 	require.NoError(t, err)
 	req.Host = "keel-web.svc"
-	res, err = http.DefaultClient.Do(req)
+	res, err = b.ts.Client().Do(req)
 	require.NoError(t, err)
 	res.Body.Close()
 	require.Equal(t, http.StatusOK, res.StatusCode)

@@ -145,7 +145,11 @@ type user struct {
 
 func (b *bundle) anonymous() *user {
 	jar, _ := cookiejar.New(nil)
-	return &user{b: b, origin: b.ts.URL, c: &http.Client{Jar: jar, Timeout: 10 * time.Second,
+	// The server's own transport: http.DefaultTransport is shared by the
+	// package's parallel tests, and each test server's Close closes its idle
+	// connections, breaking a request of another test that was just taking
+	// one ("CloseIdleConnections called").
+	return &user{b: b, origin: b.ts.URL, c: &http.Client{Transport: b.ts.Client().Transport, Jar: jar, Timeout: 10 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
