@@ -82,6 +82,7 @@ func TestPostgresGoesAway(t *testing.T) {
 }
 
 func postgresGoesAway(t *testing.T, down time.Duration) {
+	const before, after = 240, 60
 	pg := testenv.StartPostgres(t)
 	rs := testenv.StartRedis(t)
 	opt := asynq.RedisClientOpt{Addr: rs.Addr()}
@@ -98,8 +99,22 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 	require.NoError(t, err)
 
 	external := &calls{n: map[string]int{}}
+	// A run starts its work only with a token the test hands out, so that
+	// work is left for each stage however fast the host runs the jobs
+	// (unbounded, the worker once finished 235 of 240 before the cut).
+	tokens := make(chan struct{}, before+after)
+	let := func(n int) {
+		for range n {
+			tokens <- struct{}{}
+		}
+	}
 	mux := tasks.NewMux()
 	tasks.Handle(mux, pgWork, func(ctx context.Context, j job) error {
+		select {
+		case <-tokens:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		key := fmt.Sprint(j.N)
 		err := idempotency.Step(ctx, "notify", func(context.Context, string) error {
 			external.add(key)
@@ -168,8 +183,8 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 		}
 		return n
 	}
-	const before, after = 240, 60
 	enqueue(0, before)
+	let(20)
 	testenv.Eventually(t, 30*time.Second, func() bool { return effects() >= 20 }, "jobs never started")
 
 	// Every keel connection cut at once, Postgres itself still up.
@@ -181,7 +196,9 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 	admin.Close(ctx)
 	require.Positive(t, cut)
 	atCut := effects()
+	let(20)
 	testenv.Eventually(t, 30*time.Second, func() bool { return effects() >= atCut+20 }, "jobs stopped after the connections were cut")
+	let(8) // one a worker slot: runs in flight when Postgres goes
 
 	// Postgres stopped (fast shutdown) with jobs in flight, down for a
 	// while, then back on the same port.
@@ -192,6 +209,7 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 	time.Sleep(down)
 	pg.Start()
 	up := time.Now()
+	close(tokens)
 
 	// Jobs enqueued after the restart run too: the first to finish marks
 	// how long recovery took.
@@ -289,7 +307,7 @@ func outageWorker(t *testing.T, opt asynq.RedisClientOpt, pool *pgxpool.Pool, mu
 		Guard:      guard,
 		Relay:      outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 		Reconciler: outbox.ReconcilerConfig{Interval: time.Second},
-		Logger:     slog.New(slog.DiscardHandler)}, mux)
+		Logger:     testenv.LogOnFailure(t)}, mux)
 	client, err := tasks.NewClient(tasks.ClientConfig{Redis: opt, Pool: pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })

@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"bytes"
+	"log/slog"
 	"sync"
+	"testing"
 )
 
 // SyncBuffer is a buffer one goroutine writes (a child's output, a command's
@@ -22,4 +24,16 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// LogOnFailure is a logger whose lines the test shows only if it fails:
+// what a worker logged before a failure, without the noise of every pass.
+func LogOnFailure(t testing.TB) *slog.Logger {
+	buf := &SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("what was logged:\n%s", buf.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(buf, nil))
 }
