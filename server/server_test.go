@@ -419,6 +419,7 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	ctx := context.Background()
 	log := &testenv.SyncBuffer{}
 	started := make(chan string, 4)
+	ranOut := make(chan struct{}) // closed once the worker's Run returned
 	mux := tasks.NewMux()
 	tasks.Handle(mux, logged, func(ctx context.Context, o order) error {
 		if o.OrderID == "quick" {
@@ -427,6 +428,10 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 		id, _ := idempotency.JobID(ctx)
 		started <- id
 		<-ctx.Done()
+		if o.OrderID == "cut late" {
+			// Slow to notice: the worker gave its run back at Close first.
+			<-ranOut
+		}
 		return ctx.Err()
 	})
 	cfg := server.Config{Redis: b.redis, Pool: b.pool, Concurrency: 4, ShutdownTimeout: time.Second,
@@ -480,20 +485,27 @@ func TestTheAttemptLogLineSaysWhatKeelDid(t *testing.T) {
 	msg, _ = attemptLine(log, poison.Job.ID, 1)
 	require.Equal(t, "keel: job retired as a poison job", msg)
 
-	// Cut short by the worker's shutdown.
+	// Cut short by the worker's shutdown: one handler returns as soon as
+	// its context ends, one only after the worker's Close gave its run
+	// back (a handler slow to notice, or a busy host).
 	cut, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "cut"}))
 	require.NoError(t, err)
-	require.Equal(t, cut.Job.ID, <-started)
+	late, err := b.client.Enqueue(ctx, logged.New(order{OrderID: "cut late"}))
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{cut.Job.ID, late.Job.ID}, []string{<-started, <-started})
 	stop()
 	require.NoError(t, <-done)
-	// asynq stops waiting for a handler at its ShutdownTimeout; the
-	// handler's goroutine, and so the line, can end a moment after Run.
-	testenv.Eventually(t, 10*time.Second, func() bool { _, ok := attemptLine(log, cut.Job.ID, 1); return ok }, "no line for the run the shutdown cut")
-	msg, _ = attemptLine(log, cut.Job.ID, 1)
-	require.Equal(t, "keel: job interrupted by shutdown", msg)
-	j, err := b.store.Get(ctx, cut.Job.ID)
-	require.NoError(t, err)
-	require.Equal(t, idempotency.StatusPending, j.Status)
+	close(ranOut)
+	for _, id := range []string{cut.Job.ID, late.Job.ID} {
+		// asynq stops waiting for a handler at its ShutdownTimeout; the
+		// handler's goroutine, and so the line, can end a moment after Run.
+		testenv.Eventually(t, 10*time.Second, func() bool { _, ok := attemptLine(log, id, 1); return ok }, "no line for the run the shutdown cut")
+		msg, _ = attemptLine(log, id, 1)
+		require.Equal(t, "keel: job interrupted by shutdown", msg, "job %s", id)
+		j, err := b.store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.StatusPending, j.Status)
+	}
 
 	counted := map[string]float64{}
 	mfs, err := reg.Gather()

@@ -979,8 +979,20 @@ func (g *Guard) Middleware(next asynq.Handler) asynq.Handler {
 				outcome.Note(ctx, outcome.Cancelled)
 				return nil
 			}
-			// The watchdog or the shutdown gave this run up and recorded its
-			// outcome; asynq moved on long ago.
+			if jc.state.Load() == runInterrupted {
+				// The worker's Close gave the run back (released, the
+				// attempt not counted) before its handler returned: a
+				// deploy, not a failure, however late the handler noticed.
+				g.cfg.Logger.Info("keel: handler returned after the worker's shutdown gave its run back; its result is ignored",
+					"job_id", id, "attempt", res.attempts, "err", herr)
+				outcome.Note(ctx, outcome.Interrupted)
+				if herr == nil {
+					herr = ErrGuardClosed
+				}
+				return herr
+			}
+			// The watchdog gave this run up and recorded its outcome;
+			// asynq moved on long ago.
 			g.cfg.Logger.Warn("keel: handler returned after keel gave its run up; its result is ignored",
 				"job_id", id, "attempt", res.attempts, "err", herr)
 			if herr == nil {
