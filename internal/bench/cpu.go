@@ -114,7 +114,11 @@ const clockTick = 100
 // closed before the meter stops) takes its time to the postmaster's
 // children's time, not out of the total. It reports ok = false where there
 // is no /proc or neither server runs on this host.
-func serverCPU() (redis, pg time.Duration, ok bool) {
+func serverCPU() (redis, pg time.Duration, ok bool) { return serverCPUOf(nil) }
+
+// serverCPUOf is serverCPU over the processes keep (given each one's pid
+// and its parent's) keeps; nil keeps all.
+func serverCPUOf(keep func(pid, ppid int) bool) (redis, pg time.Duration, ok bool) {
 	dirs, err := filepath.Glob("/proc/[0-9]*/stat")
 	if err != nil || len(dirs) == 0 {
 		return 0, 0, false
@@ -144,6 +148,13 @@ func serverCPU() (redis, pg time.Duration, ok bool) {
 		// 15, then the times of reaped children, cutime and cstime.
 		if len(fields) < 15 {
 			continue
+		}
+		if keep != nil {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			ppid, _ := strconv.Atoi(fields[1])
+			if !keep(pid, ppid) {
+				continue
+			}
 		}
 		var ticks int64
 		for _, f := range fields[11:15] {
