@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/ledger"
 )
@@ -42,19 +44,34 @@ func (in *Inspector) PauseQueue(ctx context.Context, queue, actor, note string) 
 	return changed, nil
 }
 
-// ResumeQueue lets workers take queue's jobs again. Redis first: should
-// that fail, the ledger still says paused, and nothing changed. It reports
-// false when the ledger had no pause of the queue (a pause made in Redis
-// alone, by asynq's own tools, is lifted all the same).
+// ResumeQueue lets workers take queue's jobs again. The ledger's pause
+// is deleted in a transaction that commits only once Redis has the pause
+// lifted: should Redis fail, the ledger still says paused and nothing
+// changed, and a reconciler pass applying the pause meanwhile finishes
+// before the resume lifts it. It reports false when the ledger had no
+// pause of the queue (a pause made in Redis alone, by asynq's own tools,
+// is lifted all the same).
 func (in *Inspector) ResumeQueue(ctx context.Context, queue, actor, note string) (bool, error) {
 	if err := in.queueAction(queue, actor); err != nil {
 		return false, err
 	}
-	if _, err := asynqwire.Unpause(ctx, in.rdb, queue); err != nil {
-		return false, fmt.Errorf("keel: resume queue %s: %w", queue, err)
+	var changed bool
+	var redisErr error
+	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		var err error
+		if changed, err = ledger.ResumeQueue(ctx, tx, queue, actor, note); err != nil {
+			return err
+		}
+		_, redisErr = asynqwire.Unpause(ctx, in.rdb, queue)
+		return redisErr
+	})
+	if redisErr != nil {
+		return false, fmt.Errorf("keel: resume queue %s: %w", queue, redisErr)
 	}
-	changed, err := ledger.ResumeQueue(ctx, in.pool, queue, actor, note)
-	return changed, interpret(err)
+	if err != nil {
+		return false, interpret(err)
+	}
+	return changed, nil
 }
 
 // PausedQueues returns the queues the ledger holds paused, by name.

@@ -91,3 +91,7 @@ func InitReconcileSignals(r *Reconciler) *ReconcileSignals {
 func PruneAt(ctx context.Context, r *Reconciler, now time.Time) (int, error) {
 	return r.prune(ctx, ledger.At(now))
 }
+
+// ApplyPauses is the step of r's pass that pauses in Redis the queues the
+// ledger holds paused.
+func ApplyPauses(ctx context.Context, r *Reconciler) error { return r.applyPauses(ctx) }

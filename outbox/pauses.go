@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/ledger"
 )
@@ -30,21 +32,25 @@ func (r *Reconciler) endHeldPastDeadline(ctx context.Context) error {
 // inspect.PauseQueue): a Redis that lost its data, or a pause recorded
 // while Redis was down, gets it back within a pass. It never resumes a
 // queue: a queue paused in Redis alone was paused by a person with
-// asynq's own tools.
+// asynq's own tools. The pauses stay locked while it applies them, so a
+// resume racing the pass cannot lift one in Redis before the pass puts it
+// back (leaving a queue paused in Redis alone, which no pass would lift).
 func (r *Reconciler) applyPauses(ctx context.Context) error {
-	ps, err := ledger.Pauses(ctx, r.pool)
-	if err != nil {
-		return err
-	}
-	for _, p := range ps {
-		changed, err := asynqwire.Pause(ctx, r.rdb, p.Queue, time.Now())
+	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		ps, err := ledger.PausesToApply(ctx, tx)
 		if err != nil {
 			return err
 		}
-		if changed {
-			r.cfg.Logger.Warn("keel reconciler: paused a queue again in Redis, which had lost its pause",
-				"queue", p.Queue, "paused_by", p.PausedBy, "paused_at", p.PausedAt)
+		for _, p := range ps {
+			changed, err := asynqwire.Pause(ctx, r.rdb, p.Queue, time.Now())
+			if err != nil {
+				return err
+			}
+			if changed {
+				r.cfg.Logger.Warn("keel reconciler: paused a queue again in Redis, which had lost its pause",
+					"queue", p.Queue, "paused_by", p.PausedBy, "paused_at", p.PausedAt)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }

@@ -35,6 +35,8 @@ const resumeSQL = `WITH r AS (DELETE FROM keel_pauses WHERE queue = $1 RETURNING
 INSERT INTO keel_audit (job_id, action, actor, note) SELECT '', 'resume-queue:' || queue, $2, $3 FROM r`
 
 // ResumeQueue deletes queue's pause, and reports whether there was one.
+// Run in the transaction that lifts the pause in Redis before it commits:
+// the deleted row stays locked until then (see PausesToApply).
 func ResumeQueue(ctx context.Context, db DB, queue, actor, note string) (bool, error) {
 	tag, err := db.Exec(ctx, resumeSQL, queue, actor, note)
 	return tag.RowsAffected() == 1, err
@@ -44,7 +46,19 @@ const pausesSQL = `SELECT queue, paused_at, paused_by, note FROM keel_pauses ORD
 
 // Pauses returns the paused queues, by name.
 func Pauses(ctx context.Context, db DB) ([]Pause, error) {
-	rows, err := db.Query(ctx, pausesSQL)
+	return pauses(ctx, db, pausesSQL)
+}
+
+// PausesToApply returns the paused queues as Pauses does, each row locked
+// until tx ends: a resume (ResumeQueue, whose delete waits for the lock)
+// then lifts the pause in Redis only after tx's holder has applied it
+// there, and a holder that locks after a resume finds no row to apply.
+func PausesToApply(ctx context.Context, tx pgx.Tx) ([]Pause, error) {
+	return pauses(ctx, tx, pausesSQL+` FOR KEY SHARE`)
+}
+
+func pauses(ctx context.Context, db DB, sql string) ([]Pause, error) {
+	rows, err := db.Query(ctx, sql)
 	if err != nil {
 		return nil, err
 	}
