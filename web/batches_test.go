@@ -3,7 +3,6 @@ package web_test
 import (
 	"context"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 
@@ -92,9 +91,7 @@ func TestBatchPages(t *testing.T) {
 }
 
 func TestBrowserBatchPage(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	batch, jobs := b.batchWithMembers(t, "billing run 11")
 

@@ -26,6 +26,28 @@ import (
 
 const chromium = "/usr/bin/chromium"
 
+// needChromium skips the test when Chromium is not installed. scripts/test
+// may be installing it while the tests run: it then names in
+// KEEL_TEST_BROWSER_READY a file the install writes its exit status to
+// when it ends, which this waits for.
+func needChromium(t *testing.T) {
+	t.Helper()
+	if ready := os.Getenv("KEEL_TEST_BROWSER_READY"); ready != "" {
+		var status []byte
+		testenv.Eventually(t, 10*time.Minute, func() bool {
+			var err error
+			status, err = os.ReadFile(ready)
+			return err == nil && len(status) > 0
+		}, "Chromium's install (scripts/services) did not end")
+		if s := strings.TrimSpace(string(status)); s != "0" {
+			t.Fatalf("installing Chromium failed (exit status %s; scripts/services printed its log)", s)
+		}
+	}
+	if _, err := os.Stat(chromium); err != nil {
+		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
+	}
+}
+
 // xssError is the last error of the jobs the browser test looks at: it must
 // show as text and never run.
 const xssError = `<script>window.__xss=1</script>`
@@ -161,9 +183,7 @@ func signInBrowser(t *testing.T, ctx context.Context, base, name, password, next
 }
 
 func TestBrowser(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	shots := t.TempDir()
 
@@ -336,9 +356,7 @@ func TestBrowser(t *testing.T) {
 }
 
 func TestBrowserJobsList(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	shots := t.TempDir()
 	dead1 := b.deadJob(t, "order:send_receipt", "order:1", "card declined")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -149,9 +148,7 @@ func TestAsynqmonCancelAndDeleteAreKeelsCancel(t *testing.T) {
 }
 
 func TestBrowserCancel(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	one, two, three := b.waitingJob(t, "order:1"), b.waitingJob(t, "order:2"), b.waitingJob(t, "order:3")
 	dead := b.deadJob(t, "order:send_receipt", "order:4", "boom")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -60,9 +59,7 @@ func TestKeysPages(t *testing.T) {
 
 // In a browser: from a held job's page to its key's row.
 func TestBrowserKeysPage(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	held := b.flood(t, "acme", 3)
 	ctx := newBrowser(t)

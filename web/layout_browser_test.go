@@ -30,9 +30,7 @@ func noPageOverflow(t *testing.T, ctx context.Context, where string) {
 // laptop's 1366 px and at a phone's 390 px, and at what asynqmon's wrapper
 // adds to its app.
 func TestBrowserLayout(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	shots := t.TempDir()
 	if dir := os.Getenv("KEEL_WEB_SCREENSHOT_DIR"); dir != "" {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"os"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -83,9 +82,7 @@ func TestPausesPage(t *testing.T) {
 // An operator pauses a kind and resumes it with the page's buttons in a
 // real browser; the job list shows the held job as paused meanwhile.
 func TestBrowserPauses(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	j := b.waitingJob(t, "order:7")
 	ctx := newBrowser(t)

@@ -3,7 +3,6 @@ package web_test
 import (
 	"context"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -68,9 +67,7 @@ func TestJobPageMarksDeadLetterSeen(t *testing.T) {
 }
 
 func TestBrowserRetentionPage(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	require.NoError(t, ledger.SetRetention(context.Background(), b.pool, ledger.Policy{Kind: "order:send_receipt", Status: "dead",
 		Keep: 90 * 24 * time.Hour, MaxCount: 1000}, "ops:ann", "sized from the capacity model", nil))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"os"
 	"testing"
 	"time"
 
@@ -77,9 +76,7 @@ func TestSchedulesPage(t *testing.T) {
 // In a browser: the nav leads to the schedules, a tick's job opens, and
 // an operator pauses and resumes an entry with the page's buttons.
 func TestBrowserSchedules(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	jobID := b.scheduleWithTick(t, "receipts:nightly")
 	ctx := newBrowser(t)

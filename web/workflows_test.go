@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -171,9 +170,7 @@ func TestWorkflowPage(t *testing.T) {
 // In a browser: the workflow's graph, a box leading to its job's page,
 // and the Release button.
 func TestBrowserWorkflowPage(t *testing.T) {
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skipf("the browser test needs Chromium at %s (Debian: apt-get install chromium): %v", chromium, err)
-	}
+	needChromium(t)
 	b := setupAlone(t, nil)
 	jobs := b.diamond(t, "order-9-fulfilment")
 	ctx := newBrowser(t)
