@@ -31,6 +31,13 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
+	return setupAlone(t)
+}
+
+// setupAlone is setup for a test that changes process state (the global
+// tracer provider): it runs before the parallel tests, not beside them.
+func setupAlone(t *testing.T) *bundle {
+	t.Helper()
 	b := &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
 	b.pool, b.schema = testenv.PrivatePool(t, "keel_test_executor")
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})

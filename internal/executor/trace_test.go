@@ -287,9 +287,11 @@ func TestTracingOffByDefault(t *testing.T) {
 }
 
 // Without a provider in the config keel uses the global one, also when it
-// is set after the client was made; a no-op global is off.
+// is set after the client was made, and set again after that; a no-op
+// global is off. It sets the process's global provider: not beside the
+// parallel tests, whose clients use it too.
 func TestTracingUsesTheGlobalProvider(t *testing.T) {
-	b := setup(t)
+	b := setupAlone(t)
 	rec := newRecorder(t)
 	client := tracedClient(t, b, nil)
 	otel.SetTracerProvider(rec.tp)
@@ -306,6 +308,13 @@ func TestTracingUsesTheGlobalProvider(t *testing.T) {
 	res, err = client.Enqueue(context.Background(), traced.New(order{OrderID: "global-noop"}))
 	require.NoError(t, err)
 	require.Empty(t, res.Job.TraceParent)
+
+	// A provider set after a no-op one: the client's tracer follows it.
+	again := newRecorder(t)
+	otel.SetTracerProvider(again.tp)
+	res, err = client.Enqueue(context.Background(), traced.New(order{OrderID: "global-again"}))
+	require.NoError(t, err)
+	again.span(t, "keel.enqueue", res.Job.ID)
 }
 
 // A trace context given to the store directly must be W3C's.

@@ -94,8 +94,13 @@ func (t Tracer) On() bool {
 	return tp != unset
 }
 
-// Start starts a span; call it only when On.
+// Start starts a span; call it only when On. The global provider's tracer
+// is asked for anew: a tracer taken from a provider set before (a no-op,
+// say) would keep using it.
 func (t Tracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if t.global {
+		return otel.GetTracerProvider().Tracer(ScopeName).Start(ctx, name, opts...)
+	}
 	return t.t.Start(ctx, name, opts...)
 }
 
