@@ -246,6 +246,7 @@ func TestFailsFastWithOneClearLine(t *testing.T) {
 		{"relay"}, {"healthcheck"},
 	} {
 		t.Run("redis down/"+args[0], func(t *testing.T) {
+			t.Parallel() // each waits out the CLI's wait for a Redis that never answers
 			oneLine(t, welcome(t, []string{"REDIS_URL=" + down, "DATABASE_URL=" + good}, args...), "Redis at "+down+" is not answering")
 		})
 	}
