@@ -2,7 +2,6 @@ package executor_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"syscall"
@@ -12,11 +11,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
-	"github.com/keeljobs/keel/internal/asynqwire"
 	"github.com/keeljobs/keel/internal/executor"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
@@ -144,7 +141,7 @@ func TestWorkerKilledMidTask(t *testing.T) {
 	require.Equal(t, idempotency.StatusRunning, j.Status, "the killed worker's claim stays until its lease expires")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`), "an uncommitted effect is visible")
 
-	b.lapseKilledWorker(t, child.Process.Pid)
+	testworker.LapseKilledWorker(t, b.pool, b.redis, child.Process.Pid)
 	b.startWorker(t, crashMux(b.pool, false), func(c *server.Config) { c.Guard.Lease = 2 * time.Second })
 	const recovery = 30 * time.Second // a deadlock guard: the rescuer looks every second
 	b.waitStatus(t, local.Job.ID, idempotency.StatusSucceeded, recovery)
@@ -160,39 +157,4 @@ func TestWorkerKilledMidTask(t *testing.T) {
 	steps, err := b.store.Steps(ctx, verified.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, "done", steps[0].Status)
-}
-
-// lapseKilledWorker moves time on for the killed worker process pid, and
-// for it alone, as if the seconds after its death had passed: its ledger
-// leases and its steps' calls in flight ran out, asynq's lease on its
-// tasks is no longer fresh, and the list of running tasks its heartbeat
-// kept in Redis expired. Another worker's rescuer then hands its jobs back
-// at its next look, instead of 8–10 s after the death. How soon that comes
-// after a real death is outbox's TestKilledWorkersJobStartsAgainWithinSeconds.
-func (b *bundle) lapseKilledWorker(t *testing.T, pid int) {
-	t.Helper()
-	ctx := context.Background()
-	holder := fmt.Sprintf("%%/%d/%%", pid) // host/pid/random
-	rows, err := b.pool.Query(ctx, `UPDATE keel_jobs SET lease_until = now() - interval '1 millisecond'
-		WHERE status = 'running' AND lease_holder LIKE $1 RETURNING id, queue`, holder)
-	require.NoError(t, err)
-	held, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ ID, Queue string }])
-	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE keel_steps SET call_until = now() - interval '1 millisecond'
-		WHERE call_holder LIKE $1 AND call_until IS NOT NULL`, holder)
-	require.NoError(t, err)
-
-	rdb := redis.NewClient(&redis.Options{Addr: b.redis.Addr, DB: b.redis.DB})
-	defer rdb.Close()
-	for _, j := range held {
-		require.NoError(t, rdb.ZAddXX(ctx, asynqwire.QueuePrefix(j.Queue)+"lease",
-			redis.Z{Score: float64(time.Now().Unix()), Member: j.ID}).Err())
-	}
-	// Written at each heartbeat (every 5 s): a worker killed sooner may
-	// have none yet.
-	keys, err := rdb.Keys(ctx, fmt.Sprintf("asynq:workers:{*:%d:*}", pid)).Result()
-	require.NoError(t, err)
-	if len(keys) > 0 {
-		require.NoError(t, rdb.Del(ctx, keys...).Err())
-	}
 }

@@ -145,7 +145,7 @@ func TestPoisonJobRetires(t *testing.T) {
 			}
 			select {
 			case <-exited:
-				b.lapseKilledWorker(t, child.Process.Pid)
+				testworker.LapseKilledWorker(t, b.pool, b.redis, child.Process.Pid)
 			case <-time.After(20 * time.Millisecond):
 				require.True(t, time.Now().Before(deadline), "the poison job never retired: %+v", j)
 				continue

@@ -1,7 +1,8 @@
 // Package testworker runs keel workers in tests: in the test's process
 // (RunServer), or as a child process of the test binary that the test can
-// kill or stop (RunChildWorker); and it waits on the ledger (WaitStatus) and
-// leaves tasks as a dead worker would (AsynqFetch). It imports server and
+// kill or stop (RunChildWorker); and it waits on the ledger (WaitStatus),
+// leaves tasks as a dead worker would (AsynqFetch) and moves time on for a
+// killed one (LapseKilledWorker). It imports server and
 // idempotency, so only external test packages (package x_test) and tests of
 // packages above server can use it; internal/testenv, which every package's
 // tests use, stays below keel's packages.
