@@ -71,12 +71,12 @@ func TestADeathWhoseWorkerWasKilledBeforeItsAlertIsStillAlerted(t *testing.T) {
 
 	hangs, err := e.client.Enqueue(ctx, doomedKind.New(item{ID: "hangs"}))
 	require.NoError(t, err)
-	child, exited := e.startChild(t, "doomed")
+	w := e.startChild(t, "doomed")
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return e.count(t, `SELECT count(*) FROM hooks_entered WHERE job_id = $1`, hangs.Job.ID) == 1
 	}, "the death hook never ran")
-	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	<-exited
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
+	<-w.exited
 	j, err := e.store.Get(ctx, hangs.Job.ID)
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusDead, j.Status)

@@ -191,7 +191,7 @@ func TestADependentIsReleasedOnceThroughKillsAtItsParentsCompletion(t *testing.T
 	c, err := e.client.Enqueue(ctx, depKind.New(item{ID: "after-both"}, tasks.After(p1.Job.ID, p2.Job.ID)))
 	require.NoError(t, err)
 
-	child, exited := e.startChild(t, "deps")
+	w := e.startChild(t, "deps")
 	testworker.WaitStatus(t, e.store, p1.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, p2.Job.ID) == 1
@@ -200,14 +200,13 @@ func TestADependentIsReleasedOnceThroughKillsAtItsParentsCompletion(t *testing.T
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusWaiting, j.Status, "released before its second parent succeeded")
 	require.Equal(t, 1, j.WaitingOn)
-	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	<-exited
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
 
-	e.settle(t, "deps", exited, 60*time.Second, func() (bool, string) {
+	e.settle(t, "deps", 60*time.Second, func() (bool, string) {
 		j, err := e.store.Get(ctx, c.Job.ID)
 		require.NoError(t, err)
 		return j.Status == idempotency.StatusSucceeded, string(j.Status)
-	})
+	}, w)
 	require.Equal(t, 1, e.effects(t, p1.Job.ID), "the parent killed after its commit ran its effect again")
 	require.Equal(t, 1, e.effects(t, p2.Job.ID))
 	require.Equal(t, 1, e.effects(t, c.Job.ID), "the child ran its effect more than once")

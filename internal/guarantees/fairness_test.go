@@ -148,14 +148,13 @@ func TestATenantsFloodStaysWithinItsLimitAcrossWorkers(t *testing.T) {
 	// Redis loses everything before any worker runs.
 	require.NoError(t, rdb.FlushAll(ctx).Err())
 
-	_, exited := e.startChild(t, "tenant")
-	e.startChild(t, "tenant")
+	workers := []*child{e.startChild(t, "tenant"), e.startChild(t, "tenant")}
 	settled := func() (bool, string) {
 		left, err := ops.ConcurrencyKeys(ctx, tenantKind.Name(), "", 10)
 		require.NoError(t, err)
 		return len(left) == 0, fmt.Sprintf("%+v", left)
 	}
-	e.settle(t, "tenant", exited, 90*time.Second, settled)
+	e.settle(t, "tenant", 90*time.Second, settled, workers...)
 
 	// What ran: never more than the limit of a tenant at once, in the
 	// handlers of both processes (a run that never recorded its end, the

@@ -52,18 +52,24 @@ func TestAPoisonJobAmongHungHandlersStillEnds(t *testing.T) {
 			_, _ = e.client.Enqueue(ctx, hangKind.New(item{ID: fmt.Sprintf("hang-%d", n)}))
 		}
 	}()
-	_, exited := e.startChild(t, "hung-neighbours")
+	w := e.startChild(t, "hung-neighbours")
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return e.count(t, `SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'dead'`, hangKind.Name()) > 0
 	}, "no hung handler was given up")
 	bad, err := e.client.Enqueue(ctx, loopPoisonKind.New(item{ID: "poison"}))
 	require.NoError(t, err)
 	var p idempotency.Job
-	e.settle(t, "hung-neighbours", exited, 90*time.Second, func() (bool, string) {
+	// Its runs come back from a dead worker only once the new one gave up a
+	// hung handler: they never find a worker without one about.
+	hungAbout := func(c *child) bool {
+		return e.count(t, `SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND last_holder LIKE $2`,
+			hangKind.Name(), c.holds()) > 0
+	}
+	e.settleWhen(t, "hung-neighbours", hungAbout, 90*time.Second, func() (bool, string) {
 		p, err = e.store.Get(ctx, bad.Job.ID)
 		require.NoError(t, err)
 		return p.Status == idempotency.StatusDead, fmt.Sprintf("the poison job never ended: %+v", p)
-	})
+	}, w)
 	require.LessOrEqual(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, bad.Job.ID), 2,
 		"the poison job (MaxRetry 0) killed its worker more than MaxRetry+2 times")
 	require.Contains(t, []string{"crashed", "waited_too_long"}, p.ErrorClass, p.LastError)

@@ -61,8 +61,7 @@ func TestAPausedKindWaitsOnEveryWorkerThroughAFlushedRedis(t *testing.T) {
 	ctx := context.Background()
 	_, err := e.pool.Exec(ctx, `CREATE TABLE kind_gate (open boolean)`)
 	require.NoError(t, err)
-	a, _ := e.startChild(t, "kind-pause")
-	b, _ := e.startChild(t, "kind-pause")
+	a, b := e.startChild(t, "kind-pause"), e.startChild(t, "kind-pause")
 
 	gate, err := e.client.Enqueue(ctx, pausedKind.New(item{ID: "gate"}))
 	require.NoError(t, err)
@@ -121,8 +120,8 @@ func TestAPausedKindWaitsOnEveryWorkerThroughAFlushedRedis(t *testing.T) {
 
 	// Redis loses everything; both workers die and a new one starts.
 	require.NoError(t, rdb.FlushAll(ctx).Err())
-	require.NoError(t, a.Process.Signal(syscall.SIGKILL))
-	require.NoError(t, b.Process.Signal(syscall.SIGKILL))
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGKILL))
 	e.startChild(t, "kind-pause")
 	after, err := e.client.Enqueue(ctx, otherKind.New(item{ID: "after-flush"}))
 	require.NoError(t, err)

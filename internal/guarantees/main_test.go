@@ -4,6 +4,7 @@ package guarantees_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -52,6 +53,10 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		poisonHandlers(mux, pool)
 	case "neighbours":
 		cfg.Guard.Lease = 2 * time.Second
+		// A worker killed between a postponed job's delivery and its claim
+		// leaves the job to the reconciler, after its grace, whose length
+		// is not the point.
+		cfg.Reconciler.Interval, cfg.Reconciler.Grace = 200*time.Millisecond, 200*time.Millisecond
 		neighbourHandlers(mux, pool)
 	case "hung-neighbours":
 		cfg.Guard.Lease = 2 * time.Second
@@ -118,29 +123,60 @@ func (e *env) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-// startChild starts a worker process running which's handlers; it is
-// killed when the test ends. The channel closes when it exits.
-func (e *env) startChild(t *testing.T, which string) (*exec.Cmd, <-chan struct{}) {
-	t.Helper()
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"="+which, childRedisEnv+"="+e.redis.Addr(),
-		testworker.ChildDatabaseURLEnv+"="+testenv.URL(e.schema))
-	child.Stdout, child.Stderr = os.Stderr, os.Stderr
-	require.NoError(t, child.Start())
-	exited := make(chan struct{})
-	go func() { _ = child.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = child.Process.Kill()
-		<-exited
-	})
-	return child, exited
+// child is a worker process of the test's.
+type child struct {
+	cmd    *exec.Cmd
+	exited <-chan struct{} // closed once it has exited
 }
 
-// settle restarts the worker (child mode which) whenever it dies, as a
-// supervisor does, until done says the jobs have settled; done also says
-// what they look like, for the failure if they never do.
-func (e *env) settle(t *testing.T, which string, exited <-chan struct{}, limit time.Duration, done func() (bool, string)) {
+// startChild starts a worker process running which's handlers; it is
+// killed when the test ends.
+func (e *env) startChild(t *testing.T, which string) *child {
 	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+which, childRedisEnv+"="+e.redis.Addr(),
+		testworker.ChildDatabaseURLEnv+"="+testenv.URL(e.schema))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return &child{cmd: cmd, exited: exited}
+}
+
+// replace starts a worker in the place of c, which died, as a supervisor
+// does. The seconds until c's leases run out are moved on
+// (testworker.LapseKilledWorker): what follows a death is the same, the
+// new worker's rescuer takes the dead one's jobs back at its first look.
+func (e *env) replace(t *testing.T, which string, c *child) *child {
+	t.Helper()
+	<-c.exited
+	testworker.LapseKilledWorker(t, e.pool, e.redisOpt(), c.cmd.Process.Pid)
+	return e.startChild(t, which)
+}
+
+// settle replaces the workers (child mode which) whenever one dies, until
+// done says the jobs have settled; done also says what they look like, for
+// the failure if they never do.
+func (e *env) settle(t *testing.T, which string, limit time.Duration, done func() (bool, string), workers ...*child) {
+	t.Helper()
+	e.settleWhen(t, which, nil, limit, done, workers...)
+}
+
+// settleWhen is settle for a test that needs something on a new worker
+// before the dead one's jobs come back to it: a dead worker's leases are
+// moved on once ready holds for its replacement (or that died too), not at
+// once.
+func (e *env) settleWhen(t *testing.T, which string, ready func(*child) bool, limit time.Duration, done func() (bool, string), workers ...*child) {
+	t.Helper()
+	type lapse struct {
+		pid   int
+		after *child // the dead worker's replacement
+	}
+	var owed []lapse
 	deadline := time.Now().Add(limit)
 	for {
 		settled, state := done()
@@ -148,13 +184,34 @@ func (e *env) settle(t *testing.T, which string, exited <-chan struct{}, limit t
 			return
 		}
 		require.True(t, time.Now().Before(deadline), "the jobs did not settle: %s", state)
-		select {
-		case <-exited:
-			_, exited = e.startChild(t, which)
-		case <-time.After(50 * time.Millisecond):
+		for i, c := range workers {
+			select {
+			case <-c.exited:
+				workers[i] = e.startChild(t, which)
+				owed = append(owed, lapse{c.cmd.Process.Pid, workers[i]})
+			default:
+			}
 		}
+		kept := owed[:0]
+		for _, l := range owed {
+			select {
+			case <-l.after.exited:
+			default:
+				if ready != nil && !ready(l.after) {
+					kept = append(kept, l)
+					continue
+				}
+			}
+			testworker.LapseKilledWorker(t, e.pool, e.redisOpt(), l.pid)
+		}
+		owed = kept
+		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// holds is the LIKE pattern of the ledger's holders (host/pid/random) of
+// worker c.
+func (c *child) holds() string { return fmt.Sprintf("%%/%d/%%", c.cmd.Process.Pid) }
 
 // started records that a handler began, committed before anything else.
 func started(ctx context.Context, pool *pgxpool.Pool) error {

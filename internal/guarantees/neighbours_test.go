@@ -45,17 +45,17 @@ func TestManyDeathsWhileAJobWaitsToRunAloneStillCostItNothing(t *testing.T) {
 	require.NoError(t, err)
 	lone, err := e.client.Enqueue(ctx, loneKind.New(item{ID: "innocent"}))
 	require.NoError(t, err)
-	_, exited := e.startChild(t, "neighbours")
+	w := e.startChild(t, "neighbours")
 
 	var p, s idempotency.Job
-	e.settle(t, "neighbours", exited, 4*time.Minute, func() (bool, string) {
+	e.settle(t, "neighbours", 4*time.Minute, func() (bool, string) {
 		p, err = e.store.Get(ctx, bad.Job.ID)
 		require.NoError(t, err)
 		s, err = e.store.Get(ctx, lone.Job.ID)
 		require.NoError(t, err)
 		return p.Status == idempotency.StatusDead && s.Status.Terminal() || s.Status == idempotency.StatusDead,
 			fmt.Sprintf("poison %+v, innocent %+v", p, s)
-	})
+	}, w)
 	require.Equal(t, idempotency.StatusSucceeded, s.Status,
 		"an innocent job that waited beside a poison job was retired: %s: %s", s.ErrorClass, s.LastError)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM effects WHERE job_id = $1`, lone.Job.ID))
@@ -77,16 +77,16 @@ func TestAHungHandlerKeelGaveUpIsNotTakenForAnAloneRunsCrash(t *testing.T) {
 	// run runs alone.
 	_, err = e.pool.Exec(ctx, `UPDATE keel_jobs SET crashes = 1 WHERE id = $1`, victim.Job.ID)
 	require.NoError(t, err)
-	_, exited := e.startChild(t, "neighbours")
+	w := e.startChild(t, "neighbours")
 	zombie, err := e.client.Enqueue(ctx, zombieKind.New(item{ID: "zombie"}))
 	require.NoError(t, err)
 
 	var s idempotency.Job
-	e.settle(t, "neighbours", exited, 2*time.Minute, func() (bool, string) {
+	e.settle(t, "neighbours", 2*time.Minute, func() (bool, string) {
 		s, err = e.store.Get(ctx, victim.Job.ID)
 		require.NoError(t, err)
 		return s.Status.Terminal() || s.Status == idempotency.StatusDead, fmt.Sprintf("%+v", s)
-	})
+	}, w)
 	require.Equal(t, idempotency.StatusSucceeded, s.Status, "the job beside a hung handler was retired: %s: %s", s.ErrorClass, s.LastError)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, victim.Job.ID),
 		"the job's last run started beside a hung handler keel gave up")

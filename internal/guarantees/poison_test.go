@@ -40,7 +40,7 @@ func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
 	slow, err := e.client.Enqueue(ctx, slowKind.New(item{ID: "innocent"}))
 	require.NoError(t, err)
 
-	_, exited := e.startChild(t, "poison")
+	w := e.startChild(t, "poison")
 	// The poison job arrives while the innocent one runs.
 	require.Eventually(t, func() bool {
 		return e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, slow.Job.ID) == 1
@@ -51,7 +51,7 @@ func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
 	// Each worker the poison job kills is replaced at once, as a supervisor
 	// does.
 	var p, s idempotency.Job
-	e.settle(t, "poison", exited, 2*time.Minute, func() (bool, string) {
+	e.settle(t, "poison", 2*time.Minute, func() (bool, string) {
 		p, err = e.store.Get(ctx, bad.Job.ID)
 		require.NoError(t, err)
 		s, err = e.store.Get(ctx, slow.Job.ID)
@@ -59,7 +59,7 @@ func TestPoisonJobDoesNotRetireItsNeighbours(t *testing.T) {
 		return (p.Status.Terminal() || p.Status == idempotency.StatusDead) &&
 				(s.Status == idempotency.StatusSucceeded || s.Status == idempotency.StatusDead),
 			fmt.Sprintf("poison %+v, innocent %+v", p, s)
-	})
+	}, w)
 	require.Equal(t, idempotency.StatusDead, p.Status, "the poison job: %+v", p)
 	require.Equal(t, idempotency.StatusSucceeded, s.Status,
 		"an innocent job that ran beside a poison job was retired with it: %s: %s", s.ErrorClass, s.LastError)

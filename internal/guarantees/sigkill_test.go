@@ -41,13 +41,12 @@ func TestAJobWithoutRetriesSurvivesItsWorkerBeingKilledOnce(t *testing.T) {
 	res, err := e.client.Enqueue(ctx, oneShotKind.New(item{ID: "killed-once"}))
 	require.NoError(t, err)
 
-	child, exited := e.startChild(t, "one-shot")
+	w := e.startChild(t, "one-shot")
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, res.Job.ID) == 1
 	}, "the job never started")
-	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	<-exited
-	e.startChild(t, "one-shot")
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
+	e.replace(t, "one-shot", w)
 
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		j, err := e.store.Get(ctx, res.Job.ID)
