@@ -99,7 +99,8 @@ func setup(t *testing.T) *env {
 }
 
 // setupAlone is setup for a test whose margins are CPU time: it runs
-// before the parallel ones, not beside them.
+// before the parallel ones, not beside them. A test that calls t.Parallel
+// itself later uses it to start something before them.
 func setupAlone(t *testing.T) *env {
 	t.Helper()
 	e := &env{redis: testenv.StartRedis(t)}
