@@ -92,7 +92,7 @@ func depsWorker(t *testing.T, e *env, queues map[string]int, gate func(context.C
 	mux := tasks.NewMux()
 	tasks.Handle(mux, depKind, depHandler(e.pool, gate))
 	cfg := server.Config{Redis: e.redisOpt(), Pool: e.pool, Queues: queues, Concurrency: 4, ShutdownTimeout: time.Second}
-	cfg.Reconciler.Grace = 200 * time.Millisecond
+	cfg.Reconciler.Interval, cfg.Reconciler.Grace = 200*time.Millisecond, 200*time.Millisecond
 	testworker.RunServer(t, cfg, mux)
 }
 

@@ -16,8 +16,8 @@ import (
 
 var (
 	// loopPoisonKind kills its worker as soon as its handler starts; its
-	// waits may add up to 8 s.
-	loopPoisonKind = tasks.Define[item]("hunt:loop_poison", tasks.MaxRetry(0), tasks.MaxWait(8*time.Second),
+	// waits may add up to 5 s.
+	loopPoisonKind = tasks.Define[item]("hunt:loop_poison", tasks.MaxRetry(0), tasks.MaxWait(5*time.Second),
 		tasks.Key(func(i item) string { return i.ID }))
 	// hangKind ignores its context and never returns (a call without a
 	// deadline to a host that black-holes it): keel gives it up after its

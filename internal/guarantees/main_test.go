@@ -53,6 +53,7 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		poisonHandlers(mux, pool)
 	case "neighbours":
 		cfg.Guard.Lease = 2 * time.Second
+		cfg.Guard.TimeoutGrace = 3 * time.Second
 		// A worker killed between a postponed job's delivery and its claim
 		// leaves the job to the reconciler, after its grace, whose length
 		// is not the point.
@@ -74,6 +75,10 @@ func childWorker(pool *pgxpool.Pool) (server.Config, asynq.Handler) {
 		benchHandlers(mux, pool)
 	case "tenant":
 		cfg.Guard.Lease = 2 * time.Second
+		// Redis loses everything before these workers start: the
+		// reconciler publishes the jobs in flight again once they were
+		// left alone for its grace, whose length is not the point.
+		cfg.Reconciler.Interval, cfg.Reconciler.Grace = 200*time.Millisecond, 200*time.Millisecond
 		tenantHandlers(mux, pool)
 	case "one-shot":
 		cfg.Guard.Lease = 2 * time.Second

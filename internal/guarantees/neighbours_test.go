@@ -14,24 +14,27 @@ import (
 )
 
 var (
-	// slowPoisonKind kills its worker 1.5 s after it starts; its budget of
+	// slowPoisonKind kills its worker 1 s after it starts; its budget of
 	// seven runs is more than the four deaths at the gate an earlier keel
 	// let a job without retries survive.
 	slowPoisonKind = tasks.Define[item]("hunt:slow_poison", tasks.MaxRetry(6), tasks.Key(func(i item) string { return i.ID }))
-	// loneKind is an innocent job without retries.
+	// loneKind is an innocent job without retries; it runs for 2 s, so
+	// that its first run is still going when the poison job's kills it.
 	loneKind = tasks.Define[item]("hunt:lone", tasks.MaxRetry(0), tasks.Key(func(i item) string { return i.ID }))
-	// zombieKind ignores its timeout and, long after keel gave it up, kills
-	// its worker (a leak that ends in an OOM kill).
+	// zombieKind ignores its timeout and, 3 s after keel gave it up (its
+	// 1 s and the worker's 3 s grace), kills its worker (a leak that ends
+	// in an OOM kill).
 	zombieKind = tasks.Define[item]("hunt:zombie", tasks.MaxRetry(0), tasks.Timeout(time.Second), tasks.Key(func(i item) string { return i.ID }))
-	// longKind is an innocent job without retries that runs for 10 s.
+	// longKind is an innocent job without retries that runs for 8 s: one
+	// that started beside a zombie would still run when it kills.
 	longKind = tasks.Define[item]("hunt:long", tasks.MaxRetry(0), tasks.Key(func(i item) string { return i.ID }))
 )
 
 func neighbourHandlers(mux *tasks.Mux, pool *pgxpool.Pool) {
-	tasks.Handle(mux, slowPoisonKind, killsItsWorker(pool, 1500*time.Millisecond))
-	tasks.Handle(mux, zombieKind, killsItsWorker(pool, 12*time.Second))
-	tasks.Handle(mux, loneKind, finishesAfter(pool, 3*time.Second))
-	tasks.Handle(mux, longKind, finishesAfter(pool, 10*time.Second))
+	tasks.Handle(mux, slowPoisonKind, killsItsWorker(pool, time.Second))
+	tasks.Handle(mux, zombieKind, killsItsWorker(pool, 7*time.Second))
+	tasks.Handle(mux, loneKind, finishesAfter(pool, 2*time.Second))
+	tasks.Handle(mux, longKind, finishesAfter(pool, 8*time.Second))
 }
 
 // A poison job with a budget of seven runs, older than an innocent job
@@ -71,7 +74,8 @@ func TestManyDeathsWhileAJobWaitsToRunAloneStillCostItNothing(t *testing.T) {
 func TestAHungHandlerKeelGaveUpIsNotTakenForAnAloneRunsCrash(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	victim, err := e.client.Enqueue(ctx, longKind.New(item{ID: "victim"}, tasks.Delay(4*time.Second)))
+	// Due while the zombie runs, before keel gives it up.
+	victim, err := e.client.Enqueue(ctx, longKind.New(item{ID: "victim"}, tasks.Delay(2*time.Second)))
 	require.NoError(t, err)
 	// As the ledger has it after an earlier crash of the job: its last
 	// run runs alone.
