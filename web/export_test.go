@@ -24,3 +24,13 @@ func SetBulkInlineWait(t interface{ Cleanup(func()) }, d time.Duration) {
 	bulkInlineWait = d
 	t.Cleanup(func() { bulkInlineWait = old })
 }
+
+// HashCost is the bcrypt cost HashPassword uses now.
+func HashCost() int { return passwordCost }
+
+// SetHashCost makes HashPassword hash at cost until the test ends.
+func SetHashCost(t interface{ Cleanup(func()) }, cost int) {
+	old := passwordCost
+	passwordCost = cost
+	t.Cleanup(func() { passwordCost = old })
+}

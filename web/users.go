@@ -32,6 +32,10 @@ type User struct {
 // server core, slow enough for guessing, fast enough to sign in.
 const PasswordCost = 12
 
+// passwordCost is the cost HashPassword uses: PasswordCost. Tests lower
+// it: under the race detector one hash at PasswordCost takes seconds.
+var passwordCost = PasswordCost
+
 // MaxPasswordBytes is bcrypt's limit; longer passwords are refused rather
 // than silently cut.
 const MaxPasswordBytes = 72
@@ -50,7 +54,7 @@ func HashPassword(password []byte) (string, error) {
 	case len(password) > MaxPasswordBytes:
 		return "", fmt.Errorf("keel web: the password is %d bytes; bcrypt takes at most %d", len(password), MaxPasswordBytes)
 	}
-	h, err := bcrypt.GenerateFromPassword(password, PasswordCost)
+	h, err := bcrypt.GenerateFromPassword(password, passwordCost)
 	return string(h), err
 }
 

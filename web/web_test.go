@@ -601,14 +601,20 @@ func TestParseUsers(t *testing.T) {
 	}
 }
 
+// Not parallel: it sets the package's hash cost.
 func TestHashPassword(t *testing.T) {
-	t.Parallel()
+	// HashPassword hashes at PasswordCost unless a test says otherwise...
+	require.Equal(t, web.PasswordCost, web.HashCost())
+	// ...and at whatever cost it is set to: a hash and a compare at
+	// PasswordCost take many seconds under the race detector. MinCost+1,
+	// so that a HashPassword fixed at MinCost fails too.
+	web.SetHashCost(t, bcrypt.MinCost+1)
 	h, err := web.HashPassword([]byte("correct horse"))
 	require.NoError(t, err)
 	require.NoError(t, bcrypt.CompareHashAndPassword([]byte(h), []byte("correct horse")))
 	cost, err := bcrypt.Cost([]byte(h))
 	require.NoError(t, err)
-	require.Equal(t, web.PasswordCost, cost)
+	require.Equal(t, bcrypt.MinCost+1, cost)
 	_, err = web.HashPassword(nil)
 	require.Error(t, err)
 	_, err = web.HashPassword([]byte("1234567"))
