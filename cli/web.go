@@ -195,6 +195,10 @@ func splitList(s string) []string {
 	return out
 }
 
+// hashPassword is web.HashPassword. Tests swap in a cheaper hash: under
+// the race detector one at web.PasswordCost takes seconds.
+var hashPassword = web.HashPassword
+
 func hashPasswordCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "hash-password",
@@ -208,7 +212,7 @@ func hashPasswordCmd() *cobra.Command {
 				return err
 			}
 			password := strings.TrimRight(line, "\r\n")
-			hash, err := web.HashPassword([]byte(password))
+			hash, err := hashPassword([]byte(password))
 			if err != nil {
 				return usageError{err}
 			}
