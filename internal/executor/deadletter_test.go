@@ -19,6 +19,7 @@ import (
 	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/internal/testworker"
+	"github.com/keeljobs/keel/internal/wake"
 	"github.com/keeljobs/keel/retry"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -61,11 +62,15 @@ func inspector(t *testing.T, b *bundle) *asynq.Inspector {
 }
 
 // hurryRetries runs the tasks of queue that wait in asynq's retry set at
-// once, until the test ends. asynq moves due retries only every 5 s; these
-// tests are about what happens between attempts, not when, and the retry
-// count a task carries is unchanged.
-func hurryRetries(t *testing.T, insp *asynq.Inspector, queue string) {
+// once, until the test ends, and announces them as keel's publishes do: an
+// idle worker would otherwise find them only when its wait for announced
+// work ends (IdleWait). These tests are about what happens between
+// attempts, not when; the retry count a task carries is unchanged.
+func hurryRetries(t *testing.T, b *bundle, queue string) {
 	t.Helper()
+	insp := inspector(t, b)
+	rdb := redis.NewClient(&redis.Options{Addr: b.redis.Addr, DB: b.redis.DB})
+	t.Cleanup(func() { rdb.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -78,7 +83,9 @@ func hurryRetries(t *testing.T, insp *asynq.Inspector, queue string) {
 				return
 			case <-tick.C:
 			}
-			_, _ = insp.RunAllRetryTasks(queue)
+			if n, err := insp.RunAllRetryTasks(queue); err == nil && n > 0 {
+				rdb.Publish(ctx, wake.Channel, queue)
+			}
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
@@ -151,7 +158,7 @@ func TestTransientFailureDiesAfterBudgetWithFullContext(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "flaky"}, tasks.MaxRetry(2), tasks.TraceID("trace-4711")))
 	require.NoError(t, err)
 	b.startWorker(t, mux, onDead(&dead))
-	hurryRetries(t, insp, "default")
+	hurryRetries(t, b, "default")
 
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 30*time.Second)
 	require.EqualValues(t, 3, runs.Load())
@@ -184,7 +191,7 @@ func TestUnknownErrorGetsUnknownBudget(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "odd"}))
 	require.NoError(t, err)
 	b.startWorker(t, mux, func(c *server.Config) { c.Retry.UnknownMaxRetry = 1 })
-	hurryRetries(t, insp, "default")
+	hurryRetries(t, b, "default")
 
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusDead, 20*time.Second)
 	require.Equal(t, 2, j.Attempts, "one try and UnknownMaxRetry (1) retry")
@@ -199,7 +206,6 @@ func TestUnknownErrorGetsUnknownBudget(t *testing.T) {
 func TestWaitDoesNotUseAttempts(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	insp := inspector(t, b)
 	var runs, maxRetried atomic.Int32
 	var attemptsSeen sync.Map // run → ledger attempt the handler saw
 	mux := tasks.NewMux()
@@ -219,7 +225,7 @@ func TestWaitDoesNotUseAttempts(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "wait"}, tasks.MaxRetry(1)))
 	require.NoError(t, err)
 	b.startWorker(t, mux, nil)
-	hurryRetries(t, insp, "default")
+	hurryRetries(t, b, "default")
 
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	require.EqualValues(t, 3, runs.Load())
@@ -251,7 +257,7 @@ func TestReplayRunsDeadJobOnceWithFreshBudget(t *testing.T) {
 	require.NoError(t, err)
 	id := res.Job.ID
 	b.startWorker(t, mux, nil)
-	hurryRetries(t, insp, "default")
+	hurryRetries(t, b, "default")
 
 	dead := b.waitStatus(t, id, idempotency.StatusDead, 20*time.Second)
 	require.Equal(t, 2, dead.Attempts)

@@ -302,6 +302,9 @@ func TestAStepCallThatOutlivesItsRunIsNotMadeTwice(t *testing.T) {
 		c.Guard.TimeoutGrace = 200 * time.Millisecond
 		c.Guard.Lease = 2 * time.Second
 	})
+	// Attempts and waits come back at once rather than after their delays:
+	// what is tested is what each one does, not when it comes.
+	hurryRetries(t, b, "default")
 	res, err := b.client.Enqueue(ctx, slowCall.New(order{OrderID: "slow-call"}))
 	require.NoError(t, err)
 	// The first run is given up at its timeout; the next one finds the
