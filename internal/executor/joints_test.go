@@ -473,6 +473,8 @@ func TestARunThatMustRunAloneGetsRoomOnAWorkerNeverIdle(t *testing.T) {
 		return nil
 	})
 	b.startWorker(t, mux, func(c *server.Config) { c.Concurrency = 3 })
+	// The run handed back comes back at once: when is not what is tested.
+	hurryRetries(t, b, "default")
 	feed, fed := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(fed)
@@ -493,11 +495,20 @@ func TestARunThatMustRunAloneGetsRoomOnAWorkerNeverIdle(t *testing.T) {
 	defer func() { close(feed); <-fed }()
 	testenv.Eventually(t, 10*time.Second, func() bool { return longRunning.Load() > 0 }, "the worker never got busy")
 	// A job whose first run crashed its worker: its next run is its last,
-	// and must run alone.
-	res, err := b.client.Enqueue(ctx, crashedBefore.New(order{OrderID: "crashed-before"}, tasks.Delay(2*time.Second)))
-	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET attempts = 1, crashes = 1 WHERE id = $1 AND status = 'pending'`, res.Job.ID)
-	require.NoError(t, err)
+	// and must run alone. It is published once the transaction that marks
+	// that commits.
+	var res *tasks.Result
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		if res, err = b.client.EnqueueTx(ctx, tx, crashedBefore.New(order{OrderID: "crashed-before"})); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE keel_jobs SET attempts = 1, crashes = 1 WHERE id = $1 AND status = 'pending'`, res.Job.ID)
+		if err == nil && tag.RowsAffected() != 1 {
+			err = fmt.Errorf("marked %d rows", tag.RowsAffected())
+		}
+		return err
+	}))
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 40*time.Second)
 	require.EqualValues(t, 1, ran.Load())
 	require.Equal(t, 2, j.Attempts, "waiting for room spent an attempt")
