@@ -1,6 +1,9 @@
 package web
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetCompareHook makes the server call f just before each password
 // comparison, with the name being signed in.
@@ -34,3 +37,7 @@ func SetHashCost(t interface{ Cleanup(func()) }, cost int) {
 	passwordCost = cost
 	t.Cleanup(func() { passwordCost = old })
 }
+
+// SetBulkStartingHook makes the server call f with the request's context
+// just before each bulk action starts in the background.
+func SetBulkStartingHook(s *Server, f func(ctx context.Context)) { s.bulkStarting = f }

@@ -47,6 +47,9 @@ type Server struct {
 	hosts   hostPolicy
 	handler http.Handler
 	bulks   *bulkRuns
+	// bulkStarting, when a test sets it, is called with the request's
+	// context just before a bulk action starts in the background.
+	bulkStarting func(ctx context.Context)
 	// hidesUndeclared: the default PayloadFormatter hides payloads of kinds
 	// this program does not declare (see DeclaredPayloads).
 	hidesUndeclared bool

@@ -36,7 +36,7 @@ func TestStatementsLiveHere(t *testing.T) {
 		rel, _ := filepath.Rel(root, path)
 		if d.IsDir() {
 			switch rel {
-			case "internal/ledger", "migrate", ".git", "bench/river", "internal/testenv":
+			case "internal/ledger", "migrate", ".git", "bench/river", "internal/testenv", "internal/testworker":
 				return filepath.SkipDir
 			}
 			return nil
