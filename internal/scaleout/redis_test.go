@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keeljobs/keel/internal/testenv"
 )
 
 func freePort(t *testing.T) int {
@@ -40,20 +42,51 @@ type redisProc struct {
 
 func (p *redisProc) addr() string { return fmt.Sprint("127.0.0.1:", p.port) }
 
-// spawnRedis is startRedis keeping hold of the process.
+// spawnRedis is startRedis keeping hold of the process. The free port it
+// picks may be taken before redis-server binds it (by another test's
+// server, or the cluster bus port 10000 above it); redis-server then exits
+// at once, and spawnRedis tries another port.
 func spawnRedis(t *testing.T, args ...string) *redisProc {
 	t.Helper()
-	port := freePort(t)
-	dir := t.TempDir()
-	all := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--loglevel", "warning"}, args...)
-	cmd := exec.Command("redis-server", all...)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
+	var out testenv.SyncBuffer
+	for range 5 {
+		port := freePort(t)
+		dir := t.TempDir()
+		all := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--loglevel", "warning"}, args...)
+		cmd := exec.Command("redis-server", all...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start redis-server: %v", err)
+		}
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+		if ours(port, cmd.Process.Pid, exited) {
+			return &redisProc{port: port, cmd: cmd}
+		}
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	waitPing(t, port)
-	return &redisProc{port: port, cmd: cmd}
+	t.Fatalf("redis-server never answered on a port of its own:\n%s", out.String())
+	return nil
+}
+
+// ours waits until the redis-server pid answers on port, and reports
+// false when it exits first (it could not bind) or another answers there.
+func ours(port, pid int, exited <-chan struct{}) bool {
+	c := redis.NewClient(&redis.Options{Addr: fmt.Sprint("127.0.0.1:", port)})
+	defer c.Close()
+	for range 400 {
+		select {
+		case <-exited:
+			return false
+		default:
+		}
+		if info, err := c.Info(context.Background(), "server").Result(); err == nil {
+			return strings.Contains(info, fmt.Sprintf("process_id:%d\r\n", pid))
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return false
 }
 
 func waitPing(t *testing.T, port int) {
