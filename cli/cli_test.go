@@ -79,7 +79,7 @@ func setup(t *testing.T) *env {
 func setupAlone(t *testing.T) *env {
 	t.Helper()
 	e := &env{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
-	e.pool, e.schema = testenv.PrivatePool(t, "keel_test_cli")
+	e.pool, e.schema = testenv.PrivatePool(t)
 	return e
 }
 

@@ -27,8 +27,6 @@ import (
 	"github.com/keeljobs/keel/tasks"
 )
 
-const schema = "keel_test_flow"
-
 // Report is the payload of the kinds under test.
 type Report struct {
 	N     int
@@ -115,7 +113,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	b := &bundle{}
 	b.redis, b.rdb = setupRedis(t)
-	b.pool, b.schema = testenv.PrivatePool(t, schema)
+	b.pool, b.schema = testenv.PrivatePool(t)
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE runs (job_id text, n int, pid int,
 		started_at timestamptz DEFAULT clock_timestamp())`)
 	require.NoError(t, err)

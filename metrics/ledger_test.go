@@ -165,7 +165,7 @@ keel_batches_open{state="sealed"} 1
 // Waiting jobs are counted by kind, those on a dead parent apart, with the
 // age of the oldest.
 func TestLedgerCountsWaitingJobs(t *testing.T) {
-	pool, _ := testenv.PrivatePool(t, "keel_test_metrics_waiting")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	store := jobstore.NewStore(pool)
 	parent := insertJob(t, pool, "default", "export", "e1")
@@ -201,7 +201,7 @@ keel_jobs_waiting_on_dead{kind="report"} 1
 // Jobs held for their concurrency key's slot are counted by kind, apart
 // from those waiting for parents, with how many keys they wait on.
 func TestLedgerCountsHeldJobs(t *testing.T) {
-	pool, _ := testenv.PrivatePool(t, "keel_test_metrics_held")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	store := jobstore.NewStore(pool)
 	for i, tenant := range []string{"acme", "acme", "acme", "globex", "globex", "initech"} {

@@ -17,7 +17,7 @@ import (
 // The ledger's pauses are metrics: the queues and kinds a person paused,
 // and the jobs each paused kind holds.
 func TestLedgerReportsPauses(t *testing.T) {
-	pool, _ := testenv.PrivatePool(t, "keel_test_metrics_pauses")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	insertJob(t, pool, "default", "export", "e1")
 	insertJob(t, pool, "default", "export", "e2")

@@ -17,7 +17,7 @@ import (
 // The cron entries no scheduler fires (a tick more than the grace past
 // due, not paused) and the paused ones, as the ledger has them.
 func TestLedgerReportsScheduleEntries(t *testing.T) {
-	pool, _ := testenv.PrivatePool(t, "keel_test_metrics_schedules")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	ops, err := inspect.New(inspect.Config{Pool: pool})
 	require.NoError(t, err)

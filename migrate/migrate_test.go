@@ -325,7 +325,7 @@ func TestMigrateRecordsAdditiveFlagsInADatabaseAnOlderKeelMigrated(t *testing.T)
 func TestMigrationsOfTwoSchemasDoNotWaitForEachOther(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	other, _ := testenv.PrivatePool(t, "keel_test_migrate_other")
+	other, _ := testenv.PrivatePool(t)
 	holder, err := other.Acquire(ctx)
 	require.NoError(t, err)
 	defer holder.Release()

@@ -60,7 +60,7 @@ func setupAlone(t *testing.T) *bundle {
 	t.Helper()
 	rs := testenv.StartRedis(t)
 	b := &bundle{redis: rs, opt: asynq.RedisClientOpt{Addr: rs.Addr()}}
-	b.pool, b.schema = testenv.PrivatePool(t, "keel_test_outbox")
+	b.pool, b.schema = testenv.PrivatePool(t)
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE effects (item text NOT NULL, job_id text NOT NULL)`)
 	require.NoError(t, err)
 	return b

@@ -18,8 +18,6 @@ import (
 	"github.com/keeljobs/keel/tasks"
 )
 
-const schema = "keel_test_scheduler"
-
 type tickPayload struct {
 	Note string `json:"note"`
 }
@@ -41,7 +39,7 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
-	pool, _ := testenv.PrivatePool(t, schema)
+	pool, _ := testenv.PrivatePool(t)
 	return &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}, pool: pool}
 }
 

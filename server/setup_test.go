@@ -35,7 +35,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
 	b := &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
-	b.pool, b.schema = testenv.PrivatePool(t, "keel_test_server")
+	b.pool, b.schema = testenv.PrivatePool(t)
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

@@ -76,7 +76,7 @@ func FuzzEnqueueKey(f *testing.F) {
 // coordinating process removes the schemas of earlier fuzzing runs first.
 func fuzzBundle(f *testing.F) *bundle {
 	if fl := flag.Lookup("test.fuzz"); fl == nil || fl.Value.String() == "" {
-		pool, _ := testenv.PrivatePool(f, schema)
+		pool, _ := testenv.PrivatePool(f)
 		return newBundle(f, asynq.RedisClientOpt{Addr: testenv.StartRedis(f).Addr()}, pool)
 	}
 	prefix := schema + "_fuzz_"

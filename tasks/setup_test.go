@@ -33,7 +33,7 @@ var setupMu sync.Mutex
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
-	pool, _ := testenv.PrivatePool(t, schema)
+	pool, _ := testenv.PrivatePool(t)
 	return newBundle(t, asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}, pool)
 }
 

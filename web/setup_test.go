@@ -79,7 +79,7 @@ func setup(t *testing.T, mod func(*web.Config)) *bundle {
 func setupAlone(t *testing.T, mod func(*web.Config)) *bundle {
 	t.Helper()
 	b := &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
-	b.pool, _ = testenv.PrivatePool(t, "keel_test_web")
+	b.pool, _ = testenv.PrivatePool(t)
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

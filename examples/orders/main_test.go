@@ -53,7 +53,7 @@ type statusJSON struct {
 
 func TestCLI(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.PrivatePool(t, "keel_test_orders") // migrate below must be a no-op
+	pool, schema := testenv.PrivatePool(t) // migrate below must be a no-op
 	orders := ordersCLI(testenv.StartRedis(t).Addr(), schema)
 	ctx := context.Background()
 

@@ -39,7 +39,7 @@ func setup(t *testing.T) *bundle {
 func setupAlone(t *testing.T) *bundle {
 	t.Helper()
 	b := &bundle{redis: asynq.RedisClientOpt{Addr: testenv.StartRedis(t).Addr()}}
-	b.pool, b.schema = testenv.PrivatePool(t, "keel_test_executor")
+	b.pool, b.schema = testenv.PrivatePool(t)
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: b.redis, Pool: b.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

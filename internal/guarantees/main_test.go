@@ -109,7 +109,7 @@ func setup(t *testing.T) *env {
 func setupAlone(t *testing.T) *env {
 	t.Helper()
 	e := &env{redis: testenv.StartRedis(t)}
-	e.pool, e.schema = testenv.PrivatePool(t, "hunt_guarantees")
+	e.pool, e.schema = testenv.PrivatePool(t)
 	c, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redisOpt(), Pool: e.pool})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

@@ -96,7 +96,7 @@ func setStatus(t *testing.T, db *pgxpool.Pool, status string, ids ...string) {
 // relay's outbox, and another key is not held back by them.
 func TestConcurrencyKeyAdmitsUpToItsLimit(t *testing.T) {
 	ctx := context.Background()
-	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	db, _ := testenv.PrivatePool(t)
 
 	row, err := ledger.InsertJob(ctx, db, keyed("a1", "acme", 2), true)
 	require.NoError(t, err)
@@ -168,7 +168,7 @@ func TestConcurrencyKeyAdmitsUpToItsLimit(t *testing.T) {
 // releases it: held if its key is full.
 func TestConcurrencyKeyAdmitsAReleasedChild(t *testing.T) {
 	ctx := context.Background()
-	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	db, _ := testenv.PrivatePool(t)
 	for _, id := range []string{"a1", "p"} {
 		_, err := ledger.InsertJob(ctx, db, keyed(id, "acme", 1), true)
 		require.NoError(t, err)
@@ -199,7 +199,7 @@ func TestConcurrencyKeyAdmitsAReleasedChild(t *testing.T) {
 // released, so no slot is lost and none is given twice.
 func TestConcurrencyKeyTwoEndsAtOnceReleaseTwo(t *testing.T) {
 	ctx := context.Background()
-	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	db, _ := testenv.PrivatePool(t)
 	for _, id := range []string{"a1", "a2", "h1", "h2", "h3"} {
 		_, err := ledger.InsertJob(ctx, db, keyed(id, "acme", 2), true)
 		require.NoError(t, err)
@@ -224,7 +224,7 @@ func TestConcurrencyKeyTwoEndsAtOnceReleaseTwo(t *testing.T) {
 // one is admitted, the other held.
 func TestConcurrencyKeyTwoInsertsAtOnceAdmitOne(t *testing.T) {
 	ctx := context.Background()
-	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	db, _ := testenv.PrivatePool(t)
 	tx1, err := db.Begin(ctx)
 	require.NoError(t, err)
 	defer tx1.Rollback(ctx) //nolint:errcheck
@@ -247,7 +247,7 @@ func TestConcurrencyKeyTwoInsertsAtOnceAdmitOne(t *testing.T) {
 // statement stays linear in its rows.
 func TestConcurrencyKeyBulkInsertReadsOnlyJobsInFlight(t *testing.T) {
 	ctx := context.Background()
-	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	db, _ := testenv.PrivatePool(t)
 	const n = 2000
 	var r ledger.JobRows
 	for i := range n {
@@ -284,7 +284,7 @@ func TestConcurrencyKeyBulkInsertReadsOnlyJobsInFlight(t *testing.T) {
 // release the rest as before.
 func TestAKindPauseDoesNotReleaseItsKeysHeldJobs(t *testing.T) {
 	ctx := context.Background()
-	db, _ := testenv.PrivatePool(t, "keel_test_ckey")
+	db, _ := testenv.PrivatePool(t)
 	for i := 1; i <= 4; i++ {
 		_, err := ledger.InsertJob(ctx, db, keyed(fmt.Sprint("p", i), "acme", 2), true)
 		require.NoError(t, err)

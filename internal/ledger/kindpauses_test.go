@@ -116,7 +116,7 @@ func TestKindPauses(t *testing.T) {
 // its release then sees the held job. Without the lock the job would stay
 // held with no pause left to resume.
 func TestAHoldDuringAResumeIsReleased(t *testing.T) {
-	pool, _ := testenv.PrivatePool(t, "keel_test_ledger_kindrace")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, run_at)
 		VALUES ('j1', 'mail', 'k1', 'default', '\x7b7d', 3, 'pending', now(), now())`)

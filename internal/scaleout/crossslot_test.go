@@ -49,7 +49,7 @@ func TestKeelRedisCommandsOnCluster(t *testing.T) {
 	addrs := startCluster(t)
 	opt, err := redisurl.Parse("redis-cluster://" + strings.Join(addrs, ","))
 	require.NoError(t, err)
-	pool, _ := testenv.PrivatePool(t, "keel_test_scaleout")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	rdb := opt.MakeRedisClient().(redis.UniversalClient)
 	defer rdb.Close()

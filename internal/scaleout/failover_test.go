@@ -79,7 +79,7 @@ func (f failoverFigures) String() string {
 func failoverRun(t *testing.T, target failoverTarget) failoverFigures {
 	opt, err := redisurl.Parse(target.url)
 	require.NoError(t, err)
-	pool, _ := testenv.PrivatePool(t, "keel_test_scaleout")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	_, err = pool.Exec(ctx, `CREATE TABLE fo_effects (job_id text NOT NULL, kind text NOT NULL, worker int NOT NULL)`)
 	require.NoError(t, err)

@@ -39,7 +39,7 @@ var (
 func flow(t *testing.T, redisURL string) {
 	opt, err := redisurl.Parse(redisURL)
 	require.NoError(t, err)
-	pool, _ := testenv.PrivatePool(t, "keel_test_scaleout")
+	pool, _ := testenv.PrivatePool(t)
 	ctx := context.Background()
 	_, err = pool.Exec(ctx, `CREATE TABLE effects (job_id text PRIMARY KEY, worker int NOT NULL)`)
 	require.NoError(t, err)

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,8 +19,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/keeljobs/keel/migrate"
 )
 
 // Redis database numbers, one per test package.
@@ -71,38 +68,13 @@ func Redis(t testing.TB, db int) asynq.RedisClientOpt {
 	return opt
 }
 
-// Pool returns a pool whose search_path is a fresh schema with the ledger
-// migrated into it. The schema is dropped and recreated on each call.
+// Pool returns a pool whose search_path is schema, a schema of the test's
+// package, fresh: its tables empty and the ledger migrated into it (see
+// freshPool).
 func Pool(t testing.TB, schema string) *pgxpool.Pool {
 	t.Helper()
 	lockPackage(t, schema)
-	return migratedPool(t, schema, nil)
-}
-
-// migratedPool (re)creates schema, migrates it and returns a pool on it,
-// closed when the test ends; cleanup, if set, runs after the close.
-func migratedPool(t testing.TB, schema string, cleanup func()) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cfg, err := PoolConfig(ctx, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
-		if cleanup != nil {
-			cleanup()
-		}
-	})
-	if _, err := migrate.Up(ctx, pool); err != nil {
-		t.Fatalf("testenv: migrate: %v", err)
-	}
-	return pool
+	return freshPool(t, schema, false, nil)
 }
 
 // PoolConfig creates (or recreates) schema and returns a pool config bound to
@@ -121,11 +93,19 @@ func PoolConfig(ctx context.Context, schema string) (*pgxpool.Config, error) {
 	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE; CREATE SCHEMA "+ident); err != nil {
 		return nil, fmt.Errorf("testenv: schema %s: %w", schema, err)
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	return poolConfig(schema)
+}
+
+// poolConfig is a pool config bound to schema, as it is.
+func poolConfig(schema string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(DatabaseURL())
 	if err != nil {
 		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	// Names the schema's sessions, so that a schema some process still
+	// uses is not handed to the next test (see freshPool).
+	cfg.ConnConfig.RuntimeParams["application_name"] = schema
 	cfg.MaxConns = 20
 	return cfg, nil
 }
@@ -139,7 +119,7 @@ func URL(schema string) string {
 			sep = "&"
 		}
 	}
-	return u + sep + "search_path=" + schema
+	return u + sep + "search_path=" + schema + "&application_name=" + schema
 }
 
 func ensureDatabase(ctx context.Context, url string) error {
@@ -210,21 +190,17 @@ func lockPackage(t testing.TB, key string) {
 	os.Setenv(env, "1")
 }
 
-var privateSchemas atomic.Uint64
-
-// PrivatePool returns a pool on a new, migrated schema of its own, named
-// after prefix and unique to this process, dropped when the test ends: a
-// test with it (and a Redis of its own, StartRedis) shares nothing and can
-// run in parallel with others.
-func PrivatePool(t testing.TB, prefix string) (*pgxpool.Pool, string) {
+// PrivatePool returns a pool on a fresh schema held by this test alone,
+// and the schema's name: a test with it (and a Redis of its own,
+// StartRedis) shares nothing and can run in parallel with others.
+func PrivatePool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
-	schema := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), privateSchemas.Add(1))
-	return migratedPool(t, schema, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if conn, err := pgx.Connect(ctx, DatabaseURL()); err == nil {
-			conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck // a leftover is recreated by name
-			conn.Close(ctx)
+	for {
+		schema := takeSlot(t)
+		// A schema still in use stays held and out of the free list: the
+		// process leaves it for good and takes another.
+		if pool := freshPool(t, schema, true, func() { putSlot(schema) }); pool != nil {
+			return pool, schema
 		}
-	}), schema
+	}
 }
