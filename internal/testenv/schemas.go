@@ -180,13 +180,11 @@ func inUse(ctx context.Context, schema string) (bool, error) {
 
 // empty makes schema as a fresh migration leaves it, if its comment says it
 // was built from migrations from and keel's part of it has the structure the
-// comment records: it drops the tables and functions a test added beside
-// keel's, deletes the rows of keel's tables but the migrations' record, and
-// starts their identities again. It says whether it did.
-//
-// Rows are deleted, with triggers off, rather than truncated: a truncate
-// gives every table and index a new file, as costly as the migration it
-// spares.
+// comment records: it drops the tables, sequences, types and functions a test
+// added beside keel's and truncates keel's tables (but the migrations'
+// record), starting their identities again. It says whether it did.
+// Truncated, not deleted from: dead rows would stay in the tables and their
+// indexes, and a test of what a query reads, or of its plan, would see them.
 func empty(ctx context.Context, schema, from string) (bool, error) {
 	conn, err := pgx.Connect(ctx, DatabaseURL())
 	if err != nil {
@@ -211,12 +209,9 @@ func empty(ctx context.Context, schema, from string) (bool, error) {
 		return false, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
-	// The search path as the print was taken (definitions name what is off
-	// it); triggers and foreign keys off (a superuser's right: without it
-	// the schema is migrated anew).
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'; SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()+
-		"; SET LOCAL session_replication_role = replica"); err != nil {
-		return false, nil //nolint:nilerr // migrated anew, which shows any other cause
+	// The search path as the print was taken: definitions name what is off it.
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'; SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return false, err
 	}
 	var print string
 	if err := tx.QueryRow(ctx, fingerprintSQL(schema)).Scan(&print); err != nil || print != wantPrint {
@@ -224,17 +219,19 @@ func empty(ctx context.Context, schema, from string) (bool, error) {
 		return false, nil //nolint:nilerr // migrated anew, which shows any other cause
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT format('DROP TABLE IF EXISTS %I CASCADE', tablename) FROM pg_tables
-		 WHERE schemaname = $1 AND tablename NOT LIKE 'keel\_%'
+		SELECT format('DROP %s IF EXISTS %I CASCADE', CASE relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+		       WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END, relname)
+		  FROM pg_class WHERE relnamespace = $1::text::regnamespace AND relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c')
+		   AND relname NOT LIKE 'keel\_%'
+		UNION ALL
+		SELECT format('DROP TYPE IF EXISTS %I CASCADE', typname) FROM pg_type
+		 WHERE typnamespace = $1::text::regnamespace AND typtype IN ('e', 'd', 'r', 'm') AND typname NOT LIKE 'keel\_%'
 		UNION ALL
 		SELECT format('DROP FUNCTION IF EXISTS %s CASCADE', oid::regprocedure) FROM pg_proc
-		 WHERE pronamespace = $1::regnamespace AND proname NOT LIKE 'keel\_%'
+		 WHERE pronamespace = $1::text::regnamespace AND proname NOT LIKE 'keel\_%'
 		UNION ALL
-		SELECT format('DELETE FROM %I', tablename) FROM pg_tables
-		 WHERE schemaname = $1 AND tablename LIKE 'keel\_%' AND tablename <> 'keel_schema_migrations'
-		UNION ALL
-		SELECT format('SELECT setval(%L, 1, false)', sequencename) FROM pg_sequences
-		 WHERE schemaname = $1 AND last_value IS NOT NULL`, schema)
+		SELECT 'TRUNCATE ' || string_agg(format('%I', tablename), ', ') || ' RESTART IDENTITY' FROM pg_tables
+		 WHERE schemaname = $1::text AND tablename LIKE 'keel\_%' AND tablename <> 'keel_schema_migrations'`, schema)
 	if err != nil {
 		return false, err
 	}
