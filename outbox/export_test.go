@@ -95,3 +95,8 @@ func PruneAt(ctx context.Context, r *Reconciler, now time.Time) (int, error) {
 // ApplyPauses is the step of r's pass that pauses in Redis the queues the
 // ledger holds paused.
 func ApplyPauses(ctx context.Context, r *Reconciler) error { return r.applyPauses(ctx) }
+
+// AfterPausesHook makes each of r's passes call fn between the step that
+// pauses in Redis the queues the ledger has paused and the scan for jobs
+// Redis lost; call it before the first pass.
+func AfterPausesHook(r *Reconciler, fn func()) { r.afterPauses = fn }

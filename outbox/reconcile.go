@@ -179,6 +179,8 @@ type Reconciler struct {
 	retained retained
 
 	signals reconcileSignals
+	// afterPauses, set by tests, runs in a pass after its pause step.
+	afterPauses func()
 }
 
 // reconcileSignals tell tests what Run did, so they wait on it rather than
@@ -349,6 +351,9 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int, error) {
 	if err := r.applyPauses(ctx); err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Warn("keel reconciler: paused queues not checked in Redis; the next pass tries again", "err", err)
 	}
+	if r.afterPauses != nil {
+		r.afterPauses()
+	}
 	if err := r.endHeldPastDeadline(ctx); err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Warn("keel reconciler: held jobs past their deadline not ended; the next pass tries again", "err", err)
 	}
@@ -497,6 +502,12 @@ func (r *Reconciler) republish(ctx context.Context, ids []string, keep func(idem
 	}
 	if err := r.rdb.SAdd(ctx, asynqwire.QueuesKey, qs...).Err(); err != nil {
 		return 0, fmt.Errorf("keel reconciler: list queues %v: %w", qs, err)
+	}
+	// Redis may have lost the pauses too since this pass put them back: a
+	// job published into a queue whose pause is not back yet is one any
+	// worker may run.
+	if err := r.applyPauses(ctx); err != nil {
+		return 0, fmt.Errorf("keel reconciler: pause queues again before publishing: %w", err)
 	}
 	// A failed job goes back for its retry at the time the ledger recorded
 	// (a time already past, as rows from before that was recorded have,
