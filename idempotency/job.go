@@ -16,8 +16,9 @@ const (
 	// StatusWaiting: the job waits for other jobs to succeed (tasks.After).
 	StatusWaiting = ledger.StatusWaiting
 	StatusPending = ledger.StatusPending
-	// StatusPaused: the job's kind is paused (inspect.PauseKind); it runs
-	// when the kind resumes.
+	// StatusPaused: the job's kind is paused (inspect.PauseKind), or its
+	// queue is (inspect.PauseQueue) and Redis, which had lost the pause,
+	// delivered it; it runs when the pause ends.
 	StatusPaused    = ledger.StatusPaused
 	StatusRunning   = ledger.StatusRunning
 	StatusSucceeded = ledger.StatusSucceeded

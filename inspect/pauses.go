@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keeljobs/keel/internal/asynqwire"
+	"github.com/keeljobs/keel/internal/jobstore"
 	"github.com/keeljobs/keel/internal/ledger"
 )
 
@@ -27,7 +28,9 @@ type QueuePause = ledger.Pause
 // running one finishes, and everything waiting in it stays there, visible,
 // until ResumeQueue. The pause is the ledger's (audited) before it is
 // Redis's, so a Redis that loses its data gets it back at the next
-// reconciler pass, and a worker that restarts finds it. It reports false
+// reconciler pass, and a worker that restarts finds it; a job delivered
+// meanwhile is held in the ledger at its claim (status paused) until the
+// resume. It reports false
 // when the queue was paused already (nothing is changed or audited).
 func (in *Inspector) PauseQueue(ctx context.Context, queue, actor, note string) (bool, error) {
 	if err := in.queueAction(queue, actor); err != nil {
@@ -61,6 +64,17 @@ func (in *Inspector) ResumeQueue(ctx context.Context, queue, actor, note string)
 		var err error
 		if changed, err = ledger.ResumeQueue(ctx, tx, queue, actor, note); err != nil {
 			return err
+		}
+		// Jobs held at their claims while Redis had lost the pause; a
+		// statement of its own, as ResumeKind's release.
+		n, err := ledger.ReleaseQueue(ctx, tx, queue)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			if err := jobstore.NotifyRelay(ctx, tx); err != nil {
+				return err
+			}
 		}
 		_, redisErr = asynqwire.Unpause(ctx, in.rdb, queue)
 		return redisErr

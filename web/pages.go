@@ -472,7 +472,14 @@ func (s *Server) jobPageShowing(w http.ResponseWriter, r *http.Request, id strin
 			return
 		}
 	}
-	d.Next = nextStep(j, relay, d.InDoubt, d.LeaseExpired)
+	var held pausedBy
+	if j.Status == idempotency.StatusPaused {
+		if held, err = s.pausesHolding(ctx, j); err != nil {
+			s.ledgerError(w, r, err)
+			return
+		}
+	}
+	d.Next = nextStep(j, held, relay, d.InDoubt, d.LeaseExpired)
 	s.markSeen(ctx, r, j)
 	d.Ended = j.Status.Terminal() || j.Status == idempotency.StatusDead
 	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && slices.Contains(refreshChoices, n) && !d.Ended {
@@ -508,7 +515,7 @@ func (s *Server) readOutput(ctx context.Context, d *jobData) error {
 
 // nextStep says, in a sentence, who handles the job next — the question
 // asked of this page at 3 a.m. relay: a relay has still to publish it.
-func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
+func nextStep(j idempotency.Job, held pausedBy, relay, inDoubt, leaseExpired bool) string {
 	switch j.Status {
 	case idempotency.StatusWaiting:
 		if j.HeldForKey() {
@@ -518,7 +525,18 @@ func nextStep(j idempotency.Job, relay, inDoubt, leaseExpired bool) string {
 		return fmt.Sprintf("Waiting for %d of the jobs below to succeed; the last one's success makes it pending, and the relay hands it to a worker. "+
 			"An operator can release it to start it now.", j.WaitingOn)
 	case idempotency.StatusPaused:
-		return "Held: its kind " + j.Kind + " is paused (see Pauses). No worker starts it until the kind resumes; then the relay hands it to a worker."
+		var what string
+		switch {
+		case held.kind && held.queue:
+			what = "its kind " + j.Kind + " and its queue " + j.Queue + " are paused (see Pauses). No worker starts it until both resume"
+		case held.queue:
+			what = "its queue " + j.Queue + " is paused (see Pauses), and Redis, which had lost the pause, delivered it. No worker starts it until the queue resumes"
+		case held.kind:
+			what = "its kind " + j.Kind + " is paused (see Pauses). No worker starts it until the kind resumes"
+		default:
+			what = "neither its kind " + j.Kind + " nor its queue " + j.Queue + " is paused any more, yet it is held (a pause removed by hand?). Resuming either releases it"
+		}
+		return "Held: " + what + "; then the relay hands it to a worker."
 	case idempotency.StatusPending:
 		if j.RunAt.After(time.Now()) {
 			return "Runs at " + j.RunAt.UTC().Format("2006-01-02 15:04:05 UTC") + " (in " + time.Until(j.RunAt).Round(time.Second).String() +

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
+	"github.com/keeljobs/keel/idempotency"
 	"github.com/keeljobs/keel/inspect"
 )
 
@@ -23,12 +25,32 @@ type pausesData struct {
 var pauseFlashes = map[string]string{
 	"paused-queue":          "Paused: no worker starts the queue's jobs; running ones finish.",
 	"paused-queue-already":  "The queue was paused already.",
-	"resumed-queue":         "Resumed: workers take the queue's jobs again.",
+	"resumed-queue":         "Resumed: workers take the queue's jobs again, and those it held go back to the relay, once.",
 	"resumed-queue-already": "The queue was not paused.",
 	"paused-kind":           "Paused: the kind's waiting jobs are held in the ledger; running ones finish.",
 	"paused-kind-already":   "The kind was paused already.",
 	"resumed-kind":          "Resumed: the jobs the kind held go back to the relay, once.",
 	"resumed-kind-already":  "The kind was not paused.",
+}
+
+// pausedBy says which of a held job's pauses still stand.
+type pausedBy struct{ kind, queue bool }
+
+// pausesHolding reads which pauses hold job j (status paused): its kind's,
+// or its queue's when Redis delivered the job without the pause.
+func (s *Server) pausesHolding(ctx context.Context, j idempotency.Job) (pausedBy, error) {
+	var held pausedBy
+	qs, err := s.ops.PausedQueues(ctx)
+	if err != nil {
+		return held, err
+	}
+	ks, err := s.ops.PausedKinds(ctx)
+	if err != nil {
+		return held, err
+	}
+	held.queue = slices.ContainsFunc(qs, func(p inspect.QueuePause) bool { return p.Queue == j.Queue })
+	held.kind = slices.ContainsFunc(ks, func(p inspect.KindPause) bool { return p.Kind == j.Kind })
+	return held, nil
 }
 
 func (s *Server) pauses(w http.ResponseWriter, r *http.Request) {

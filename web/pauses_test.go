@@ -69,7 +69,22 @@ func TestPausesPage(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, res.status)
 	require.Equal(t, idempotency.StatusPaused, b.status(t, j.ID))
 
+	// Its queue paused too: the page names both pauses.
+	res = op.post(t, "/pauses", url.Values{"csrf": {op.token(t)}, "what": {"queue"}, "name": {"default"}, "action": {"pause"}})
+	require.Equal(t, http.StatusSeeOther, res.status, res.body)
+	res = op.get(t, "/jobs/"+j.ID)
+	require.Contains(t, res.body, "its kind order:send_receipt and its queue default are paused")
+
 	res = op.post(t, "/pauses", url.Values{"csrf": {op.token(t)}, "what": {"kind"}, "name": {"order:send_receipt"}, "action": {"resume"}})
+	require.Equal(t, http.StatusSeeOther, res.status, res.body)
+	require.Equal(t, idempotency.StatusPending, b.status(t, j.ID))
+	// Held by its queue alone, as a claim holds a job Redis delivered
+	// without the queue's pause: the queue's resume releases it.
+	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'paused' WHERE id = $1`, j.ID)
+	require.NoError(t, err)
+	res = op.get(t, "/jobs/"+j.ID)
+	require.Contains(t, res.body, "its queue default is paused (see Pauses), and Redis")
+	res = op.post(t, "/pauses", url.Values{"csrf": {op.token(t)}, "what": {"queue"}, "name": {"default"}, "action": {"resume"}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
 	require.Equal(t, idempotency.StatusPending, b.status(t, j.ID))
 	res = op.post(t, "/pauses", url.Values{"csrf": {op.token(t)}, "what": {"queue"}, "name": {"low"}, "action": {"resume"}})

@@ -83,3 +83,46 @@ func TestAPausedQueueStaysPausedThroughAFlushedRedis(t *testing.T) {
 	testworker.WaitStatus(t, e.store, held.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	require.Equal(t, 1, e.effects(t, held.Job.ID))
 }
+
+// A job enqueued into a paused queue after Redis lost the pause, before
+// any reconciler pass has put it back, does not run either: its claim
+// finds the ledger's pause and holds it there, as a paused kind's job is
+// held, and the resume hands it to the relay, which runs it once.
+func TestAPausedQueuesJobWaitsWhileRedisHasLostThePause(t *testing.T) {
+	e := setup(t)
+	depsTables(t, e)
+	ctx := context.Background()
+	mux := tasks.NewMux()
+	tasks.Handle(mux, depKind, depHandler(e.pool, func(context.Context, string) error { return nil }))
+	// No reconciler: the pass that would pause the queue again in Redis is
+	// what has not come yet.
+	testworker.RunServer(t, server.Config{Redis: e.redisOpt(), Pool: e.pool, Concurrency: 4, DisableReconciler: true}, mux)
+
+	ops := e.client.Inspector()
+	changed, err := ops.PauseQueue(ctx, "low", "ops", "the warehouse is closed")
+	require.NoError(t, err)
+	require.True(t, changed)
+	rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
+	defer rdb.Close()
+	require.NoError(t, rdb.FlushAll(ctx).Err())
+
+	held, err := e.client.Enqueue(ctx, depKind.New(item{ID: "after-the-flush"}, tasks.Queue("low")))
+	require.NoError(t, err)
+	require.True(t, held.Published, "published into a queue Redis no longer holds paused")
+	testworker.WaitStatus(t, e.store, held.Job.ID, idempotency.StatusPaused, 20*time.Second)
+	// Held, not postponed: Redis keeps no copy to deliver again and again.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return rdb.Exists(ctx, asynqwire.TaskKey("low", held.Job.ID)).Val() == 0
+	}, "the held job's task is still in Redis")
+	other, err := e.client.Enqueue(ctx, depKind.New(item{ID: "elsewhere"}, tasks.Queue("default")))
+	require.NoError(t, err)
+	testworker.WaitStatus(t, e.store, other.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, held.Job.ID), "a paused queue's job started")
+
+	changed, err = ops.ResumeQueue(ctx, "low", "ops", "open again")
+	require.NoError(t, err)
+	require.True(t, changed)
+	testworker.WaitStatus(t, e.store, held.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.Equal(t, 1, e.effects(t, held.Job.ID))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, held.Job.ID))
+}

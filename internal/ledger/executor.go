@@ -65,7 +65,7 @@ free AS (
 	  AND (status IN ('pending', 'failed') OR (status = 'running' AND lease_until < now()))
 	  AND (attempts <= max_retry + extra_runs OR (` + crashedBesideOthers + `))
 	  AND ` + keyFreeSQL + `
-	  AND ` + kindNotPausedSQL + `
+	  AND ` + notPausedSQL + `
 	FOR UPDATE SKIP LOCKED),
 c AS (
 	UPDATE keel_jobs j SET status = 'running', lease_holder = $1, last_holder = $1,
@@ -159,21 +159,27 @@ func Round(ctx context.Context, db DB, a RoundArgs, fn func(Claimed)) error {
 const keyFreeSQL = `NOT EXISTS (SELECT 1 FROM keel_jobs o WHERE o.stray_until IS NOT NULL AND o.stray_until > now()
 	AND o.kind = keel_jobs.kind AND o.business_key = keel_jobs.business_key || '#' || o.id)`
 
-// kindNotPausedSQL is the claim's condition that the job's kind is not
-// paused; the claimed row is keel_jobs. A crashed run's job (running, its
+// notPausedSQL is the claim's condition that neither the job's kind nor
+// its queue is paused in the ledger; the claimed row is keel_jobs. asynq
+// delivers nothing from a queue paused in Redis, but a Redis that lost its
+// data has lost the pause until a reconciler pass puts it back, and a
+// delivery can pass a pause being made. A crashed run's job (running, its
 // lease expired) is claimed all the same: that run began before the pause,
 // and its crash is counted as always.
-const kindNotPausedSQL = `(status = 'running' OR NOT EXISTS (SELECT 1 FROM keel_kind_pauses p WHERE p.kind = keel_jobs.kind))`
+const notPausedSQL = `(status = 'running' OR (NOT EXISTS (SELECT 1 FROM keel_kind_pauses p WHERE p.kind = keel_jobs.kind)
+	AND NOT EXISTS (SELECT 1 FROM keel_pauses q WHERE q.queue = keel_jobs.queue)))`
 
 // unclaimedSQL holds those of the jobs that the claim left because their
-// kind is paused (status 'paused', see kindpauses.go; one that another
-// transaction has locked is looked at again later) and reads why the
-// others could not be claimed: the rare path. The kinds' pause rows are
+// kind or queue is paused (status 'paused', see kindpauses.go; one that
+// another transaction has locked is looked at again later) and reads why
+// the others could not be claimed: the rare path. The pause rows are
 // locked first, so a resume's release sees these holds.
-const unclaimedSQL = `WITH p AS MATERIALIZED (SELECT kind FROM keel_kind_pauses
-	WHERE kind = ANY (ARRAY (SELECT kind FROM keel_jobs WHERE id = ANY($1))) FOR SHARE),
+const unclaimedSQL = `WITH a AS MATERIALIZED (SELECT kind, queue FROM keel_jobs WHERE id = ANY($1)),
+p AS MATERIALIZED (SELECT kind FROM keel_kind_pauses WHERE kind = ANY (ARRAY (SELECT kind FROM a)) FOR SHARE),
+q AS MATERIALIZED (SELECT queue FROM keel_pauses WHERE queue = ANY (ARRAY (SELECT queue FROM a)) FOR SHARE),
 h AS (UPDATE keel_jobs SET status = 'paused', updated_at = now() WHERE id IN (
-	SELECT id FROM keel_jobs WHERE id = ANY($1) AND status IN ('pending', 'failed') AND kind IN (SELECT kind FROM p)
+	SELECT id FROM keel_jobs WHERE id = ANY($1) AND status IN ('pending', 'failed')
+		AND (kind IN (SELECT kind FROM p) OR queue IN (SELECT queue FROM q))
 	FOR UPDATE SKIP LOCKED)
 	RETURNING id)
 SELECT id, CASE WHEN id IN (SELECT id FROM h) THEN 'paused' ELSE status END, attempts, coalesce(lease_until, now()),
@@ -196,7 +202,7 @@ type Unclaimed struct {
 	Exhausted bool
 }
 
-// ReadUnclaimed holds those of ids whose kind is paused and reads why the
+// ReadUnclaimed holds those of ids whose kind or queue is paused and reads why the
 // claims of ids did not take.
 func ReadUnclaimed(ctx context.Context, db DB, ids []string, fn func(Unclaimed)) error {
 	rows, err := db.Query(ctx, unclaimedSQL, ids)

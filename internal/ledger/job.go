@@ -20,8 +20,8 @@ const (
 	// publishes it until the last one does (see deps.go).
 	StatusWaiting Status = "waiting"
 	StatusPending Status = "pending"
-	// StatusPaused: the job's kind is paused; it waits in the ledger,
-	// neither published nor claimed, until the kind resumes.
+	// StatusPaused: the job's kind or queue is paused; it waits in the
+	// ledger, neither published nor claimed, until the pause ends.
 	StatusPaused    Status = "paused"
 	StatusRunning   Status = "running"
 	StatusSucceeded Status = "succeeded"

@@ -112,48 +112,68 @@ func TestKindPauses(t *testing.T) {
 }
 
 // A hold that commits while a resume runs is released by that resume: the
-// hold locks the kind's pause row, so the resume's delete waits for it and
-// its release then sees the held job. Without the lock the job would stay
-// held with no pause left to resume.
+// hold locks the pause row (its kind's, or its queue's), so the resume's
+// delete waits for it and its release then sees the held job. Without the
+// lock the job would stay held with no pause left to resume.
 func TestAHoldDuringAResumeIsReleased(t *testing.T) {
-	pool, _ := testenv.PrivatePool(t)
-	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, run_at)
-		VALUES ('j1', 'mail', 'k1', 'default', '\x7b7d', 3, 'pending', now(), now())`)
-	require.NoError(t, err)
-	_, err = ledger.PauseKind(ctx, pool, "mail", "ops", "")
-	require.NoError(t, err)
-
-	// A delivery's claim did not take; its hold is not committed yet.
-	hold, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer hold.Rollback(ctx) //nolint:errcheck
-	var why []ledger.Unclaimed
-	require.NoError(t, ledger.ReadUnclaimed(ctx, hold, []string{"j1"}, func(u ledger.Unclaimed) { why = append(why, u) }))
-	require.Equal(t, ledger.StatusPaused, why[0].Status)
-	var holdPID int
-	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
-
-	resumed := make(chan error, 1)
-	go func() {
-		resumed <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	for _, c := range []struct {
+		what   string
+		pause  func(ctx context.Context, db ledger.DB) error
+		resume func(ctx context.Context, tx pgx.Tx) error
+	}{
+		{"kind", func(ctx context.Context, db ledger.DB) error {
+			_, err := ledger.PauseKind(ctx, db, "mail", "ops", "")
+			return err
+		}, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := ledger.ResumeKind(ctx, tx, "mail", "ops", ""); err != nil {
 				return err
 			}
 			_, err := ledger.ReleaseKind(ctx, tx, "mail")
 			return err
+		}},
+		{"queue", func(ctx context.Context, db ledger.DB) error {
+			_, err := ledger.PauseQueue(ctx, db, "default", "ops", "")
+			return err
+		}, func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := ledger.ResumeQueue(ctx, tx, "default", "ops", ""); err != nil {
+				return err
+			}
+			_, err := ledger.ReleaseQueue(ctx, tx, "default")
+			return err
+		}},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			pool, _ := testenv.PrivatePool(t)
+			ctx := context.Background()
+			_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, run_at)
+				VALUES ('j1', 'mail', 'k1', 'default', '\x7b7d', 3, 'pending', now(), now())`)
+			require.NoError(t, err)
+			require.NoError(t, c.pause(ctx, pool))
+
+			// A delivery's claim did not take; its hold is not committed yet.
+			hold, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer hold.Rollback(ctx) //nolint:errcheck
+			var why []ledger.Unclaimed
+			require.NoError(t, ledger.ReadUnclaimed(ctx, hold, []string{"j1"}, func(u ledger.Unclaimed) { why = append(why, u) }))
+			require.Equal(t, ledger.StatusPaused, why[0].Status)
+			var holdPID int
+			require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
+
+			resumed := make(chan error, 1)
+			go func() { resumed <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.resume(ctx, tx) }) }()
+			// The resume waits for the hold's lock on the pause row.
+			testenv.Eventually(t, 10*time.Second, func() bool {
+				var waiting bool
+				require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE $1 = ANY (pg_blocking_pids(pid)))`, holdPID).Scan(&waiting))
+				return waiting
+			}, "the resume did not wait for the hold")
+			require.NoError(t, hold.Commit(ctx))
+			require.NoError(t, <-resumed)
+			var st string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = 'j1'`).Scan(&st))
+			require.Equal(t, "pending", st)
 		})
-	}()
-	// The resume waits for the hold's lock on the pause row.
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE $1 = ANY (pg_blocking_pids(pid)))`, holdPID).Scan(&waiting))
-		return waiting
-	}, "the resume did not wait for the hold")
-	require.NoError(t, hold.Commit(ctx))
-	require.NoError(t, <-resumed)
-	var st string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = 'j1'`).Scan(&st))
-	require.Equal(t, "pending", st)
+	}
 }

@@ -8,7 +8,10 @@ import (
 )
 
 // Paused queues (keel_pauses, migration 0026): the ledger's record of a
-// person's pause, which reconcilers apply to Redis.
+// person's pause, which reconcilers apply to Redis. A job delivered from a
+// queue the ledger holds paused (Redis lost the pause, or the delivery
+// passed it being made) is held at its claim as a paused kind's job is
+// (see kindpauses.go), and its queue's resume releases it.
 
 // Pause is a queue a person paused.
 type Pause struct {
@@ -36,10 +39,25 @@ INSERT INTO keel_audit (job_id, action, actor, note) SELECT '', 'resume-queue:' 
 
 // ResumeQueue deletes queue's pause, and reports whether there was one.
 // Run in the transaction that lifts the pause in Redis before it commits:
-// the deleted row stays locked until then (see PausesToApply).
+// the deleted row stays locked until then (see PausesToApply). Release the
+// queue's held jobs next (ReleaseQueue), in a statement of its own in the
+// same transaction.
 func ResumeQueue(ctx context.Context, db DB, queue, actor, note string) (bool, error) {
 	tag, err := db.Exec(ctx, resumeSQL, queue, actor, note)
 	return tag.RowsAffected() == 1, err
+}
+
+// releaseQueueSQL hands a resumed queue's held jobs to the relay, as
+// releaseKindSQL does a kind's. One whose kind is still paused is held
+// again at its claim.
+const releaseQueueSQL = `UPDATE keel_jobs SET status = 'pending', published_at = NULL, updated_at = now()
+	WHERE queue = $1 AND status = 'paused'`
+
+// ReleaseQueue makes queue's held jobs pending for the relay and returns
+// how many; notify the relay in the same transaction.
+func ReleaseQueue(ctx context.Context, db DB, queue string) (int64, error) {
+	tag, err := db.Exec(ctx, releaseQueueSQL, queue)
+	return tag.RowsAffected(), err
 }
 
 const pausesSQL = `SELECT queue, paused_at, paused_by, note FROM keel_pauses ORDER BY queue`
