@@ -205,8 +205,9 @@ func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string) er
 }
 
 // activeGrace is how long a replay waits for asynq to let go of a task its
-// worker is finishing (see deleteTask).
-const activeGrace = 2 * time.Second
+// worker is finishing (see deleteTask): moments on a quiet host, seconds on
+// a busy one, where a replay made as soon as the job died was refused.
+const activeGrace = 5 * time.Second
 
 // stopInRedis removes a cancelled job's task from asynq, or, when a worker
 // has it (running in the ledger, or just dequeued), asks asynq to cancel its
