@@ -65,10 +65,14 @@ func queueCmd(e *Env) *cobra.Command {
 				// RedisOnly: paused in Redis by asynq's own tools, not
 				// through keel; a Redis that loses its data forgets it.
 				RedisOnly bool `json:"paused_in_redis_only,omitempty"`
-				Pending   int  `json:"pending"`
-				Active    int  `json:"active"`
-				Scheduled int  `json:"scheduled"`
-				Retry     int  `json:"retry"`
+				// Held: the queue's jobs keel holds in the ledger, which
+				// Redis delivered while it had lost the pause; the resume
+				// hands them to the relay.
+				Held      int64 `json:"held,omitempty"`
+				Pending   int   `json:"pending"`
+				Active    int   `json:"active"`
+				Scheduled int   `json:"scheduled"`
+				Retry     int   `json:"retry"`
 			}
 			rows := make([]row, 0, len(names))
 			for _, q := range names {
@@ -78,7 +82,7 @@ func queueCmd(e *Env) *cobra.Command {
 				}
 				if p, ok := byName[q]; ok {
 					at := p.PausedAt
-					r.PausedBy, r.PausedAt, r.Note = p.PausedBy, &at, p.Note
+					r.PausedBy, r.PausedAt, r.Note, r.Held = p.PausedBy, &at, p.Note, p.Held
 				} else if r.Paused {
 					r.RedisOnly = true
 				}
@@ -98,6 +102,9 @@ func queueCmd(e *Env) *cobra.Command {
 					paused = fmt.Sprintf("by %s %s", oneRow(r.PausedBy), r.PausedAt.Format(time.RFC3339))
 					if r.Note != "" {
 						paused += ": " + oneRow(r.Note)
+					}
+					if r.Held > 0 {
+						paused += fmt.Sprintf(" (and %d held in the ledger)", r.Held)
 					}
 				}
 				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", oneRow(r.Queue), r.Pending, r.Active, r.Scheduled, r.Retry, paused)

@@ -19,7 +19,7 @@ func TestQueueCommands(t *testing.T) {
 	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool})
 	require.NoError(t, err)
 	defer client.Close()
-	_, err = client.Enqueue(ctx, Greet.New(Greeting{Name: "ada"}))
+	ada, err := client.Enqueue(ctx, Greet.New(Greeting{Name: "ada"}))
 	require.NoError(t, err)
 	_, err = client.Enqueue(ctx, Greet.New(Greeting{Name: "bo"}, tasks.Queue("low")))
 	require.NoError(t, err)
@@ -36,11 +36,16 @@ func TestQueueCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "queue default: paused already\n", out)
 	require.NoError(t, insp.PauseQueue("low")) // asynq's own tools
+	// A job Redis delivered while it had lost the pause, held at its claim.
+	held, err := client.Enqueue(ctx, Greet.New(Greeting{Name: "cy"}))
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'paused' WHERE id = $1`, held.Job.ID)
+	require.NoError(t, err)
 
 	out, _, err = e.greeter(t, "", "queue", "ls")
 	require.NoError(t, err)
 	require.Regexp(t, `QUEUE\s+PENDING\s+ACTIVE\s+SCHEDULED\s+RETRY\s+PAUSED\n`, out)
-	require.Regexp(t, `default\s+1\s+0\s+0\s+0\s+by ops:ann \S+: supplier outage\n`, out)
+	require.Regexp(t, `default\s+2\s+0\s+0\s+0\s+by ops:ann \S+: supplier outage \(and 1 held in the ledger\)\n`, out)
 	require.Regexp(t, `low\s+1\s+0\s+0\s+0\s+in Redis only`, out)
 	out, _, err = e.greeter(t, "", "queue", "ls", "--json")
 	require.NoError(t, err)
@@ -49,11 +54,13 @@ func TestQueueCommands(t *testing.T) {
 		Paused    bool   `json:"paused"`
 		PausedBy  string `json:"paused_by"`
 		RedisOnly bool   `json:"paused_in_redis_only"`
+		Held      int64  `json:"held"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &rows))
 	require.Len(t, rows, 2)
 	require.True(t, rows[0].Paused)
 	require.Equal(t, "ops:ann", rows[0].PausedBy)
+	require.Equal(t, int64(1), rows[0].Held)
 	require.True(t, rows[1].RedisOnly)
 
 	out, _, err = e.greeter(t, "", "queue", "resume", "default", "--json")
@@ -62,6 +69,11 @@ func TestQueueCommands(t *testing.T) {
 	info, err = insp.GetQueueInfo("default")
 	require.NoError(t, err)
 	require.False(t, info.Paused)
+	var st string
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = $1`, held.Job.ID).Scan(&st))
+	require.Equal(t, "pending", st, "the resume released the held job")
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = $1`, ada.Job.ID).Scan(&st))
+	require.Equal(t, "pending", st)
 	_, _, err = e.greeter(t, "", "queue", "pause", "no such queue!")
 	require.ErrorContains(t, err, "queue")
 }

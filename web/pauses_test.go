@@ -84,6 +84,8 @@ func TestPausesPage(t *testing.T) {
 	require.NoError(t, err)
 	res = op.get(t, "/jobs/"+j.ID)
 	require.Contains(t, res.body, "its queue default is paused (see Pauses), and Redis")
+	res = op.get(t, "/pauses")
+	require.Regexp(t, `id="queue-default">\s*<td><code>default</code></td><td class="held">1</td>`, res.body)
 	res = op.post(t, "/pauses", url.Values{"csrf": {op.token(t)}, "what": {"queue"}, "name": {"default"}, "action": {"resume"}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
 	require.Equal(t, idempotency.StatusPending, b.status(t, j.ID))

@@ -19,6 +19,9 @@ type Pause struct {
 	PausedAt time.Time
 	PausedBy string
 	Note     string
+	// Held counts the queue's jobs waiting in the ledger as paused:
+	// delivered while Redis had lost the pause (Pauses only).
+	Held int64
 }
 
 // pauseSQL records a pause and audits it in one statement; a queue paused
@@ -60,19 +63,26 @@ func ReleaseQueue(ctx context.Context, db DB, queue string) (int64, error) {
 	return tag.RowsAffected(), err
 }
 
-const pausesSQL = `SELECT queue, paused_at, paused_by, note FROM keel_pauses ORDER BY queue`
+// pausesSQL reads the paused queues with the number of jobs each holds,
+// from the held jobs' index.
+const pausesSQL = `SELECT p.queue, p.paused_at, p.paused_by, p.note,
+	(SELECT count(*) FROM keel_jobs j WHERE j.status = 'paused' AND j.queue = p.queue)
+	FROM keel_pauses p ORDER BY p.queue`
 
-// Pauses returns the paused queues, by name.
+// Pauses returns the paused queues, by name, with the number of jobs each
+// holds.
 func Pauses(ctx context.Context, db DB) ([]Pause, error) {
 	return pauses(ctx, db, pausesSQL)
 }
+
+const pausesToApplySQL = `SELECT queue, paused_at, paused_by, note, 0::bigint FROM keel_pauses ORDER BY queue FOR KEY SHARE`
 
 // PausesToApply returns the paused queues as Pauses does, each row locked
 // until tx ends: a resume (ResumeQueue, whose delete waits for the lock)
 // then lifts the pause in Redis only after tx's holder has applied it
 // there, and a holder that locks after a resume finds no row to apply.
 func PausesToApply(ctx context.Context, tx pgx.Tx) ([]Pause, error) {
-	return pauses(ctx, tx, pausesSQL+` FOR KEY SHARE`)
+	return pauses(ctx, tx, pausesToApplySQL)
 }
 
 func pauses(ctx context.Context, db DB, sql string) ([]Pause, error) {
