@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/keeljobs/keel/metrics"
+	"github.com/keeljobs/keel/server"
 )
 
 // exported returns every series name keel's collectors can produce,
@@ -27,7 +28,7 @@ func exported(t *testing.T) map[string]bool {
 	reg := prometheus.NewRegistry()
 	// A declared kind: its counters are gathered before any job ran.
 	w, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg, DuplicatesSkipped: func() uint64 { return 0 },
-		Kinds: []metrics.Kind{{Name: "k", Queue: "default"}}})
+		Guard: func() server.GuardStats { return server.GuardStats{} }, Kinds: []metrics.Kind{{Name: "k", Queue: "default"}}})
 	require.NoError(t, err)
 	names := map[string]bool{}
 	// The Ledger is only described, never collected: no database needed.

@@ -178,7 +178,7 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 		kindPaused: prometheus.NewDesc("keel_kind_paused",
 			"1 for each kind the ledger holds paused (keel kind pause).", []string{"kind"}, nil),
 		kindHeld: prometheus.NewDesc("keel_kind_paused_jobs",
-			"Jobs held in the ledger because their kind is paused, by kind: they run when it resumes.", []string{"kind"}, nil),
+			"Jobs held in the ledger because their kind is paused (or their queue, which Redis delivered them without), by kind: they run when the pause ends.", []string{"kind"}, nil),
 		held: prometheus.NewDesc("keel_concurrency_held_jobs",
 			"Jobs held for a slot of their concurrency key (tasks.ConcurrencyKey), by kind.", []string{"kind"}, nil),
 		heldKeys: prometheus.NewDesc("keel_concurrency_held_keys",

@@ -37,7 +37,7 @@ func TestLedgerReportsPauses(t *testing.T) {
 # HELP keel_kind_paused 1 for each kind the ledger holds paused (keel kind pause).
 # TYPE keel_kind_paused gauge
 keel_kind_paused{kind="export"} 1
-# HELP keel_kind_paused_jobs Jobs held in the ledger because their kind is paused, by kind: they run when it resumes.
+# HELP keel_kind_paused_jobs Jobs held in the ledger because their kind is paused (or their queue, which Redis delivered them without), by kind: they run when the pause ends.
 # TYPE keel_kind_paused_jobs gauge
 keel_kind_paused_jobs{kind="export"} 2
 # HELP keel_queue_paused_by_keel 1 for each queue the ledger holds paused (keel queue pause); a reconciler pass pauses it in Redis.

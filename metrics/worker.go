@@ -207,6 +207,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help},
 				func() float64 { return float64(read(gs())) }))
 		}
+		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_handlers_hung",
+			Help: "Handlers keel gave up (timed out, cancelled, interrupted) that still run, ignoring their context; only a restart of the worker ends one that never returns."},
+			func() float64 { return float64(gs().HungHandlers) }))
 	}
 	for _, c := range cs {
 		if err := cfg.Registerer.Register(c); err != nil {

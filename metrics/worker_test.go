@@ -127,12 +127,13 @@ func histogramCount(t *testing.T, g prometheus.Gatherer, name string) int {
 func TestWorkerExportsGivenUpRuns(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	stats := server.GuardStats{Overran: 2, Interrupted: 3, Crashed: 1}
+	stats := server.GuardStats{Overran: 2, Interrupted: 3, Crashed: 1, HungHandlers: 4}
 	_, err := metrics.NewWorker(metrics.WorkerConfig{Registerer: reg, Guard: func() server.GuardStats { return stats }})
 	require.NoError(t, err)
 	require.Equal(t, 2.0, gatherValue(t, reg, "keel_handlers_overran_total", nil))
 	require.Equal(t, 3.0, gatherValue(t, reg, "keel_runs_interrupted_total", nil))
 	require.Equal(t, 1.0, gatherValue(t, reg, "keel_poison_jobs_retired_total", nil))
+	require.Equal(t, 4.0, gatherValue(t, reg, "keel_handlers_hung", nil))
 }
 
 var declared = []metrics.Kind{

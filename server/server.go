@@ -542,7 +542,7 @@ func Log(log *slog.Logger) func(asynq.Handler) asynq.Handler {
 			case outcome.GivenUp:
 				level, msg = slog.LevelWarn, "keel: job given up"
 			case outcome.Held:
-				msg, withErr = "keel: job held: its kind is paused", false
+				msg, withErr = "keel: job held: its kind or queue is paused", false
 			case outcome.Retired:
 				level, msg, withErr = slog.LevelWarn, "keel: job retired as a poison job", false
 			default:

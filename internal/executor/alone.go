@@ -183,6 +183,13 @@ func (g *aloneGate) draining(id string) bool {
 	return true
 }
 
+// hung is how many runs keel gave up still run their handlers.
+func (g *aloneGate) hung() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.zombies
+}
+
 // reserve makes the worker drain for job id, whose run could not run alone
 // because the others did not finish in time: nothing else starts here
 // until its run comes back and runs, for at most aloneDrain.

@@ -380,8 +380,10 @@ func TestHungHandlerIsGivenUp(t *testing.T) {
 	require.Equal(t, 2, j.Attempts, "a MaxRetry(1) job runs twice")
 	require.Contains(t, j.LastError, "after its deadline")
 	require.EqualValues(t, 2, srv.Guard().Stats().Overran)
+	require.Equal(t, 2, srv.Guard().Stats().HungHandlers, "both attempts' handlers still run")
 
 	free()
+	require.Zero(t, srv.Guard().Stats().HungHandlers, "the hung handlers returned")
 	for attempt := 1; attempt <= 2; attempt++ {
 		v, ok := lateErrs.Load(attempt)
 		require.True(t, ok, "attempt %d's goroutine never returned", attempt)

@@ -286,8 +286,16 @@ type GuardStats struct {
 	// run at a delivery soon after (a slow ledger, not a refusing one).
 	LateClaims uint64
 	// Held counts deliveries acknowledged unrun because their job's kind
-	// is paused (the ledger holds the job until the kind resumes).
+	// or queue is paused in the ledger (which holds the job until the
+	// pause ends).
 	Held uint64
+	// HungHandlers is how many handlers keel gave up (timed out, cancelled,
+	// interrupted, their lease lost) still run on this worker, ignoring
+	// their context: each holds a goroutine and whatever it took, and a
+	// crashed job's last run, which must run alone, is handed to other
+	// workers while one goes on. Only a restart of the worker ends a
+	// handler that never returns.
+	HungHandlers int
 }
 
 // Guard is the ledger middleware: it claims each delivery's job with a lease
@@ -445,7 +453,7 @@ func (g *Guard) Stats() GuardStats {
 		LedgerErrors: g.stats.ledgerErrs.Load(), RenewalsMissed: g.stats.renewalsMissed.Load(), Overran: g.stats.overran.Load(),
 		Interrupted: g.stats.interrupted.Load(), Crashed: g.stats.crashed.Load(), Cancelled: g.stats.cancelled.Load(),
 		Expired: g.stats.expired.Load(), ProgressWrites: g.stats.progressWrites.Load(), LateClaims: g.stats.lateClaims.Load(),
-		Held: g.stats.held.Load(),
+		Held: g.stats.held.Load(), HungHandlers: g.gate.hung(),
 	}
 }
 
@@ -513,8 +521,9 @@ const (
 	// claimExhausted: the job is claimable but its budget is used up by
 	// runs that ended without an outcome; it must retire, not run.
 	claimExhausted
-	// claimHeld: the job's kind is paused; the ledger holds the job until
-	// the kind resumes, and the delivery is acknowledged unrun.
+	// claimHeld: the job's kind or queue is paused in the ledger; the
+	// ledger holds the job until the pause ends, and the delivery is
+	// acknowledged unrun.
 	claimHeld
 )
 
