@@ -105,9 +105,10 @@ func judge(ctx context.Context, db ledger.DB, a Action, ids []string) ([]outcome
 // cancel's after.
 func (in *Inspector) act(ctx context.Context, a Action, ids []string, actor, note string) ([]outcome, error) {
 	out := make([]outcome, 0, len(ids))
+	graceUntil := time.Now().Add(activeGrace)
 	for start := 0; start < len(ids); start += pageSize {
 		page := ids[start:min(start+pageSize, len(ids))]
-		os, err := in.actPage(ctx, a, page, actor, note)
+		os, err := in.actPage(ctx, a, page, actor, note, graceUntil)
 		if err != nil {
 			return out, err
 		}
@@ -116,7 +117,10 @@ func (in *Inspector) act(ctx context.Context, a Action, ids []string, actor, not
 	return out, nil
 }
 
-func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor, note string) ([]outcome, error) {
+// graceUntil bounds the waits of a whole action for asynq to let go of
+// tasks (deleteTask): a replay of many jobs does not wait for each in turn
+// while it holds their rows locked.
+func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor, note string, graceUntil time.Time) ([]outcome, error) {
 	var os []outcome
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
 		if err := ledger.LockJobs(ctx, tx, ids); err != nil {
@@ -132,7 +136,7 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 				continue
 			}
 			if a == ActionReplay && in.insp != nil {
-				if os[i].err = deleteTask(ctx, in.insp, os[i].queue, os[i].id); os[i].err != nil {
+				if os[i].err = deleteTask(ctx, in.insp, os[i].queue, os[i].id, graceUntil); os[i].err != nil {
 					continue
 				}
 			}
@@ -183,10 +187,8 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 // running cannot be removed: a worker that died running it holds it until
 // asynq's lease on it lapses and asynq takes it back. A worker that has
 // just recorded the job's death lets go of it within moments, so an active
-// task is looked at again for up to activeGrace before the replay is
-// refused.
-func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string) error {
-	deadline := time.Now().Add(activeGrace)
+// task is looked at again until graceUntil before the replay is refused.
+func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string, graceUntil time.Time) error {
 	for {
 		err := insp.DeleteTask(queue, id)
 		if err == nil || errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
@@ -196,7 +198,7 @@ func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string) er
 		if ierr != nil || info.State != asynq.TaskStateActive {
 			return fmt.Errorf("keel: remove the task of job %s from asynq: %w", id, err)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if time.Now().After(graceUntil) || ctx.Err() != nil {
 			return fmt.Errorf("%w (job %s; the worker that ran it may have died, and asynq takes the task back once "+
 				"its lease lapses, within about a minute): try again then", ErrTaskActive, id)
 		}
@@ -204,9 +206,10 @@ func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string) er
 	}
 }
 
-// activeGrace is how long a replay waits for asynq to let go of a task its
-// worker is finishing (see deleteTask): moments on a quiet host, seconds on
-// a busy one, where a replay made as soon as the job died was refused.
+// activeGrace is how long a replay (of one job or many, in all) waits for
+// asynq to let go of tasks their workers are finishing (see deleteTask):
+// moments on a quiet host, seconds on a busy one, where a replay made as
+// soon as the job died was refused.
 const activeGrace = 5 * time.Second
 
 // stopInRedis removes a cancelled job's task from asynq, or, when a worker

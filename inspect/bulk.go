@@ -109,6 +109,7 @@ func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, no
 	}
 	ids = distinct(ids)
 	res := BulkResult{Matched: len(ids), Unchanged: map[string]string{}, Failed: map[string]error{}}
+	graceUntil := time.Now().Add(activeGrace)
 	for start := 0; start < len(ids); start += pageSize {
 		if err := ctx.Err(); err != nil {
 			for _, id := range ids[start:] {
@@ -117,7 +118,7 @@ func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, no
 			return res, err
 		}
 		page := ids[start:min(start+pageSize, len(ids))]
-		os, err := in.actPage(ctx, a, page, actor, note)
+		os, err := in.actPage(ctx, a, page, actor, note, graceUntil)
 		if err != nil {
 			for _, id := range page {
 				res.Failed[id] = err

@@ -371,12 +371,8 @@ func (l *Ledger) readLedger(ctx context.Context, s *Snapshot) error {
 	if s.Waiting, err = ledger.WaitingByKind(ctx, l.cfg.Pool); err != nil {
 		return fmt.Errorf("keel: reading waiting jobs: %w", err)
 	}
-	queues, err := ledger.Pauses(ctx, l.cfg.Pool)
-	if err != nil {
+	if s.PausedQueues, err = ledger.PausedQueues(ctx, l.cfg.Pool); err != nil {
 		return fmt.Errorf("keel: reading paused queues: %w", err)
-	}
-	for _, q := range queues {
-		s.PausedQueues = append(s.PausedQueues, q.Queue)
 	}
 	kinds, err := ledger.KindPauses(ctx, l.cfg.Pool)
 	if err != nil {

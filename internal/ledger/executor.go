@@ -173,10 +173,13 @@ const notPausedSQL = `(status = 'running' OR (NOT EXISTS (SELECT 1 FROM keel_kin
 // kind or queue is paused (status 'paused', see kindpauses.go; one that
 // another transaction has locked is looked at again later) and reads why
 // the others could not be claimed: the rare path. The pause rows are
-// locked first, so a resume's release sees these holds.
+// locked first, so a resume's release sees these holds. One a resume is
+// deleting is skipped, not waited for (the worker's claims and completions
+// would wait with it, for the resume's Redis call): its job is not held,
+// and its delivery, busy, is looked at again shortly.
 const unclaimedSQL = `WITH a AS MATERIALIZED (SELECT kind, queue FROM keel_jobs WHERE id = ANY($1)),
-p AS MATERIALIZED (SELECT kind FROM keel_kind_pauses WHERE kind = ANY (ARRAY (SELECT kind FROM a)) FOR SHARE),
-q AS MATERIALIZED (SELECT queue FROM keel_pauses WHERE queue = ANY (ARRAY (SELECT queue FROM a)) FOR SHARE),
+p AS MATERIALIZED (SELECT kind FROM keel_kind_pauses WHERE kind = ANY (ARRAY (SELECT kind FROM a)) FOR SHARE SKIP LOCKED),
+q AS MATERIALIZED (SELECT queue FROM keel_pauses WHERE queue = ANY (ARRAY (SELECT queue FROM a)) FOR SHARE SKIP LOCKED),
 h AS (UPDATE keel_jobs SET status = 'paused', updated_at = now() WHERE id IN (
 	SELECT id FROM keel_jobs WHERE id = ANY($1) AND status IN ('pending', 'failed')
 		AND (kind IN (SELECT kind FROM p) OR queue IN (SELECT queue FROM q))

@@ -177,3 +177,43 @@ func TestAHoldDuringAResumeIsReleased(t *testing.T) {
 		})
 	}
 }
+
+// A delivery of a job whose pause a resume is deleting does not wait for
+// the resume to commit (the worker's whole ledger loop would wait with it,
+// for the resume's Redis call): the job is not held, and the delivery,
+// busy, is looked at again.
+func TestAHoldDoesNotWaitForAResume(t *testing.T) {
+	pool, _ := testenv.PrivatePool(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, run_at)
+		VALUES ('j1', 'mail', 'k1', 'default', '\x7b7d', 3, 'pending', now(), now()),
+		       ('j2', 'sms', 'k2', 'low', '\x7b7d', 3, 'pending', now(), now())`)
+	require.NoError(t, err)
+	_, err = ledger.PauseKind(ctx, pool, "mail", "ops", "")
+	require.NoError(t, err)
+	_, err = ledger.PauseQueue(ctx, pool, "low", "ops", "")
+	require.NoError(t, err)
+
+	resume, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer resume.Rollback(ctx) //nolint:errcheck
+	_, err = ledger.ResumeKind(ctx, resume, "mail", "ops", "")
+	require.NoError(t, err)
+	_, err = ledger.ResumeQueue(ctx, resume, "low", "ops", "")
+	require.NoError(t, err)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	// A wait for the resume's locks ends in an error, not a hung test.
+	_, err = conn.Exec(ctx, `SET lock_timeout = '5s'`)
+	require.NoError(t, err)
+	var why []ledger.Unclaimed
+	require.NoError(t, ledger.ReadUnclaimed(ctx, conn, []string{"j1", "j2"}, func(u ledger.Unclaimed) { why = append(why, u) }))
+	require.Len(t, why, 2)
+	for _, u := range why {
+		require.Equal(t, ledger.StatusPending, u.Status, "job %s held though its pause is being resumed", u.ID)
+	}
+	_, err = conn.Exec(ctx, `RESET lock_timeout`)
+	require.NoError(t, err)
+}

@@ -19,8 +19,9 @@ type Pause struct {
 	PausedAt time.Time
 	PausedBy string
 	Note     string
-	// Held counts the queue's jobs waiting in the ledger as paused:
-	// delivered while Redis had lost the pause (Pauses only).
+	// Held counts the queue's jobs held in the ledger (delivered while
+	// Redis had lost the pause) that its resume releases: not those whose
+	// kind is paused too (Pauses only).
 	Held int64
 }
 
@@ -50,11 +51,17 @@ func ResumeQueue(ctx context.Context, db DB, queue, actor, note string) (bool, e
 	return tag.RowsAffected() == 1, err
 }
 
+// queueHeldSQL: the held jobs of queue $1 that its resume releases, and
+// pausesSQL counts: not those whose kind is paused too, which its kind's
+// resume releases (all its held jobs, so a kind resumed meanwhile leaves
+// none behind).
+const queueHeldSQL = `keel_jobs.queue = $1 AND keel_jobs.status = 'paused'
+	AND NOT EXISTS (SELECT 1 FROM keel_kind_pauses k WHERE k.kind = keel_jobs.kind)`
+
 // releaseQueueSQL hands a resumed queue's held jobs to the relay, as
-// releaseKindSQL does a kind's. One whose kind is still paused is held
-// again at its claim.
+// releaseKindSQL does a kind's.
 const releaseQueueSQL = `UPDATE keel_jobs SET status = 'pending', published_at = NULL, updated_at = now()
-	WHERE queue = $1 AND status = 'paused'`
+	WHERE ` + queueHeldSQL
 
 // ReleaseQueue makes queue's held jobs pending for the relay and returns
 // how many; notify the relay in the same transaction.
@@ -63,16 +70,29 @@ func ReleaseQueue(ctx context.Context, db DB, queue string) (int64, error) {
 	return tag.RowsAffected(), err
 }
 
-// pausesSQL reads the paused queues with the number of jobs each holds,
-// from the held jobs' index.
+// pausesSQL reads the paused queues with the number of held jobs each
+// resume would release (queueHeldSQL), from the held jobs' index.
 const pausesSQL = `SELECT p.queue, p.paused_at, p.paused_by, p.note,
-	(SELECT count(*) FROM keel_jobs j WHERE j.status = 'paused' AND j.queue = p.queue)
+	(SELECT count(*) FROM keel_jobs j WHERE j.queue = p.queue AND j.status = 'paused'
+		AND NOT EXISTS (SELECT 1 FROM keel_kind_pauses k WHERE k.kind = j.kind))
 	FROM keel_pauses p ORDER BY p.queue`
 
 // Pauses returns the paused queues, by name, with the number of jobs each
 // holds.
 func Pauses(ctx context.Context, db DB) ([]Pause, error) {
 	return pauses(ctx, db, pausesSQL)
+}
+
+const pausedQueuesSQL = `SELECT queue FROM keel_pauses ORDER BY queue`
+
+// PausedQueues returns the names of the paused queues, in order, without
+// counting their held jobs (the metrics' read).
+func PausedQueues(ctx context.Context, db DB) ([]string, error) {
+	rows, err := db.Query(ctx, pausedQueuesSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 const pausesToApplySQL = `SELECT queue, paused_at, paused_by, note, 0::bigint FROM keel_pauses ORDER BY queue FOR KEY SHARE`

@@ -29,7 +29,11 @@ func TestPauses(t *testing.T) {
 	_, err = tx.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, published_at, run_at)
 		VALUES ('held-1', 'mail', 'k1', 'low', '\x7b7d', 3, 'pending', now(), now()),
 		       ('held-2', 'mail', 'k2', 'low', '\x7b7d', 3, 'pending', now(), now()),
-		       ('elsewhere', 'mail', 'k3', 'default', '\x7b7d', 3, 'paused', now(), now())`)
+		       ('elsewhere', 'mail', 'k3', 'default', '\x7b7d', 3, 'paused', now(), now()),
+		       ('kind-held', 'report', 'k4', 'low', '\x7b7d', 3, 'paused', now(), now())`)
+	require.NoError(t, err)
+	// A job whose kind is paused too is its kind's resume's to release.
+	_, err = ledger.PauseKind(ctx, tx, "report", "ops:ann", "")
 	require.NoError(t, err)
 	var why []ledger.Unclaimed
 	require.NoError(t, ledger.ReadUnclaimed(ctx, tx, []string{"held-1", "held-2"}, func(u ledger.Unclaimed) { why = append(why, u) }))
@@ -42,7 +46,10 @@ func TestPauses(t *testing.T) {
 	require.Len(t, ps, 1)
 	require.Equal(t, "ops:ann", ps[0].PausedBy)
 	require.Equal(t, "the warehouse is closed", ps[0].Note)
-	require.Equal(t, int64(2), ps[0].Held)
+	require.Equal(t, int64(2), ps[0].Held, "what the queue's resume releases")
+	names, err := ledger.PausedQueues(ctx, tx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"low"}, names)
 	p = plan(t, func(db ledger.DB) { ledger.Pauses(ctx, db) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_paused"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.ReleaseQueue(ctx, db, "low") }) //nolint:errcheck
@@ -55,7 +62,10 @@ func TestPauses(t *testing.T) {
 	require.True(t, done)
 	n, err := ledger.ReleaseQueue(ctx, tx, "low")
 	require.NoError(t, err)
-	require.Equal(t, int64(2), n, "the held jobs of the queue, not of another")
+	require.Equal(t, int64(2), n, "the held jobs of the queue, not of another, nor of a paused kind")
+	var st string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = 'kind-held'`).Scan(&st))
+	require.Equal(t, "paused", st)
 	done, err = ledger.ResumeQueue(ctx, tx, "low", "ops:bo", "open again")
 	require.NoError(t, err)
 	require.False(t, done)
