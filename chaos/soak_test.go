@@ -135,6 +135,7 @@ type driver struct {
 	gens           []int
 	noRespawn      bool // set when the run is over
 	deploys        int  // deploys that found no deploy job running
+	deployTurns    int  // deploys so far (deployVictim)
 	poisonExits    atomic.Int32
 	unexpectedExit atomic.Value // string
 
@@ -591,37 +592,82 @@ func (d *driver) pickVictim(i int) (slot int, why string) {
 	return next, "no step in flight"
 }
 
-// deployVictim picks the worker to send SIGTERM: the one running the most
-// deploy jobs, so that the deploy does cut jobs short (the next in turn if
-// none runs any within a moment). The worker is marked as stopped on purpose.
+// deployVictim picks the worker to send SIGTERM. Deploys take turns at
+// what they look for first: the worker running the most deploy jobs, or
+// one with a deploy-committed job past its commit, so that the deploys cut
+// both short (whatever either finds, when what it looks for does not come
+// within a moment; the next in turn if nothing does). The worker is marked
+// as stopped on purpose.
 func (d *driver) deployVictim() (*worker, string) {
+	d.deployTurns++
+	wantCommitted := d.deployTurns%2 == 0
 	// A slow host submits the deploy jobs after the deploy's planned time:
 	// it waits for them to come (the event it needs), not for a clock.
 	deadline, late := time.Now().Add(3*time.Second), time.Now().Add(90*time.Second)
-	for now := time.Now(); now.Before(deadline) || (now.Before(late) && d.deployJobsToCome()); now = time.Now() {
+	fallback, fallbackWhy := -1, ""
+	toCome := func() bool { return d.deployJobsToCome() || (wantCommitted && d.committedToCome()) }
+	for now := time.Now(); now.Before(deadline) || (now.Before(late) && toCome()); now = time.Now() {
 		var holder string
-		var n int
+		var deploys, committed int
 		// Deploy jobs running, and deploy-committed jobs past their commit
-		// (their rows are succeeded by then; counted twice, as fewer), on
-		// the workers now running.
+		// (their rows are succeeded by then), on the workers now running.
 		holders := d.holders()
-		err := d.pool.QueryRow(context.Background(), `SELECT holder, sum(n)::int FROM (
-				SELECT lease_holder AS holder, count(*) AS n FROM keel_jobs
+		err := d.pool.QueryRow(context.Background(), `SELECT holder, sum(d)::int, sum(c)::int FROM (
+				SELECT lease_holder AS holder, count(*) AS d, 0 AS c FROM keel_jobs
 				WHERE kind = $1 AND status = 'running' AND lease_until > now() GROUP BY 1
 				UNION ALL
-				SELECT holder, 2 * count(*) FROM chaos_after_commit WHERE NOT done GROUP BY 1) r
-			WHERE holder = ANY($2) GROUP BY 1 ORDER BY 2 DESC LIMIT 1`, deployKind.Name(), holders).Scan(&holder, &n)
+				SELECT holder, 0, count(*) FROM chaos_after_commit WHERE NOT done GROUP BY 1) r
+			WHERE holder = ANY($2) GROUP BY 1
+			ORDER BY CASE WHEN $3 THEN sum(c) ELSE sum(d) END DESC, sum(c) + sum(d) DESC LIMIT 1`,
+			deployKind.Name(), holders, wantCommitted).Scan(&holder, &deploys, &committed)
 		if err == nil {
 			for s, h := range holders {
-				if h == holder {
-					return d.claimWorker(s), fmt.Sprintf("running %d deploy jobs, or deploy-committed ones past their commit", n)
+				if h != holder {
+					continue
+				}
+				why := fmt.Sprintf("running %d deploy jobs and %d deploy-committed ones past their commit", deploys, committed)
+				if (wantCommitted && committed > 0) || (!wantCommitted && deploys > 0) {
+					return d.claimWorker(s), why
+				}
+				if fallback < 0 {
+					fallback, fallbackWhy = s, why
 				}
 			}
 		}
+		if fallback >= 0 && now.After(deadline) && !(wantCommitted && d.committedToCome()) {
+			break
+		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if fallback >= 0 {
+		return d.claimWorker(fallback), fallbackWhy
 	}
 	d.deploys++
 	return d.claimWorker(d.deploys % d.cfg.Workers), "no deploy job running"
+}
+
+// committedToCome reports whether some deploy-committed job has yet to
+// pass its commit: not accepted yet, or accepted and not past it.
+func (d *driver) committedToCome() bool {
+	d.mu.Lock()
+	accepted, all := 0, 0
+	for _, rec := range d.keys {
+		if rec.class == committedClass {
+			all++
+			if rec.accepted {
+				accepted++
+			}
+		}
+	}
+	d.mu.Unlock()
+	if accepted < all {
+		return true
+	}
+	var passed int
+	if err := d.pool.QueryRow(context.Background(), `SELECT count(DISTINCT business_key) FROM chaos_after_commit`).Scan(&passed); err != nil {
+		return false
+	}
+	return passed < accepted
 }
 
 // deployJobsToCome reports whether some deploy or deploy-committed jobs
