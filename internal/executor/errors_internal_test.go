@@ -24,6 +24,7 @@ func TestLedgerUnreachable(t *testing.T) {
 	}{
 		{"terminated (pg_terminate_backend, fast shutdown)", &pgconn.PgError{Code: "57P01"}, true},
 		{"starting up", &pgconn.PgError{Code: "57P03"}, true},
+		{"every connection slot taken", &pgconn.PgError{Code: "53300", Message: "sorry, too many clients already"}, true},
 		{"connection failure", &pgconn.PgError{Code: "08006"}, true},
 		{"a standby refuses writes", &pgconn.PgError{Code: "25006"}, true},
 		{"refused to connect", &pgconn.ConnectError{}, true},

@@ -28,6 +28,7 @@ func Unreachable(err error) bool {
 		case "57P01", // admin_shutdown: fast shutdown, pg_terminate_backend
 			"57P02", // crash_shutdown
 			"57P03", // cannot_connect_now: starting up, shutting down
+			"53300", // too_many_connections: every connection slot taken
 			"25006": // read_only_sql_transaction: a standby, mid-failover
 			return true
 		}
