@@ -163,7 +163,15 @@ func soak(t *testing.T, cfg soakConfig) {
 		t.Setenv("KEEL_TEST_DATABASE_URL", dedicated)
 	}
 	ctx := context.Background()
-	pool := testenv.Pool(t, schema)
+	// The soak's own connections are bounded as its workers' are: the
+	// test database's server is shared with the other packages' tests,
+	// and its connection slots run out before its CPU does.
+	testenv.Pool(t, schema).Close()
+	pool, err := pgxpool.New(ctx, testenv.URL(schema)+fmt.Sprintf("&pool_max_conns=%d", parentPoolConns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
 	if _, err := pool.Exec(ctx, chaosSchema); err != nil {
 		t.Fatal(err)
 	}

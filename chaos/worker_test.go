@@ -37,6 +37,10 @@ const (
 // the server with the other packages' tests.
 const workerPoolConns = 8
 
+// parentPoolConns bounds the soak's own: its submitters, the scheduler and
+// its checks.
+const parentPoolConns = 10
+
 // workerConfig is the worker the soak runs: short reconciler interval and
 // grace, a short ledger lease and short backoff, so that every repair
 // happens within the run.
