@@ -121,6 +121,9 @@ func (in *Inspector) act(ctx context.Context, a Action, ids []string, actor, not
 // tasks (deleteTask): a replay of many jobs does not wait for each in turn
 // while it holds their rows locked.
 func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor, note string, graceUntil time.Time) ([]outcome, error) {
+	if a == ActionReplay && in.insp != nil {
+		in.awaitTasksLetGo(ctx, ids, graceUntil)
+	}
 	var os []outcome
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
 		if err := ledger.LockJobs(ctx, tx, ids); err != nil {
@@ -136,7 +139,8 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 				continue
 			}
 			if a == ActionReplay && in.insp != nil {
-				if os[i].err = deleteTask(ctx, in.insp, os[i].queue, os[i].id, graceUntil); os[i].err != nil {
+				// No waiting here, with the rows locked: awaitTasksLetGo did.
+				if os[i].err = deleteTask(ctx, in.insp, os[i].queue, os[i].id, time.Time{}); os[i].err != nil {
 					continue
 				}
 			}
@@ -183,11 +187,37 @@ func (in *Inspector) actPage(ctx context.Context, a Action, ids []string, actor,
 	return os, nil
 }
 
+// awaitTasksLetGo waits, until graceUntil, for asynq to let go of the
+// tasks of those of ids a replay would act on, before their rows are
+// locked: a worker that has just recorded a job's death writes its row
+// once more (its alert paid) before it gives asynq the task back, so a
+// replay that waited holding the row would wait for itself.
+func (in *Inspector) awaitTasksLetGo(ctx context.Context, ids []string, graceUntil time.Time) {
+	os, err := judge(ctx, in.pool, ActionReplay, ids)
+	if err != nil {
+		return // the transaction reads them again, and says why
+	}
+	for _, o := range os {
+		if o.err != nil || o.unchanged != "" {
+			continue
+		}
+		for {
+			info, err := in.insp.GetTaskInfo(o.queue, o.id)
+			if err != nil || info.State != asynq.TaskStateActive || time.Now().After(graceUntil) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
 // deleteTask removes asynq's copy of job id, if any. A task asynq holds as
 // running cannot be removed: a worker that died running it holds it until
 // asynq's lease on it lapses and asynq takes it back. A worker that has
 // just recorded the job's death lets go of it within moments, so an active
-// task is looked at again until graceUntil before the replay is refused.
+// task is looked at again until graceUntil (zero: not at all, as in a
+// transaction holding the job's row, see awaitTasksLetGo) before the
+// replay is refused.
 func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string, graceUntil time.Time) error {
 	for {
 		err := insp.DeleteTask(queue, id)
@@ -207,9 +237,8 @@ func deleteTask(ctx context.Context, insp *asynq.Inspector, queue, id string, gr
 }
 
 // activeGrace is how long a replay (of one job or many, in all) waits for
-// asynq to let go of tasks their workers are finishing (see deleteTask):
-// moments on a quiet host, seconds on a busy one, where a replay made as
-// soon as the job died was refused.
+// asynq to let go of tasks their workers are finishing (awaitTasksLetGo):
+// moments on a quiet host, seconds on a busy one.
 const activeGrace = 5 * time.Second
 
 // stopInRedis removes a cancelled job's task from asynq, or, when a worker

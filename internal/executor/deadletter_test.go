@@ -630,3 +630,62 @@ func TestReplayOfAJobAsynqHoldsAsRunningSaysToWait(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, entries)
 }
+
+// A replay made the moment a job dies, while its worker still records the
+// death (its alert, then its row's alert paid) and holds asynq's task: the
+// replay waits for asynq to let the task go without holding the job's row,
+// which the worker writes before it lets the task go. It waited holding
+// the row, each for the other, until its grace ran out and it refused.
+func TestAReplayAsTheJobDiesDoesNotWaitForItself(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	died, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	mux := tasks.NewMux()
+	var runs atomic.Int32
+	tasks.Handle(mux, receipt, func(ctx context.Context, o order) error {
+		if runs.Add(1) == 1 {
+			return retry.Permanent(errors.New("the warehouse refused"))
+		}
+		return nil
+	})
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.DisableReconciler = true // the worker alone pays the death's alert
+		c.Guard.OnDead = func(ctx context.Context, e idempotency.DeadEvent) {
+			once.Do(func() { close(died) })
+			<-resume
+		}
+	})
+	res, err := b.client.Enqueue(ctx, receipt.New(order{OrderID: "replayed-as-it-dies"}))
+	require.NoError(t, err)
+	<-died // dead in the ledger; the worker holds asynq's task
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := testworker.Ops(t, b.store, inspector(t, b)).Replay(ctx, res.Job.ID, "alice", "")
+		replayed <- err
+	}()
+	// Let the worker go on once the replay holds the job's row (an old
+	// replay took it at once), or after a while without it (one that waits
+	// for asynq without it).
+	rowLocked := func() bool {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		_, err = tx.Exec(ctx, `SELECT 1 FROM keel_jobs WHERE id = $1 FOR UPDATE NOWAIT`, res.Job.ID)
+		return err != nil
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for window := time.After(2 * time.Second); !rowLocked(); {
+		select {
+		case <-tick.C:
+			continue
+		case <-window:
+		}
+		break
+	}
+	close(resume)
+	require.NoError(t, <-replayed)
+	b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.EqualValues(t, 2, runs.Load())
+}
