@@ -167,7 +167,7 @@ func soak(t *testing.T, cfg soakConfig) {
 	// test database's server is shared with the other packages' tests,
 	// and its connection slots run out before its CPU does.
 	testenv.Pool(t, schema).Close()
-	pool, err := pgxpool.New(ctx, testenv.URL(schema)+fmt.Sprintf("&pool_max_conns=%d", parentPoolConns))
+	pool, err := pgxpool.New(ctx, testenv.URL(schema)+testenv.IdlePoolParams+fmt.Sprintf("&pool_max_conns=%d", parentPoolConns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func soak(t *testing.T, cfg soakConfig) {
 	d := &driver{
 		t: t, cfg: cfg, pool: pool, redis: rs, service: svc,
 		opt:         asynq.RedisClientOpt{Addr: rs.Addr()},
-		workerDBURL: testenv.URL(schema) + fmt.Sprintf("&pool_max_conns=%d", workerPoolConns),
+		workerDBURL: testenv.URL(schema) + testenv.IdlePoolParams + fmt.Sprintf("&pool_max_conns=%d", workerPoolConns),
 		logDir:      logDir,
 		log:         slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		keys:        map[string]*keyRecord{},
