@@ -77,11 +77,18 @@ func TestAPausedQueueStaysPausedThroughAFlushedRedis(t *testing.T) {
 	require.Equal(t, idempotency.StatusPending, j.Status)
 	require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, held.Job.ID), "a paused queue's job started")
 
-	changed, err = ops.ResumeQueue(ctx, "low", "ops", "open again")
+	resumeRunsOnce(t, e, held.Job.ID)
+}
+
+// resumeRunsOnce resumes queue low and waits for its held job id to
+// succeed, its effect written once.
+func resumeRunsOnce(t *testing.T, e *env, id string) {
+	t.Helper()
+	changed, err := e.client.Inspector().ResumeQueue(context.Background(), "low", "ops", "open again")
 	require.NoError(t, err)
 	require.True(t, changed)
-	testworker.WaitStatus(t, e.store, held.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
-	require.Equal(t, 1, e.effects(t, held.Job.ID))
+	testworker.WaitStatus(t, e.store, id, idempotency.StatusSucceeded, 20*time.Second)
+	require.Equal(t, 1, e.effects(t, id))
 }
 
 // A job enqueued into a paused queue after Redis lost the pause, before
@@ -119,10 +126,6 @@ func TestAPausedQueuesJobWaitsWhileRedisHasLostThePause(t *testing.T) {
 	testworker.WaitStatus(t, e.store, other.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
 	require.Zero(t, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, held.Job.ID), "a paused queue's job started")
 
-	changed, err = ops.ResumeQueue(ctx, "low", "ops", "open again")
-	require.NoError(t, err)
-	require.True(t, changed)
-	testworker.WaitStatus(t, e.store, held.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
-	require.Equal(t, 1, e.effects(t, held.Job.ID))
+	resumeRunsOnce(t, e, held.Job.ID)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM started WHERE job_id = $1`, held.Job.ID))
 }
