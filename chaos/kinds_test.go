@@ -106,10 +106,12 @@ const (
 	// deployRun is how long a deploy job runs: always longer than the
 	// workers' ShutdownTimeout, so a SIGTERM cuts it short.
 	deployRun = 4 * time.Second
-	// lateCallAfter is how long a late call's client takes to send it,
-	// ignoring its context: past lateCallKind's timeout and grace, and past
-	// the next attempt's start.
-	lateCallAfter = 5 * time.Second
+	// lateCallCeiling is the longest a late call's client holds it back,
+	// ignoring its context, waiting for a later run of its job to find it in
+	// flight; the wait ends sooner when that run came. The ceiling is only
+	// reached when no later run comes on this worker's watch (a kill took
+	// the job elsewhere, say).
+	lateCallCeiling = 30 * time.Second
 	// uniqueHang is how long a Unique kind's first handler acts after keel
 	// let it go, renewing its interval's end as it goes.
 	uniqueHang = 4 * time.Second
@@ -390,12 +392,16 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		// The first attempt's call outlives its run; a later one, made
 		// when a kill or a deploy cut that call off before it was sent
 		// (Verify finds nothing), is prompt, so the job keeps its budget.
-		after := time.Duration(0)
+		// The first attempt's call is held until a later run has found it
+		// in flight, rather than for a time that a busy host's retry delays
+		// could outlast (the check that this joint was exercised would then
+		// fail by chance).
+		hold := func() {}
 		if idempotency.Attempt(ctx) == 1 {
-			after = lateCallAfter
+			hold = func() { awaitCallWait(pool, o.Key) }
 		}
 		err := idempotency.Step(ctx, stepName, func(ctx context.Context, key string) error {
-			return svc.chargeLate(key, o.Key, after)
+			return svc.chargeLate(key, o.Key, hold)
 		}, idempotency.Verify(svc.charged))
 		if errors.Is(err, idempotency.ErrCallInFlight) {
 			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_call_waits (business_key) VALUES ($1)`, o.Key)
@@ -575,5 +581,21 @@ func pause(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	case <-t.C:
 		return nil
+	}
+}
+
+// awaitCallWait returns once a later run of the late-call job key has found
+// its first run's call in flight (recorded in chaos_call_waits), or at
+// lateCallCeiling. Errors (a restarting Postgres) only mean it looks again.
+func awaitCallWait(pool *pgxpool.Pool, key string) {
+	end := time.Now().Add(lateCallCeiling)
+	for time.Now().Before(end) {
+		var found bool
+		err := pool.QueryRow(context.Background(),
+			`SELECT EXISTS (SELECT 1 FROM chaos_call_waits WHERE business_key = $1)`, key).Scan(&found)
+		if err == nil && found {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -171,10 +171,10 @@ func (c *serviceClient) charge(ctx context.Context, key, order string) error {
 }
 
 // chargeLate is a charge whose client ignores its context: it sends the
-// request after, whether the run that asked for it still runs or not, and
-// the service applies it.
-func (c *serviceClient) chargeLate(key, order string, after time.Duration) error {
-	time.Sleep(after)
+// request once hold returns, whether the run that asked for it still runs
+// or not, and the service applies it.
+func (c *serviceClient) chargeLate(key, order string, hold func()) error {
+	hold()
 	return c.post(context.Background(), key, url.Values{"key": {key}, "order": {order}, "late": {"1"}})
 }
 
