@@ -16,6 +16,9 @@ type Related = ledger.Related
 // retention) is not listed.
 type Dependencies struct {
 	Parents, Children []Related
+	// MoreParents and MoreChildren count those not listed
+	// (DependenciesUpTo).
+	MoreParents, MoreChildren int
 }
 
 // Waits names the parents a waiting job still waits for: those not
@@ -40,6 +43,28 @@ func (in *Inspector) Dependencies(ctx context.Context, id string) (Dependencies,
 	if d.Children, err = ledger.ChildrenOf(ctx, in.pool, id); err != nil {
 		return d, interpret(err)
 	}
+	return d, nil
+}
+
+// DependenciesUpTo returns up to n of job id's parents, those not
+// succeeded first (they are why a job waits), and up to n of its children,
+// in id order, with the number of those not listed: what a page shows of a
+// parent of many thousands of jobs, without reading them all.
+func (in *Inspector) DependenciesUpTo(ctx context.Context, id string, n int) (Dependencies, error) {
+	if n < 1 {
+		return Dependencies{}, fmt.Errorf("keel inspect: a page of %d dependencies: want at least 1", n)
+	}
+	var d Dependencies
+	var total int
+	var err error
+	if d.Parents, total, err = ledger.ParentsPage(ctx, in.pool, id, n); err != nil {
+		return d, interpret(err)
+	}
+	d.MoreParents = total - len(d.Parents)
+	if d.Children, total, err = ledger.ChildrenPage(ctx, in.pool, id, n); err != nil {
+		return d, interpret(err)
+	}
+	d.MoreChildren = total - len(d.Children)
 	return d, nil
 }
 

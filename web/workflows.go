@@ -36,7 +36,7 @@ type depsView struct {
 // jobDeps reads job j's dependencies; nil when it has none and is in no
 // workflow.
 func (s *Server) jobDeps(ctx context.Context, j idempotency.Job) (*depsView, error) {
-	deps, err := s.ops.Dependencies(ctx, j.ID)
+	deps, err := s.ops.DependenciesUpTo(ctx, j.ID, relatedShown)
 	if err != nil {
 		return nil, err
 	}
@@ -45,27 +45,10 @@ func (s *Server) jobDeps(ctx context.Context, j idempotency.Job) (*depsView, err
 	if len(deps.Parents) == 0 && len(deps.Children) == 0 && j.WorkflowID == "" && !waiting {
 		return nil, nil
 	}
-	d := &depsView{Parents: deps.Parents, Children: deps.Children, Waiting: waiting,
-		WorkflowID: j.WorkflowID, WorkflowTask: j.WorkflowTask}
+	d := &depsView{Parents: deps.Parents, Children: deps.Children, MoreParents: deps.MoreParents,
+		MoreChildren: deps.MoreChildren, Waiting: waiting, WorkflowID: j.WorkflowID, WorkflowTask: j.WorkflowTask}
 	if j.WorkflowID != "" {
 		d.WorkflowURL = workflowURL(j.WorkflowID)
-	}
-	if len(d.Parents) > relatedShown {
-		// Those still waited for first: they are why the job waits.
-		done := func(r inspect.Related) bool { return r.Status == idempotency.StatusSucceeded }
-		slices.SortStableFunc(d.Parents, func(a, b inspect.Related) int {
-			if done(a) == done(b) {
-				return 0
-			}
-			if done(a) {
-				return 1
-			}
-			return -1
-		})
-		d.Parents, d.MoreParents = d.Parents[:relatedShown], len(d.Parents)-relatedShown
-	}
-	if len(d.Children) > relatedShown {
-		d.Children, d.MoreChildren = d.Children[:relatedShown], len(d.Children)-relatedShown
 	}
 	return d, nil
 }

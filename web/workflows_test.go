@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -230,4 +231,23 @@ func TestBrowserWorkflowPage(t *testing.T) {
 		document.querySelector('#graph').closest('.card').getBoundingClientRect().right`), "the graph is wider than its card")
 	run(t, ctx, chromedp.Navigate(b.ts.URL+"/jobs/"+d), chromedp.WaitVisible(chromedp.ID("deps")))
 	noPageOverflow(t, ctx, "a job's dependencies")
+}
+
+// A parent of more jobs than its page lists (relatedShown, 100) shows the
+// first of them and says how many more there are.
+func TestJobPageCountsTheChildrenItDoesNotList(t *testing.T) {
+	b := setup(t, nil)
+	parent := b.deadJob(t, "order:charge", "order:many", "boom")
+	var first string
+	for i := range 103 {
+		res, err := b.client.Enqueue(context.Background(), tasks.NewRaw("wf:step", []byte(`{}`), fmt.Sprintf("child-%03d", i), tasks.After(parent.ID)))
+		require.NoError(t, err)
+		if i == 0 {
+			first = res.Job.ID
+		}
+	}
+	body := b.signIn(t, viewerName, viewerPassword).get(t, "/jobs/"+parent.ID).body
+	require.Contains(t, body, `id="child-`+first+`"`, "the first children are listed")
+	require.Equal(t, 100, strings.Count(body, `id="child-`))
+	require.Contains(t, body, "and 3 more")
 }

@@ -109,6 +109,45 @@ const (
 	WHERE d.parent_id = $1 ORDER BY j.id`
 )
 
+// The pages of a job's dependencies (ParentsPage, ChildrenPage): parents
+// not yet succeeded first, since they are why a job waits; children in the
+// order of the parent's primary key, so a page of a parent with many
+// children reads only the page. The counts run only for a full page.
+const (
+	parentsPageSQL = `SELECT ` + relatedColumns + ` FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.parent_id
+	WHERE d.child_id = $1 ORDER BY j.status = 'succeeded', j.id LIMIT $2`
+	childrenPageSQL = `SELECT ` + relatedColumns + ` FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.child_id
+	WHERE d.parent_id = $1 ORDER BY d.child_id LIMIT $2`
+	parentsCountSQL  = `SELECT count(*) FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.parent_id WHERE d.child_id = $1`
+	childrenCountSQL = `SELECT count(*) FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.child_id WHERE d.parent_id = $1`
+)
+
+// ParentsPage returns up to n of the jobs job id waits (or waited) for,
+// those not succeeded first, and how many there are in all.
+func ParentsPage(ctx context.Context, db DB, id string, n int) ([]Related, int, error) {
+	return relatedPage(ctx, db, parentsPageSQL, parentsCountSQL, id, n)
+}
+
+// ChildrenPage returns up to n of the jobs that wait (or waited) for job
+// id, in id order, and how many there are in all.
+func ChildrenPage(ctx context.Context, db DB, id string, n int) ([]Related, int, error) {
+	return relatedPage(ctx, db, childrenPageSQL, childrenCountSQL, id, n)
+}
+
+func relatedPage(ctx context.Context, db DB, pageSQL, countSQL, id string, n int) ([]Related, int, error) {
+	rows, err := db.Query(ctx, pageSQL, id, n)
+	if err != nil {
+		return nil, 0, err
+	}
+	page, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Related])
+	if err != nil || len(page) < n {
+		return page, len(page), err
+	}
+	var total int
+	err = db.QueryRow(ctx, countSQL, id).Scan(&total)
+	return page, max(total, len(page)), err
+}
+
 // ParentsOf returns the jobs job id waits (or waited) for, in id order.
 func ParentsOf(ctx context.Context, db DB, id string) ([]Related, error) {
 	return related(ctx, db, parentsSQL, id)
