@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -551,6 +552,9 @@ type statusJSON struct {
 	// Dependencies: what the job waits (or waited) for, and what waits
 	// for it; absent for a job with none.
 	Dependencies *depsJSON `json:"dependencies,omitempty"`
+	// HeldBy names the pauses that hold a paused job ("kind", "queue";
+	// empty when neither stands any more); absent for other statuses.
+	HeldBy []string `json:"held_by,omitempty"`
 	// Progress is what its handler last reported (of the run numbered
 	// in it); Result what it stored with its success.
 	Progress *progressJSON   `json:"progress,omitempty"`
@@ -574,6 +578,8 @@ type progressJSON struct {
 type jobOutput struct {
 	progress *idempotency.JobProgress
 	result   *idempotency.JobResult
+	// heldBy names the pauses that hold a paused job: "kind", "queue".
+	heldBy []string
 }
 
 // readOutput reads job j's progress, and its result if it succeeded.
@@ -585,6 +591,19 @@ func readOutput(ctx context.Context, store *jobstore.Store, j idempotency.Job) (
 	}
 	if ok {
 		out.progress = &p
+	}
+	if j.Status == idempotency.StatusPaused {
+		kind, queue, err := ledger.PausesHolding(ctx, store.Pool(), j.Kind, j.Queue)
+		if err != nil {
+			return out, err
+		}
+		out.heldBy = []string{}
+		if kind {
+			out.heldBy = append(out.heldBy, "kind")
+		}
+		if queue {
+			out.heldBy = append(out.heldBy, "queue")
+		}
 	}
 	if j.Status == idempotency.StatusSucceeded {
 		r, err := store.Result(ctx, j.ID)
@@ -605,6 +624,7 @@ func (s statusJSON) with(out jobOutput) statusJSON {
 	if out.result != nil {
 		s.Result = out.result.JSON
 	}
+	s.HeldBy = out.heldBy
 	return s
 }
 
@@ -671,6 +691,9 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 	one("queue", j.Queue)
 	row("status", string(j.Status))
 	one("concurrency key", j.ConcurrencyKey)
+	if j.Status == idempotency.StatusPaused {
+		row("held", pausedText(prog, j, out.heldBy))
+	}
 	if j.HeldForKey() {
 		row("held", fmt.Sprintf("since %s: waiting for a slot of its concurrency key; it is published when one of the key's jobs ends (keel keys ls --kind %s)",
 			j.KeyHeldSince.Format(time.RFC3339), oneRow(j.Kind)))
@@ -750,6 +773,25 @@ func printStatus(w io.Writer, prog string, j idempotency.Job, steps []idempotenc
 		}
 	}
 	tw.Flush()
+}
+
+// pausedText says which pauses hold a paused job and how to lift them, as
+// the dashboard's job page does.
+func pausedText(prog string, j idempotency.Job, heldBy []string) string {
+	kind, queue := slices.Contains(heldBy, "kind"), slices.Contains(heldBy, "queue")
+	k, q := oneRow(j.Kind), oneRow(j.Queue)
+	resumeKind := fmt.Sprintf("%s kind resume %s", prog, shellWord(j.Kind))
+	resumeQueue := fmt.Sprintf("%s queue resume %s", prog, shellWord(j.Queue))
+	switch {
+	case kind && queue:
+		return fmt.Sprintf("its kind %s and its queue %s are paused: no worker starts it until both resume (%s; %s)", k, q, resumeKind, resumeQueue)
+	case queue:
+		return fmt.Sprintf("its queue %s is paused, and Redis, which had lost the pause, delivered it: no worker starts it until the queue resumes (%s)", q, resumeQueue)
+	case kind:
+		return fmt.Sprintf("its kind %s is paused: no worker starts it until the kind resumes (%s)", k, resumeKind)
+	default:
+		return fmt.Sprintf("neither its kind %s nor its queue %s is paused any more, yet it is held (a pause removed by hand?): resuming either releases it (%s, or %s)", k, q, resumeKind, resumeQueue)
+	}
 }
 
 // oneRow shows the line breaks and tabs of a name or key as codes, as

@@ -63,6 +63,22 @@ func TestQueueCommands(t *testing.T) {
 	require.Equal(t, int64(1), rows[0].Held)
 	require.True(t, rows[1].RedisOnly)
 
+	// keel status says which pause holds the job, and how to lift it.
+	out, _, err = e.greeter(t, "", "status", "--id", held.Job.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `held\s+its queue default is paused, and Redis, which had lost the pause, delivered it: `+
+		`no worker starts it until the queue resumes \(greeter queue resume default\)`, out)
+	heldBy := func() []string {
+		out, _, err := e.greeter(t, "", "status", "--id", held.Job.ID, "--json")
+		require.NoError(t, err)
+		var sj struct {
+			HeldBy []string `json:"held_by"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &sj), out)
+		return sj.HeldBy
+	}
+	require.Equal(t, []string{"queue"}, heldBy())
+
 	out, _, err = e.greeter(t, "", "queue", "resume", "default", "--json")
 	require.NoError(t, err)
 	require.JSONEq(t, `{"queue": "default", "action": "resume", "changed": true}`, out)
@@ -74,6 +90,16 @@ func TestQueueCommands(t *testing.T) {
 	require.Equal(t, "pending", st, "the resume released the held job")
 	require.NoError(t, e.pool.QueryRow(ctx, `SELECT status FROM keel_jobs WHERE id = $1`, ada.Job.ID).Scan(&st))
 	require.Equal(t, "pending", st)
+	// Held for its kind's pause (the kind's resume releases it).
+	_, _, err = e.greeter(t, "", "kind", "pause", Greet.Name())
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'paused' WHERE id = $1`, held.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, []string{"kind"}, heldBy())
+	out, _, err = e.greeter(t, "", "status", "--id", held.Job.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `held\s+its kind `+Greet.Name()+` is paused: no worker starts it until the kind resumes \(greeter kind resume `+Greet.Name()+`\)`, out)
+
 	_, _, err = e.greeter(t, "", "queue", "pause", "no such queue!")
 	require.ErrorContains(t, err, "queue")
 }

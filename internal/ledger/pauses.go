@@ -95,6 +95,16 @@ func PausedQueues(ctx context.Context, db DB) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+const pausesHoldingSQL = `SELECT EXISTS (SELECT 1 FROM keel_kind_pauses WHERE kind = $1),
+	EXISTS (SELECT 1 FROM keel_pauses WHERE queue = $2)`
+
+// PausesHolding reports whether kind and queue are paused: which pauses
+// hold a job of theirs that the ledger holds (status paused).
+func PausesHolding(ctx context.Context, db DB, kind, queue string) (kindPaused, queuePaused bool, err error) {
+	err = db.QueryRow(ctx, pausesHoldingSQL, kind, queue).Scan(&kindPaused, &queuePaused)
+	return kindPaused, queuePaused, err
+}
+
 const pausesToApplySQL = `SELECT queue, paused_at, paused_by, note, 0::bigint FROM keel_pauses ORDER BY queue FOR KEY SHARE`
 
 // PausesToApply returns the paused queues as Pauses does, each row locked
