@@ -186,7 +186,7 @@ func (d *driver) check(ctx context.Context) report {
 		return err
 	})
 	callWaits := map[string]int{} // late-call runs that waited for a call in flight
-	q(`SELECT business_key, count(*) FROM chaos_call_waits GROUP BY 1`, func(r pgx.Rows) error {
+	q(`SELECT business_key, count(*) FROM chaos_call_waits WHERE waited GROUP BY 1`, func(r pgx.Rows) error {
 		var k string
 		var n int
 		err := r.Scan(&k, &n)

@@ -62,9 +62,10 @@
 //     each, an enqueue with a Delay past its deadline must be refused with
 //     idempotency.ErrPastDeadline;
 //   - late call (Timeout 1 s): its step's client ignores its context and,
-//     on the first attempt, reaches the fake service 5 s later, long after
-//     keel gave the run up. The service applies every call it receives; the
-//     next attempt must wait while the call is in flight
+//     on the first attempt, reaches the fake service only once a later run
+//     has decided about the step, long after keel gave the first run up. The
+//     service applies every call it receives; the next attempt must wait
+//     while the call is in flight
 //     (idempotency.ErrCallInFlight, no attempt spent) and then skip the
 //     step: one call received per job. (A kill or a deploy that cuts the
 //     call off before it is sent leaves Verify to find nothing and a later

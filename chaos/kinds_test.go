@@ -107,10 +107,9 @@ const (
 	// workers' ShutdownTimeout, so a SIGTERM cuts it short.
 	deployRun = 4 * time.Second
 	// lateCallCeiling is the longest a late call's client holds it back,
-	// ignoring its context, waiting for a later run of its job to find it in
-	// flight; the wait ends sooner when that run came. The ceiling is only
-	// reached when no later run comes on this worker's watch (a kill took
-	// the job elsewhere, say).
+	// ignoring its context, waiting for a later run of its job to decide
+	// about the step; the wait ends as soon as one has. It is a bound for a
+	// soak gone wrong, not a delay the soak relies on.
 	lateCallCeiling = 30 * time.Second
 	// uniqueHang is how long a Unique kind's first handler acts after keel
 	// let it go, renewing its interval's end as it goes.
@@ -245,9 +244,11 @@ CREATE TABLE chaos_deadline_runs (
 	business_key text NOT NULL,
 	due          timestamptz NOT NULL,
 	started      timestamptz NOT NULL);
--- Runs of late-call jobs whose step waited for an earlier run's call.
+-- Later runs of late-call jobs and what their step did: waited for an
+-- earlier run's call in flight, or went past it.
 CREATE TABLE chaos_call_waits (
 	business_key text NOT NULL,
+	waited       boolean NOT NULL,
 	at           timestamptz NOT NULL DEFAULT clock_timestamp());
 -- Every run of a Unique kind's handler: when it started and the last time
 -- it was seen acting (renewed as it goes, so a killed run's end is known
@@ -392,19 +393,23 @@ func chaosMux(pool *pgxpool.Pool, svc *serviceClient, log *slog.Logger) *tasks.M
 		// The first attempt's call outlives its run; a later one, made
 		// when a kill or a deploy cut that call off before it was sent
 		// (Verify finds nothing), is prompt, so the job keeps its budget.
-		// The first attempt's call is held until a later run has found it
-		// in flight, rather than for a time that a busy host's retry delays
-		// could outlast (the check that this joint was exercised would then
-		// fail by chance).
+		// The first attempt's call is held until a later run has decided
+		// about the step, rather than for a time that a busy host's retry
+		// delays could outlast (the check that this joint was exercised
+		// would then fail by chance). That run either found the call in
+		// flight, or went past the step: then the late call lands right
+		// after it, and a step called twice shows in the service's count.
+		attempt := idempotency.Attempt(ctx)
 		hold := func() {}
-		if idempotency.Attempt(ctx) == 1 {
-			hold = func() { awaitCallWait(pool, o.Key) }
+		if attempt == 1 {
+			hold = func() { awaitStepDecided(pool, o.Key) }
 		}
 		err := idempotency.Step(ctx, stepName, func(ctx context.Context, key string) error {
 			return svc.chargeLate(key, o.Key, hold)
 		}, idempotency.Verify(svc.charged))
-		if errors.Is(err, idempotency.ErrCallInFlight) {
-			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_call_waits (business_key) VALUES ($1)`, o.Key)
+		if attempt > 1 {
+			_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_call_waits (business_key, waited) VALUES ($1, $2)`,
+				o.Key, errors.Is(err, idempotency.ErrCallInFlight))
 		}
 		if err != nil {
 			return err
@@ -584,15 +589,17 @@ func pause(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// awaitCallWait returns once a later run of the late-call job key has found
-// its first run's call in flight (recorded in chaos_call_waits), or at
-// lateCallCeiling. Errors (a restarting Postgres) only mean it looks again.
-func awaitCallWait(pool *pgxpool.Pool, key string) {
+// awaitStepDecided returns once a later run of the late-call job key has
+// decided about its step (a chaos_call_waits row: it found the first run's
+// call in flight, or went past the step), or at lateCallCeiling. Errors (a
+// restarting Postgres) only mean it looks again.
+func awaitStepDecided(pool *pgxpool.Pool, key string) {
 	end := time.Now().Add(lateCallCeiling)
 	for time.Now().Before(end) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		var found bool
-		err := pool.QueryRow(context.Background(),
-			`SELECT EXISTS (SELECT 1 FROM chaos_call_waits WHERE business_key = $1)`, key).Scan(&found)
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM chaos_call_waits WHERE business_key = $1)`, key).Scan(&found)
+		cancel()
 		if err == nil && found {
 			return
 		}

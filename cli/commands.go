@@ -554,7 +554,7 @@ type statusJSON struct {
 	Dependencies *depsJSON `json:"dependencies,omitempty"`
 	// HeldBy names the pauses that hold a paused job ("kind", "queue";
 	// empty when neither stands any more); absent for other statuses.
-	HeldBy []string `json:"held_by,omitempty"`
+	HeldBy []string `json:"held_by,omitzero"`
 	// Progress is what its handler last reported (of the run numbered
 	// in it); Result what it stored with its success.
 	Progress *progressJSON   `json:"progress,omitempty"`

@@ -99,6 +99,13 @@ func TestQueueCommands(t *testing.T) {
 	out, _, err = e.greeter(t, "", "status", "--id", held.Job.ID)
 	require.NoError(t, err)
 	require.Regexp(t, `held\s+its kind `+Greet.Name()+` is paused: no worker starts it until the kind resumes \(greeter kind resume `+Greet.Name()+`\)`, out)
+	// Held with neither pause standing (a pause row removed by hand).
+	_, err = e.pool.Exec(ctx, `DELETE FROM keel_kind_pauses`)
+	require.NoError(t, err)
+	require.Equal(t, []string{}, heldBy(), "an empty list, not an absent field")
+	out, _, err = e.greeter(t, "", "status", "--id", held.Job.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, "neither its kind "+Greet.Name()+" nor its queue default is paused any more")
 
 	_, _, err = e.greeter(t, "", "queue", "pause", "no such queue!")
 	require.ErrorContains(t, err, "queue")

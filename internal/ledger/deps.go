@@ -112,14 +112,18 @@ const (
 // The pages of a job's dependencies (ParentsPage, ChildrenPage): parents
 // not yet succeeded first, since they are why a job waits; children in the
 // order of the parent's primary key, so a page of a parent with many
-// children reads only the page. The counts run only for a full page.
+// children reads only the page's jobs. The counts run only for a full page;
+// children are counted from keel_job_deps alone (pruning a job deletes the
+// rows where it is the child), parents with their rows (a parent pruned
+// since keeps its row there). A count is read after its page, outside a
+// transaction: jobs added meanwhile may make it one or two more.
 const (
 	parentsPageSQL = `SELECT ` + relatedColumns + ` FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.parent_id
 	WHERE d.child_id = $1 ORDER BY j.status = 'succeeded', j.id LIMIT $2`
 	childrenPageSQL = `SELECT ` + relatedColumns + ` FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.child_id
 	WHERE d.parent_id = $1 ORDER BY d.child_id LIMIT $2`
 	parentsCountSQL  = `SELECT count(*) FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.parent_id WHERE d.child_id = $1`
-	childrenCountSQL = `SELECT count(*) FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.child_id WHERE d.parent_id = $1`
+	childrenCountSQL = `SELECT count(*) FROM keel_job_deps WHERE parent_id = $1`
 )
 
 // ParentsPage returns up to n of the jobs job id waits (or waited) for,

@@ -29,9 +29,18 @@ func TestDependencyPlans(t *testing.T) {
 		"children":       {func(db ledger.DB) { ledger.ChildrenOf(ctx, db, "j00000007") }, []string{"keel_job_deps_pkey", "keel_jobs_pkey"}},     //nolint:errcheck
 		"parent results": {func(db ledger.DB) { ledger.ParentResults(ctx, db, "a00000001") }, []string{"keel_job_deps_child", "keel_jobs_pkey"}}, //nolint:errcheck
 		"workflow":       {func(db ledger.DB) { ledger.Workflow(ctx, db, "wf3") }, []string{"keel_jobs_workflow", "keel_job_deps_child"}},        //nolint:errcheck
+		"parents page": {func(db ledger.DB) {
+			ledger.ParentsPage(ctx, db, "a00000001", 100) //nolint:errcheck
+		}, []string{"keel_job_deps_child", "keel_jobs_pkey"}},
+		"children page": {func(db ledger.DB) {
+			ledger.ChildrenPage(ctx, db, "j00000007", 100) //nolint:errcheck
+		}, []string{"keel_job_deps_pkey", "keel_jobs_pkey"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			usesIndex(t, plan(t, c.call), c.indexes, "keel_jobs", "keel_job_deps")
 		})
 	}
+	// A page of a parent's children reads them in key order up to its
+	// LIMIT, rather than sorting them all.
+	lacks(t, plan(t, func(db ledger.DB) { ledger.ChildrenPage(ctx, db, "j00000007", 100) }), "Sort") //nolint:errcheck
 }
