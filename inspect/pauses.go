@@ -88,6 +88,13 @@ func (in *Inspector) ResumeQueue(ctx context.Context, queue, actor, note string)
 	return changed, nil
 }
 
+// PausesHolding reports whether kind and queue are paused in the ledger:
+// which pauses hold a job of theirs that the ledger holds (status paused).
+func (in *Inspector) PausesHolding(ctx context.Context, kind, queue string) (kindPaused, queuePaused bool, err error) {
+	kindPaused, queuePaused, err = ledger.PausesHolding(ctx, in.pool, kind, queue)
+	return kindPaused, queuePaused, interpret(err)
+}
+
 // PausedQueues returns the queues the ledger holds paused, by name.
 func (in *Inspector) PausedQueues(ctx context.Context) ([]QueuePause, error) {
 	ps, err := ledger.Pauses(ctx, in.pool)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 
 	"github.com/keeljobs/keel/idempotency"
@@ -40,17 +39,9 @@ type pausedBy struct{ kind, queue bool }
 // or its queue's when Redis delivered the job without the pause.
 func (s *Server) pausesHolding(ctx context.Context, j idempotency.Job) (pausedBy, error) {
 	var held pausedBy
-	qs, err := s.ops.PausedQueues(ctx)
-	if err != nil {
-		return held, err
-	}
-	ks, err := s.ops.PausedKinds(ctx)
-	if err != nil {
-		return held, err
-	}
-	held.queue = slices.ContainsFunc(qs, func(p inspect.QueuePause) bool { return p.Queue == j.Queue })
-	held.kind = slices.ContainsFunc(ks, func(p inspect.KindPause) bool { return p.Kind == j.Kind })
-	return held, nil
+	var err error
+	held.kind, held.queue, err = s.ops.PausesHolding(ctx, j.Kind, j.Queue)
+	return held, err
 }
 
 func (s *Server) pauses(w http.ResponseWriter, r *http.Request) {

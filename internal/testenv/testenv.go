@@ -107,18 +107,19 @@ func poolConfig(schema string) (*pgxpool.Config, error) {
 	// uses is not handed to the next test (see freshPool).
 	cfg.ConnConfig.RuntimeParams["application_name"] = schema
 	cfg.MaxConns = 20
-	cfg.MaxConnIdleTime, cfg.HealthCheckPeriod = idleConnTime, time.Second
+	cfg.MaxConnIdleTime, cfg.HealthCheckPeriod = idleConnTime, healthCheckPeriod
 	return cfg, nil
 }
 
 // idleConnTime closes a test pool's idle connections soon (pgx keeps them
 // half an hour): the packages' tests share one server, whose connection
-// slots (100 by default) ran out in CI while most of them stood idle.
-const idleConnTime = 3 * time.Second
+// slots (100 by default) ran out in CI while most of them stood idle. The
+// pool looks for them every healthCheckPeriod.
+const idleConnTime, healthCheckPeriod = 3 * time.Second, time.Second
 
 // IdlePoolParams are the URL parameters of a pool that closes its idle
 // connections as the tests' pools do (for pgxpool, not pgx.Connect).
-const IdlePoolParams = "&pool_max_conn_idle_time=3s&pool_health_check_period=1s"
+var IdlePoolParams = fmt.Sprintf("&pool_max_conn_idle_time=%s&pool_health_check_period=%s", idleConnTime, healthCheckPeriod)
 
 // URL returns the test database URL bound to schema (for subprocesses).
 func URL(schema string) string {
