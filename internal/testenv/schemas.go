@@ -160,7 +160,7 @@ func freshPool(t testing.TB, schema string, private bool, release func()) *pgxpo
 // other than its caller's are connected. A pool's closed connections take a
 // moment to go, so it waits up to a second for them.
 func inUse(ctx context.Context, schema string) (bool, error) {
-	conn, err := pgx.Connect(ctx, DatabaseURL())
+	conn, err := connect(ctx, DatabaseURL())
 	if err != nil {
 		return false, err
 	}
@@ -186,7 +186,7 @@ func inUse(ctx context.Context, schema string) (bool, error) {
 // Truncated, not deleted from: dead rows would stay in the tables and their
 // indexes, and a test of what a query reads, or of its plan, would see them.
 func empty(ctx context.Context, schema, from string) (bool, error) {
-	conn, err := pgx.Connect(ctx, DatabaseURL())
+	conn, err := connect(ctx, DatabaseURL())
 	if err != nil {
 		return false, err
 	}

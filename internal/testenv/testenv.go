@@ -7,6 +7,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -84,7 +86,7 @@ func PoolConfig(ctx context.Context, schema string) (*pgxpool.Config, error) {
 	if err := ensureDatabase(ctx, url); err != nil {
 		return nil, err
 	}
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := connect(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("testenv: Postgres at %s is not answering (start it, see README): %w", url, err)
 	}
@@ -140,7 +142,7 @@ func ensureDatabase(ctx context.Context, url string) error {
 	}
 	name := cfg.Database
 	cfg.Database = "postgres"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := connectConfig(ctx, cfg, nil)
 	if err != nil {
 		return fmt.Errorf("testenv: Postgres at %s:%d is not answering (start it, see README): %w", cfg.Host, cfg.Port, err)
 	}
@@ -158,6 +160,40 @@ func ensureDatabase(ctx context.Context, url string) error {
 		}
 	}
 	return nil
+}
+
+// connect opens a connection to url (see connectConfig).
+func connect(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	return connectConfig(ctx, cfg, nil)
+}
+
+// connectConfig opens a connection, waiting while the server has no
+// connection slot free (53300) until ctx ends: the packages' tests share
+// one server, and a helper that gave up at once failed a test that keel
+// itself, which waits for a ledger out of slots, would have passed.
+// refused, if set, is called at each refusal.
+func connectConfig(ctx context.Context, cfg *pgx.ConnConfig, refused func()) (*pgx.Conn, error) {
+	for {
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "53300" {
+			return conn, err
+		}
+		if refused != nil {
+			refused()
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
 }
 
 // Eventually polls cond every 20ms until it is true or timeout passes.
