@@ -801,15 +801,38 @@ func oneRow(s string) string {
 	return strings.NewReplacer("\n", "[U+000A]", "\t", "[U+0009]").Replace(s)
 }
 
-// shellWord quotes s for a POSIX shell unless it needs no quoting.
+// shellWord quotes s for a POSIX shell unless it needs no quoting; one
+// that holds a control character is quoted as $'…' (bash, zsh, ksh).
 func shellWord(s string) string {
 	if s != "" && !strings.ContainsFunc(s, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.:/@%+=,", r))
 	}) {
 		return s
 	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	if !strings.ContainsFunc(s, isControl) {
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	}
+	// A control character would break the suggested command over lines
+	// (or ring a bell): ANSI-C quoting (bash, zsh, ksh) writes it as an
+	// escape.
+	var b strings.Builder
+	b.WriteString("$'")
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' || c == '\'':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
 }
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // nextRetry is when a job waiting to retry runs again: the ledger's run_at
 // of a failed job. Nil for any other status.
