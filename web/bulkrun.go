@@ -109,9 +109,6 @@ func (br *bulkRuns) get(id string) *bulkRun {
 func (s *Server) runBulk(w http.ResponseWriter, r *http.Request, action inspect.Action, nav string, ids []string,
 	backURL, note string, logged func(inspect.BulkResult)) {
 	actor := principalFrom(r.Context()).Name
-	if s.bulkStarting != nil {
-		s.bulkStarting(r.Context())
-	}
 	b := s.bulks.start(string(action), actor, backURL, len(ids), func(ctx context.Context, progress func(inspect.BulkResult)) inspect.BulkResult {
 		res, _ := s.ops.Bulk(ctx, action, ids, actor, note, progress)
 		return res

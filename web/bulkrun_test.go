@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/inspect"
@@ -25,55 +26,73 @@ func (b *bundle) deadMany(t *testing.T, kind string, n int) {
 	}
 }
 
-// A bulk action by filter can take longer than anyone waits for a page: an
-// operator whose browser (or proxy) gives up must not leave it done
-// part-way, the rest silently left.
+// A bulk action can take longer than anyone waits for a page: an operator
+// whose browser (or proxy) gives up once the form is sent must not leave it
+// undone, or done part-way with the rest silently left; by filter or on
+// selected jobs.
 func TestBulkActionGoesOnWhenTheBrowserLeaves(t *testing.T) {
-	b := setup(t, nil)
-	// Many: the ledger's work is a statement per page of jobs, quick.
-	const n = 5000
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, status, max_retry,
-		error_class, last_error, finished_at) SELECT gen_random_uuid()::text, 'order:send_receipt', 'many:' || g, 'default', '{}',
-		'dead', 3, 'permanent', 'boom', now() FROM generate_series(1, $1) g`, n)
-	require.NoError(t, err)
-	op := b.signIn(t, operatorName, operatorPassword)
-	form := url.Values{"csrf": {op.token(t)}, "action": {"discard"}, "kind": {"order:send_receipt"},
-		"note": {"cleanup"}, "expect": {fmt.Sprint(n)}}
-	// The browser leaves as the action is about to start, and the action
-	// starts only once the server has seen it leave: an action tied to the
-	// request would then do nothing at all.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	web.SetBulkStartingHook(b.srv, func(request context.Context) {
-		cancel()
-		<-request.Done()
-	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.ts.URL+"/dead/bulk", strings.NewReader(form.Encode()))
-	require.NoError(t, err)
-	req.Header.Set("Origin", op.origin)
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	res, err := op.c.Do(req)
-	if err == nil {
-		res.Body.Close()
-		t.Fatalf("the request was answered (%d) after the browser left", res.StatusCode)
+	for _, tc := range []struct {
+		name string
+		n    int
+		form func(ids []string) url.Values
+	}{
+		// Many: the ledger's work is a statement per page of jobs, quick.
+		{"by filter", 5000, func([]string) url.Values {
+			return url.Values{"kind": {"order:send_receipt"}}
+		}},
+		{"selected", 1000, func(ids []string) url.Values { return url.Values{"id": ids} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t, nil)
+			rows, err := b.pool.Query(context.Background(), `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, status,
+				max_retry, error_class, last_error, finished_at) SELECT gen_random_uuid()::text, 'order:send_receipt', 'many:' || g,
+				'default', '{}', 'dead', 3, 'permanent', 'boom', now() FROM generate_series(1, $1) g RETURNING id`, tc.n)
+			require.NoError(t, err)
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			op := b.signIn(t, operatorName, operatorPassword)
+			form := tc.form(ids)
+			form.Set("csrf", op.token(t))
+			form.Set("action", "discard")
+			form.Set("note", "cleanup")
+			form.Set("expect", fmt.Sprint(tc.n))
+			// The browser leaves as soon as the server has the form, and
+			// the server goes on only once it has seen it leave: an action
+			// tied to the request would then do nothing, or stop part-way.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			web.SetBulkStartingHook(b.srv, func(request context.Context) {
+				cancel()
+				<-request.Done()
+			})
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.ts.URL+"/dead/bulk", strings.NewReader(form.Encode()))
+			require.NoError(t, err)
+			req.Header.Set("Origin", op.origin)
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			res, err := op.c.Do(req)
+			if err == nil {
+				res.Body.Close()
+				t.Fatalf("the request was answered (%d) after the browser left", res.StatusCode)
+			}
+			require.True(t, errors.Is(err, context.Canceled), "%v", err)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				left, err := b.ops.Count(context.Background(), inspect.Filter{Kind: "order:send_receipt"})
+				require.NoError(t, err)
+				if left == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d jobs are still dead a minute after the browser left", left, tc.n)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			var discarded int
+			require.NoError(t, b.pool.QueryRow(context.Background(),
+				`SELECT count(*) FROM keel_jobs WHERE kind = 'order:send_receipt' AND status = 'discarded'`).Scan(&discarded))
+			require.Equal(t, tc.n, discarded)
+		})
 	}
-	require.True(t, errors.Is(err, context.Canceled), "%v", err)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		left, err := b.ops.Count(context.Background(), inspect.Filter{Kind: "order:send_receipt"})
-		require.NoError(t, err)
-		if left == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d jobs are still dead a minute after the browser left", left, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	var discarded int
-	require.NoError(t, b.pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM keel_jobs WHERE kind = 'order:send_receipt' AND status = 'discarded'`).Scan(&discarded))
-	require.Equal(t, n, discarded)
 }
 
 var bulkPage = regexp.MustCompile(`^/bulk/[0-9a-f]{32}$`)

@@ -39,5 +39,5 @@ func SetHashCost(t interface{ Cleanup(func()) }, cost int) {
 }
 
 // SetBulkStartingHook makes the server call f with the request's context
-// just before each bulk action starts in the background.
+// once each bulk action's form is read, before its jobs are selected.
 func SetBulkStartingHook(s *Server, f func(ctx context.Context)) { s.bulkStarting = f }

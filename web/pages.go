@@ -25,6 +25,10 @@ import (
 // pageTimeout bounds the reads behind one page.
 const pageTimeout = 10 * time.Second
 
+// bulkSelectTimeout bounds a bulk action's selection, and an action on
+// selected jobs, once its browser may have left.
+const bulkSelectTimeout = 2 * time.Minute
+
 // chartWindow is what the overview's small charts cover.
 const chartWindow = time.Hour
 
@@ -811,13 +815,15 @@ func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status 
 }
 
 // bulkSelected replays or discards the selected jobs that are dead.
-func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action string, ids []string, expect int, note string) {
+// bulkSelected acts on jobs the person selected, at most maxSelected, in
+// the request; ctx outlives the browser (see bulk).
+func (s *Server) bulkSelected(ctx context.Context, w http.ResponseWriter, r *http.Request, action string, ids []string, expect int, note string) {
 	p := principalFrom(r.Context())
 	if action == "discard" && note == "" {
 		s.confirmSelected(w, r, http.StatusBadRequest, action, ids, note, false, "a note saying why is required to discard")
 		return
 	}
-	jobs, err := s.among(r.Context(), action, ids)
+	jobs, err := s.among(ctx, action, ids)
 	if err != nil {
 		s.ledgerError(w, r, err)
 		return
@@ -826,7 +832,7 @@ func (s *Server) bulkSelected(w http.ResponseWriter, r *http.Request, action str
 		s.confirmSelected(w, r, http.StatusConflict, action, ids, note, true, "")
 		return
 	}
-	res, err := s.ops.Bulk(r.Context(), inspect.Action(action), jobIDs(jobs), p.Name, note, nil)
+	res, err := s.ops.Bulk(ctx, inspect.Action(action), jobIDs(jobs), p.Name, note, nil)
 	if err != nil && len(jobs) > 0 && res.Matched == 0 {
 		s.ledgerError(w, r, err)
 		return
@@ -900,6 +906,13 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		s.errorPage(w, r, http.StatusBadRequest, "the confirmed count is missing")
 		return
 	}
+	if s.bulkStarting != nil {
+		s.bulkStarting(r.Context())
+	}
+	// The person confirmed: a browser that leaves now must not stop the
+	// selection, nor a selected action part-way.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), bulkSelectTimeout)
+	defer cancel()
 	note := strings.TrimSpace(r.PostForm.Get("note"))
 	ids, err := selectedIDs(r.PostForm)
 	if err != nil {
@@ -907,7 +920,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(ids) > 0 {
-		s.bulkSelected(w, r, action, ids, expect, note)
+		s.bulkSelected(ctx, w, r, action, ids, expect, note)
 		return
 	}
 	if action == "cancel" {
@@ -937,7 +950,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request) {
 	// Selected now and checked against the count the person confirmed, so
 	// that a confirmation always means what it said; acted on in the
 	// background (see runBulk).
-	ids, err = s.ops.IDs(r.Context(), shown)
+	ids, err = s.ops.IDs(ctx, shown)
 	if err != nil {
 		s.ledgerError(w, r, err)
 		return

@@ -48,7 +48,8 @@ type Server struct {
 	handler http.Handler
 	bulks   *bulkRuns
 	// bulkStarting, when a test sets it, is called with the request's
-	// context just before a bulk action starts in the background.
+	// context once a bulk action's form is read, before the jobs are
+	// selected.
 	bulkStarting func(ctx context.Context)
 	// hidesUndeclared: the default PayloadFormatter hides payloads of kinds
 	// this program does not declare (see DeclaredPayloads).
