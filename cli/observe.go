@@ -112,6 +112,7 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 			return s.Relay().Published()
 		}),
 		Republished:    stat(func(s *server.Server) uint64 { return reconStats(s).Republished }),
+		TakenOver:      stat(func(s *server.Server) uint64 { return reconStats(s).TakenOver }),
 		LeasesReleased: stat(func(s *server.Server) uint64 { return reconStats(s).LeasesReleased }),
 		Pruned:         stat(func(s *server.Server) uint64 { return reconStats(s).Pruned }),
 		PrunedBatches:  stat(func(s *server.Server) uint64 { return reconStats(s).PrunedBatches }),

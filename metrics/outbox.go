@@ -14,6 +14,9 @@ type OutboxOptions struct {
 	// Republished: jobs the reconciler found missing from Redis and
 	// published again (each one is drift repaired: Redis lost data).
 	Republished func() uint64
+	// TakenOver: jobs no relay took off the outbox in time, published by
+	// the reconciler instead (a relay is not running, or falls behind).
+	TakenOver func() uint64
 	// LeasesReleased: jobs of gone workers (their lease expired) the
 	// reconciler's rescuer handed back to the queue.
 	LeasesReleased func() uint64
@@ -41,6 +44,7 @@ func RegisterOutbox(reg prometheus.Registerer, o OutboxOptions) error {
 	}{
 		{"keel_outbox_published_total", "Jobs the relay published from the ledger to Redis.", o.Published},
 		{"keel_reconciler_republished_total", "Jobs found missing from Redis and published again from the ledger.", o.Republished},
+		{"keel_reconciler_outbox_taken_over_total", "Jobs no relay took off the outbox in time, published by the reconciler instead.", o.TakenOver},
 		{"keel_reconciler_leases_released_total", "Jobs of gone workers (lease expired) that the reconciler's rescuer handed back to the queue.", o.LeasesReleased},
 		{"keel_ledger_pruned_total", "Succeeded, discarded and cancelled jobs pruned after their retention.", o.Pruned},
 		{"keel_ledger_batches_pruned_total", "Completed batches pruned after their retention, once no member was left.", o.PrunedBatches},

@@ -174,7 +174,7 @@ type Reconciler struct {
 	rdb   redis.UniversalClient
 	cfg   ReconcilerConfig
 
-	repaired, rescued, pruned, prunedBatches, settled, owedAlerts atomic.Uint64
+	repaired, takenOver, rescued, pruned, prunedBatches, settled, owedAlerts atomic.Uint64
 
 	retained retained
 
@@ -232,6 +232,9 @@ func (r *Reconciler) Close() error { return r.rdb.Close() }
 type ReconcileStats struct {
 	// Republished: jobs Redis had lost, published again.
 	Republished uint64
+	// TakenOver: jobs no relay took off the outbox within OutboxTakeover,
+	// published by the reconciler (none while a relay runs).
+	TakenOver uint64
 	// Rescued: jobs of workers that are gone, handed back to Redis.
 	Rescued uint64
 	// LeasesReleased is Rescued, under the name of the ledger-side release
@@ -251,14 +254,14 @@ type ReconcileStats struct {
 // Stats returns this reconciler's counters.
 func (r *Reconciler) Stats() ReconcileStats {
 	rescued := r.rescued.Load()
-	return ReconcileStats{Republished: r.repaired.Load(), Rescued: rescued, LeasesReleased: rescued, Pruned: r.pruned.Load(),
+	return ReconcileStats{Republished: r.repaired.Load(), TakenOver: r.takenOver.Load(), Rescued: rescued, LeasesReleased: rescued, Pruned: r.pruned.Load(),
 		PrunedBatches: r.prunedBatches.Load(), Settled: r.settled.Load(), OwedAlerts: r.owedAlerts.Load()}
 }
 
 // minus is what s counts beyond before, but for rescues, which run apart
 // from passes.
 func (s ReconcileStats) minus(before ReconcileStats) ReconcileStats {
-	return ReconcileStats{Republished: s.Republished - before.Republished, Pruned: s.Pruned - before.Pruned,
+	return ReconcileStats{Republished: s.Republished - before.Republished, TakenOver: s.TakenOver - before.TakenOver, Pruned: s.Pruned - before.Pruned,
 		PrunedBatches: s.PrunedBatches - before.PrunedBatches, Settled: s.Settled - before.Settled,
 		OwedAlerts: s.OwedAlerts - before.OwedAlerts}
 }
@@ -397,6 +400,7 @@ func (r *Reconciler) takeOverOutbox(ctx context.Context) (int, error) {
 				continue
 			}
 			total++
+			r.takenOver.Add(1)
 		}
 		if len(jobs) > 0 {
 			r.cfg.Logger.Warn("keel reconciler: published jobs no relay took off the outbox for a minute; is a relay running?",

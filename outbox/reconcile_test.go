@@ -224,6 +224,7 @@ func TestReconcilerRunRescuesRepairsAndPrunes(t *testing.T) {
 	require.NoError(t, pass.Err)
 	require.Equal(t, 2, pass.Published)
 	require.EqualValues(t, 1, pass.Republished, "the job no relay took was not lost")
+	require.EqualValues(t, 1, pass.TakenOver, "the job no relay took")
 	require.EqualValues(t, 1, pass.Pruned)
 	require.Equal(t, asynq.TaskStateScheduled, b.state(t, insp, lost.Job.ID))
 	require.Equal(t, asynq.TaskStatePending, b.state(t, insp, noRelay))
@@ -232,7 +233,7 @@ func TestReconcilerRunRescuesRepairsAndPrunes(t *testing.T) {
 	n, err := r.Reconcile(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "a job published again by the pass was published twice")
-	require.Equal(t, outbox.ReconcileStats{Republished: 1, Rescued: 1, LeasesReleased: 1, Pruned: 1}, r.Stats())
+	require.Equal(t, outbox.ReconcileStats{Republished: 1, TakenOver: 1, Rescued: 1, LeasesReleased: 1, Pruned: 1}, r.Stats())
 	signals.Passed.RequireEmpty(t)
 	signals.Rescued.RequireEmpty(t)
 }
