@@ -81,7 +81,7 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 			if ob.srv == nil {
 				return 0
 			}
-			return ob.srv.Guard().Stats().DuplicatesSkipped
+			return ob.srv.GuardStats().DuplicatesSkipped
 		},
 		Guard: func() server.GuardStats {
 			ob.mu.Lock()
@@ -89,7 +89,7 @@ func (o *observeFlags) wire(cfg *server.Config, reg *prometheus.Registry, log *s
 			if ob.srv == nil {
 				return server.GuardStats{}
 			}
-			return ob.srv.Guard().Stats()
+			return ob.srv.GuardStats()
 		}})
 	if err != nil {
 		return nil, err

@@ -7,7 +7,7 @@ import "github.com/keeljobs/keel/internal/executor"
 // cancellations (Config.Guard; zero values take the defaults below).
 type GuardConfig = executor.GuardConfig
 
-// GuardStats counts what a worker's guard did to runs (Server.Guard().Stats,
+// GuardStats counts what a worker's guard did to runs (Server.GuardStats,
 // metrics.WorkerConfig.Guard).
 type GuardStats = executor.GuardStats
 

@@ -402,8 +402,8 @@ func New(cfg Config, h asynq.Handler) (*Server, error) {
 	return s, nil
 }
 
-// Guard is the ledger middleware the server runs (for its stats).
-func (s *Server) Guard() *executor.Guard { return s.guard }
+// GuardStats counts what this worker's ledger guard did to runs.
+func (s *Server) GuardStats() GuardStats { return s.guard.Stats() }
 
 // IdleWaits counts the times this worker, its queues empty, waited for
 // announced work instead of polling (Config.IdleWait).

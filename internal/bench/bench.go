@@ -686,7 +686,7 @@ func (e *env) runKeel(ctx context.Context, step string) (Phase, LedgerCheck, err
 	}
 	ph.JobsPerSecond = float64(o.Jobs) / ph.Seconds
 
-	st := srv.Guard().Stats()
+	st := srv.GuardStats()
 	lc.Claimed, lc.DuplicatesSkipped, lc.LeaseBusy, lc.LedgerErrors = st.Claimed, st.DuplicatesSkipped, st.LeaseBusy, st.LedgerErrors
 	lc, err = ledgerCheck(ctx, pool, lc)
 	return ph, lc, err

@@ -209,7 +209,7 @@ func (e *env) keelWorker(h asynq.Handler, poll, idleWait time.Duration) (func() 
 		return nil, nil, err
 	}
 	w := startServer(srv)
-	return w.stop, func() uint64 { return srv.Guard().Stats().LeaseBusy }, nil
+	return w.stop, func() uint64 { return srv.GuardStats().LeaseBusy }, nil
 }
 
 // stamps records when each sample was sent and when its handler started,

@@ -203,7 +203,7 @@ func (e *env) runRecoveryWorker(ctx context.Context, r asynq.RedisClientOpt, n i
 	stopRecon()
 	wg.Wait()
 	err = errors.Join(err, w.stop())
-	st.guard = srv.Guard().Stats()
+	st.guard = srv.GuardStats()
 	st.recon = recon.Stats()
 	return took, st, err
 }

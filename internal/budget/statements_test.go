@@ -560,7 +560,7 @@ func (b *stmtBench) runUntilDone(t *testing.T, srv *server.Server, jobs int, pro
 	if produce != nil {
 		produce()
 	}
-	testenv.Eventually(t, 2*time.Minute, func() bool { return srv.Guard().Stats().Succeeded >= uint64(jobs) },
+	testenv.Eventually(t, 2*time.Minute, func() bool { return srv.GuardStats().Succeeded >= uint64(jobs) },
 		"the jobs did not all succeed")
 	stop()
 	wg.Wait()

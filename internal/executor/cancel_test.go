@@ -173,7 +173,7 @@ func TestCancelRunningJobStopsItsHandlerAndNothingLateCommits(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the guard did not count the cancel")
 	}
-	require.EqualValues(t, 1, srv.Guard().Stats().Cancelled)
+	require.EqualValues(t, 1, srv.GuardStats().Cancelled)
 	// asynq counts its own cancel as a failure and schedules a retry: that
 	// delivery finds the job cancelled and is acknowledged.
 	testenv.Eventually(t, 15*time.Second, func() bool { return queueEmpty(insp, res.Job.Queue) }, "asynq kept the task")
@@ -185,7 +185,7 @@ func TestCancelRunningJobStopsItsHandlerAndNothingLateCommits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idempotency.StatusCancelled, j.Status)
 	require.Equal(t, 1, j.Attempts)
-	stats := srv.Guard().Stats()
+	stats := srv.GuardStats()
 	require.Zero(t, stats.Dead)
 	require.Zero(t, stats.Failed)
 }
@@ -212,7 +212,7 @@ func TestCancelRunningJobHoldsWithoutAsynqsMessage(t *testing.T) {
 	require.ErrorIs(t, <-h.lateStep, idempotency.ErrCancelled)
 	require.ErrorIs(t, <-h.lateInTx, idempotency.ErrCancelled)
 	testenv.Eventually(t, 10*time.Second, func() bool { return queueEmpty(insp, res.Job.Queue) }, "the delivery was not acknowledged")
-	require.EqualValues(t, 1, srv.Guard().Stats().Cancelled)
+	require.EqualValues(t, 1, srv.GuardStats().Cancelled)
 	require.EqualValues(t, 1, h.runs.Load())
 	require.Zero(t, h.calls.Load())
 	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`))

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -75,6 +76,14 @@ func InitTestSignals(cfg *GuardConfig) *TestSignals {
 	cfg.signals.Skipped.Init()
 	cfg.signals.LateClaim.Init()
 	return &cfg.signals
+}
+
+// GuardMadeWith returns the guard that will be made with cfg (a worker's,
+// say), nil until it is.
+func GuardMadeWith(cfg *GuardConfig) func() *Guard {
+	var g atomic.Pointer[Guard]
+	cfg.signals.made = func(made *Guard) { g.Store(made) }
+	return g.Load
 }
 
 // ShareTestSignals turns on the test signals of the guard made with cfg,

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keeljobs/keel/idempotency"
+	"github.com/keeljobs/keel/internal/executor"
 	"github.com/keeljobs/keel/internal/testenv"
 	"github.com/keeljobs/keel/server"
 	"github.com/keeljobs/keel/tasks"
@@ -44,7 +45,11 @@ func TestTheGateStaysShutUntilTheAloneRunsOutcomeIsRecorded(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `UPDATE keel_jobs SET crashes = 1 WHERE id = $1`, res.Job.ID)
 	require.NoError(t, err)
-	s := b.startWorker(t, mux, func(c *server.Config) { c.DelayedTaskCheckInterval = 100 * time.Millisecond })
+	var guard func() *executor.Guard
+	b.startWorker(t, mux, func(c *server.Config) {
+		c.DelayedTaskCheckInterval = 100 * time.Millisecond
+		guard = executor.GuardMadeWith(&c.Guard)
+	})
 	var tx pgx.Tx
 	select {
 	case tx = <-returned:
@@ -58,7 +63,7 @@ func TestTheGateStaysShutUntilTheAloneRunsOutcomeIsRecorded(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pid) > 0
 	}, "the completion mark never waited for the job's row")
-	if s.Guard().EnterGateForTest(ctx, 100*time.Millisecond) == nil {
+	if guard().EnterGateForTest(ctx, 100*time.Millisecond) == nil {
 		var status string
 		var run, solo int
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, run, solo_run FROM keel_jobs WHERE id = $1`, res.Job.ID).

@@ -333,7 +333,7 @@ func TestDeployInterruptionCostsNothing(t *testing.T) {
 	}
 	j = b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 10*time.Second)
 	require.Equal(t, 1, j.Attempts)
-	require.Zero(t, srv.Guard().Stats().LeaseBusy, "the next worker found the interrupted job's lease still held")
+	require.Zero(t, srv.GuardStats().LeaseBusy, "the next worker found the interrupted job's lease still held")
 }
 
 // A handler that ignores its context is given up at its deadline plus the
@@ -379,12 +379,12 @@ func TestHungHandlerIsGivenUp(t *testing.T) {
 	require.Equal(t, string(retry.ClassTimeout), j.ErrorClass)
 	require.Equal(t, 2, j.Attempts, "a MaxRetry(1) job runs twice")
 	require.Contains(t, j.LastError, "after its deadline")
-	require.EqualValues(t, 2, srv.Guard().Stats().Overran)
-	require.Equal(t, 2, srv.Guard().Stats().HungHandlers, "both attempts' handlers still run")
+	require.EqualValues(t, 2, srv.GuardStats().Overran)
+	require.Equal(t, 2, srv.GuardStats().HungHandlers, "both attempts' handlers still run")
 
 	free()
 	// A handler counts until the guard has seen it return, just after.
-	testenv.Eventually(t, 10*time.Second, func() bool { return srv.Guard().Stats().HungHandlers == 0 },
+	testenv.Eventually(t, 10*time.Second, func() bool { return srv.GuardStats().HungHandlers == 0 },
 		"the hung handlers returned, and still count")
 	for attempt := 1; attempt <= 2; attempt++ {
 		v, ok := lateErrs.Load(attempt)
@@ -723,7 +723,7 @@ func TestLateClaimIsGivenBack(t *testing.T) {
 		signals = executor.InitTestSignals(&c.Guard)
 	})
 	require.Equal(t, res.Job.ID, signals.LateClaim.Wait(t), "the claim never gave up waiting")
-	require.NotZero(t, srv.Guard().Stats().LateClaims)
+	require.NotZero(t, srv.GuardStats().LateClaims)
 	require.NoError(t, lock.Rollback(ctx)) // the abandoned claim lands now
 
 	j := b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 30*time.Second)

@@ -146,6 +146,9 @@ type testSignals struct {
 	// LateClaim is the id of each delivery that stopped waiting for its
 	// claim (counted in GuardStats.LateClaims).
 	LateClaim testsignal.Signal[string]
+	// made, when set, is handed the guard NewGuard made, for a test that
+	// reaches into a worker's guard.
+	made func(*Guard)
 }
 
 // renewal is one tick of the renew loop, as testSignals report it.
@@ -439,6 +442,9 @@ func NewGuard(store *jobstore.Store, cfg GuardConfig) *Guard {
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stopRenew = cancel
 	go g.renewLoop(ctx)
+	if cfg.signals.made != nil {
+		cfg.signals.made(g)
+	}
 	return g
 }
 

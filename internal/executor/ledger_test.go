@@ -565,17 +565,19 @@ func TestRenewalRightAfterInTxCommitKeepsTheRun(t *testing.T) {
 	})
 	var log testenv.SyncBuffer
 	var signals *executor.TestSignals
-	srv := b.startWorker(t, mux, func(c *server.Config) {
+	var guard func() *executor.Guard
+	b.startWorker(t, mux, func(c *server.Config) {
 		c.Guard.Lease = 500 * time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
 		signals = executor.InitTestSignals(&c.Guard)
+		guard = executor.GuardMadeWith(&c.Guard)
 	})
 	// The run is held between its commit and noting it until a renewal
 	// that began after the commit has ended.
 	committed, resume := make(chan string, 1), make(chan struct{})
 	var resumeOnce sync.Once
 	defer resumeOnce.Do(func() { close(resume) })
-	srv.Guard().SetInTxCommittedHook(func(id string) {
+	guard().SetInTxCommittedHook(func(id string) {
 		committed <- id
 		<-resume
 	})

@@ -78,7 +78,7 @@ func TestProgressShowsWhileTheJobRuns(t *testing.T) {
 	// 100 reports: the first written at once, the 99 that came within its
 	// interval as one. (A host that took a second over the loop could
 	// write one more.)
-	require.LessOrEqual(t, srv.Guard().Stats().ProgressWrites, uint64(3))
+	require.LessOrEqual(t, srv.GuardStats().ProgressWrites, uint64(3))
 
 	next <- struct{}{}
 	b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
@@ -110,13 +110,13 @@ func TestProgressWritesAreBoundedPerInterval(t *testing.T) {
 	res, err := b.client.Enqueue(ctx, reporting.New(order{OrderID: "p2"}))
 	require.NoError(t, err)
 	<-reported
-	require.EqualValues(t, 1, srv.Guard().Stats().ProgressWrites, "5,000 reports within one interval are one write")
+	require.EqualValues(t, 1, srv.GuardStats().ProgressWrites, "5,000 reports within one interval are one write")
 	p, ok := b.progressOf(t, res.Job.ID)
 	require.True(t, ok)
 	require.EqualValues(t, 1, p.Done, "the first report is written at once")
 	close(finish)
 	b.waitStatus(t, res.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
-	require.EqualValues(t, 1, srv.Guard().Stats().ProgressWrites, "the last report, not yet due, is dropped at the end")
+	require.EqualValues(t, 1, srv.GuardStats().ProgressWrites, "the last report, not yet due, is dropped at the end")
 	p, _ = b.progressOf(t, res.Job.ID)
 	require.EqualValues(t, 1, p.Done)
 }

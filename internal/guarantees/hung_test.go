@@ -90,7 +90,7 @@ func TestHandlersHungInsideInTxDoNotWedgeTheWorker(t *testing.T) {
 	// that began just after the runs took the pool waits up to a third of
 	// the lease for one, and on a slow host may not get it: the next tick
 	// renews in time, which no extra run above shows.
-	st := srv.Guard().Stats()
+	st := srv.GuardStats()
 	require.Equal(t, st.RenewalsMissed, st.LedgerErrors, "ledger writes failed while the hung runs held the pool")
 }
 
@@ -148,5 +148,5 @@ func TestCancelledRunHungInsideInTxLetsGoOfItsLocks(t *testing.T) {
 	var n int
 	require.NoError(t, e.pool.QueryRow(ctx, `SELECT n FROM hung_counter WHERE id = 1`).Scan(&n))
 	require.Equal(t, 10, n, "the cancelled run's update was rolled back, the next job's committed")
-	require.Zero(t, srv.Guard().Stats().LedgerErrors)
+	require.Zero(t, srv.GuardStats().LedgerErrors)
 }

@@ -242,7 +242,7 @@ func postgresGoesAway(t *testing.T, down time.Duration) {
 	})
 	require.NoError(t, err)
 	require.Empty(t, charged, "the outage was charged to jobs")
-	st := srv.Guard().Stats()
+	st := srv.GuardStats()
 	require.Zero(t, st.Crashed, "jobs retired as crashed")
 	require.Zero(t, st.Dead, "jobs died")
 
@@ -366,7 +366,7 @@ func TestPostgresOutageNeverRetiresAJob(t *testing.T) {
 	pg.Stop()
 	close(release)
 	// The outage outlasts the runs' leases several times over.
-	testenv.Eventually(t, 30*time.Second, func() bool { return srv.Guard().Stats().LedgerErrors >= 2 }, "the runs never met the outage")
+	testenv.Eventually(t, 30*time.Second, func() bool { return srv.GuardStats().LedgerErrors >= 2 }, "the runs never met the outage")
 	time.Sleep(3 * lease)
 	pg.Start()
 
@@ -381,7 +381,7 @@ func TestPostgresOutageNeverRetiresAJob(t *testing.T) {
 		require.Equal(t, 1, attempts, "job %s: attempts", id)
 		require.Zero(t, crashes, "job %s: crashes", id)
 	}
-	require.Zero(t, srv.Guard().Stats().Crashed)
+	require.Zero(t, srv.GuardStats().Crashed)
 	require.EqualValues(t, 1, plainRuns.Load(), "the plain handler ran again")
 	var effects int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&effects))
@@ -425,9 +425,9 @@ func TestFailureAfterCompletingInTxDuringOutageIsRecorded(t *testing.T) {
 	<-committed
 
 	pg.Stop()
-	errsBefore := srv.Guard().Stats().LedgerErrors
+	errsBefore := srv.GuardStats().LedgerErrors
 	close(release)
-	testenv.Eventually(t, 30*time.Second, func() bool { return srv.Guard().Stats().LedgerErrors > errsBefore },
+	testenv.Eventually(t, 30*time.Second, func() bool { return srv.GuardStats().LedgerErrors > errsBefore },
 		"the failure never met the outage")
 	pg.Start()
 
