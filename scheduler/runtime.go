@@ -11,8 +11,8 @@ import (
 	"github.com/keeljobs/keel/internal/ledger"
 )
 
-// FromLedger is the Entry of a run-time entry as the ledger holds it.
-func FromLedger(e ledger.ScheduleEntry) Entry {
+// fromLedger is the Entry of a run-time entry as the ledger holds it.
+func fromLedger(e ledger.ScheduleEntry) Entry {
 	return Entry{Name: e.Name, Spec: e.Spec, TimeZone: e.TimeZone, Kind: e.Kind, Payload: json.RawMessage(e.Payload),
 		Queue: e.Queue, MaxRetry: e.MaxRetry, Timeout: time.Duration(e.TimeoutMS) * time.Millisecond}
 }
@@ -50,7 +50,7 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	var cs []compiled
 	rejected := map[string]bool{}
 	for _, row := range rows {
-		c, err := s.check(FromLedger(row))
+		c, err := s.check(fromLedger(row))
 		if err == nil && slices.ContainsFunc(config, func(o compiled) bool { return o.Name == row.Name }) {
 			err = fmt.Errorf("schedule entry %q: this scheduler's file or code has an entry of that name, which runs instead", row.Name)
 		}
