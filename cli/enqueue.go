@@ -58,6 +58,7 @@ func enqueueCmd(e *Env) *cobra.Command {
 	var delay time.Duration
 	var maxRetry int
 	var dryRun bool
+	var after []string
 	cmd := &cobra.Command{
 		Use:   "enqueue KIND [BUSINESS_KEY] | enqueue --from FILE",
 		Short: "Enqueue jobs through the ledger (the same kind and key twice is one job)",
@@ -69,17 +70,22 @@ one job each:
 Only kind and payload are needed when the program declares the kind: its
 payload is decoded into the kind's type (unknown fields are refused) and the
 business key comes from the kind's Key. Every line is checked before the
-first job is enqueued.`,
+first job is enqueued.
+
+With --after, the job waits (status waiting) until every job named has
+succeeded, as tasks.After makes it; a job named that does not exist, or was
+cancelled or discarded, refuses it.`,
 		Example: "  keel enqueue user:send_welcome user:42 --payload '{\"user_id\":\"42\"}'\n" +
 			"  keel enqueue user:send_welcome --payload-file welcome.json\n" +
-			"  keel enqueue --from jobs.jsonl",
+			"  keel enqueue --from jobs.jsonl\n" +
+			"  keel enqueue user:send_digest user:42 --payload '{\"user_id\":\"42\"}' --after JOB_ID",
 		Args: cobra.RangeArgs(0, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
 			var jobs []*tasks.Task
 			var lines []int
 			if from != "" {
-				if len(args) > 0 || f.Changed("payload") || payloadFile != "" || f.Changed("queue") || f.Changed("delay") || f.Changed("max-retry") {
+				if len(args) > 0 || f.Changed("payload") || payloadFile != "" || f.Changed("queue") || f.Changed("delay") || f.Changed("max-retry") || f.Changed("after") {
 					return usageError{errors.New("--from takes each job's kind, key, payload and options from its lines: give no KIND, key or job flags with it")}
 				}
 				r, closeFn, err := openInput(cmd, from)
@@ -125,6 +131,11 @@ first job is enqueued.`,
 				}
 				if f.Changed("max-retry") {
 					opts = append(opts, tasks.MaxRetry(maxRetry))
+				}
+				if after = slices.DeleteFunc(after, func(id string) bool { return strings.TrimSpace(id) == "" }); len(after) > 0 {
+					opts = append(opts, tasks.After(after...))
+				} else if f.Changed("after") {
+					return usageError{errors.New("--after needs a job id")}
 				}
 				key := ""
 				if len(args) == 2 {
@@ -182,7 +193,16 @@ first job is enqueued.`,
 			// commit (EnqueueMany): a batch goes in whole or not at all.
 			for start := 0; start < len(jobs); start += enqueueBatch {
 				batch := jobs[start:min(start+enqueueBatch, len(jobs))]
-				res, err := client.EnqueueMany(ctx, batch...)
+				var res []*tasks.Result
+				if len(after) > 0 {
+					// EnqueueMany takes no dependencies; one job.
+					var r *tasks.Result
+					if r, err = client.Enqueue(ctx, batch[0]); err == nil {
+						res = []*tasks.Result{r}
+					}
+				} else {
+					res, err = client.EnqueueMany(ctx, batch...)
+				}
 				if err != nil {
 					bar.clear()
 					if from == "" {
@@ -260,6 +280,7 @@ first job is enqueued.`,
 	fl.DurationVar(&delay, "delay", 0, "run no earlier than this from now")
 	fl.IntVar(&maxRetry, "max-retry", 0, "retry budget (default: the kind's, or "+strconv.Itoa(tasks.DefaultMaxRetry)+")")
 	fl.BoolVar(&dryRun, "dry-run", false, "check the jobs and print them; enqueue nothing")
+	fl.StringSliceVar(&after, "after", nil, "wait until this job has succeeded (a job id; repeat it, or separate ids with commas, for several)")
 	return cmd
 }
 

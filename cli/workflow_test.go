@@ -90,3 +90,48 @@ func TestDependenciesFromTheCommandLine(t *testing.T) {
 	_, _, err = e.greeter(t, "", "release", parent.ID)
 	require.ErrorContains(t, err, "not waiting")
 }
+
+// `enqueue --after` makes a job that waits for others, as tasks.After
+// does: it waits while a parent has not succeeded, and a parent that does
+// not exist, or ended without succeeding, is refused with nothing written.
+func TestEnqueueAfterFromTheCommandLine(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool})
+	require.NoError(t, err)
+	defer client.Close()
+	p1, err := client.Enqueue(ctx, Greet.New(Greeting{Name: "first"}))
+	require.NoError(t, err)
+	p2, err := client.Enqueue(ctx, Greet.New(Greeting{Name: "second"}))
+	require.NoError(t, err)
+
+	out, _, err := e.greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "after-both"}`,
+		"--after", p1.Job.ID, "--after", p2.Job.ID, "--json")
+	require.NoError(t, err)
+	var res struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, "waiting", res.Status)
+	out, _, err = e.greeter(t, "", "status", "--id", res.ID)
+	require.NoError(t, err)
+	require.Contains(t, out, p1.Job.ID)
+	require.Contains(t, out, p2.Job.ID)
+
+	out, _, err = e.greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "after-one"}`, "--after", p1.Job.ID)
+	require.NoError(t, err)
+	require.Regexp(t, `^job \S+ created \(status waiting, `, out)
+
+	_, _, err = e.greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "orphan"}`, "--after", "no-such-job")
+	require.ErrorContains(t, err, "no-such-job")
+	_, err = client.Cancel(ctx, p2.Job.ID)
+	require.NoError(t, err)
+	_, _, err = e.greeter(t, "", "enqueue", "cli:greet", "--payload", `{"name": "too-late"}`, "--after", p2.Job.ID)
+	require.ErrorIs(t, err, tasks.ErrParentEnded)
+	out, _, err = e.greeter(t, "", "status", "cli:greet", "greet:orphan")
+	require.Error(t, err, "a refused job was written: %s", out)
+
+	_, _, err = e.greeter(t, "", "enqueue", "--from", "-", "--after", p1.Job.ID)
+	require.ErrorContains(t, err, "--from")
+}
