@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"regexp"
@@ -51,9 +52,13 @@ type Env struct {
 	// poolConns is the least pool size a command needs (a worker's, for
 	// its concurrency); the URL's pool_max_conns, when set, wins.
 	poolConns int
+	// root is the program's root command: logs go to its error writer
+	// (os.Stderr unless the program set another).
+	root *cobra.Command
 }
 
 func (e *Env) bind(cmd *cobra.Command) {
+	e.root = cmd
 	f := cmd.PersistentFlags()
 	f.StringVar(&e.redisURL, "redis-url", envOr("REDIS_URL", DefaultRedisURL),
 		"Redis: redis://, rediss://, redis-socket://, redis-sentinel://h1,h2?master=NAME or redis-cluster://h1,h2 (env REDIS_URL)")
@@ -212,11 +217,15 @@ func (e *Env) newLogger() (*slog.Logger, error) {
 		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", e.logLevel)}
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
+	var w io.Writer = os.Stderr
+	if e.root != nil {
+		w = e.root.ErrOrStderr()
+	}
 	switch strings.ToLower(e.logFormat) {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageError{fmt.Errorf("--log-format %q: want text or json", e.logFormat)}
 }
@@ -340,13 +349,19 @@ func (e *Env) postgresError(err error) error {
 
 // Pool connects to the ledger's database without looking at its schema
 // (migrate's view). Close it when done.
-func (e *Env) Pool(ctx context.Context) (*pgxpool.Pool, error) {
+func (e *Env) Pool(ctx context.Context) (*pgxpool.Pool, error) { return e.PoolFor(ctx, e.poolConns) }
+
+// PoolFor is Pool with at least conns connections, for a program that runs
+// more than one worker (or a worker beside other users) on one pool: sum
+// server.PoolSize of each worker's concurrency. The URL's pool_max_conns,
+// when set, wins.
+func (e *Env) PoolFor(ctx context.Context, conns int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.databaseURL)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("DATABASE_URL %q: %v", redisurl.Redact(e.databaseURL), err)}
 	}
-	if int(cfg.MaxConns) < e.poolConns && !strings.Contains(e.databaseURL, "pool_max_conns") {
-		cfg.MaxConns = int32(e.poolConns)
+	if int(cfg.MaxConns) < conns && !strings.Contains(e.databaseURL, "pool_max_conns") {
+		cfg.MaxConns = int32(conns)
 	}
 	// search_path in the URL selects the ledger's schema.
 	if sp := cfg.ConnConfig.RuntimeParams["search_path"]; sp == "" {

@@ -59,6 +59,9 @@ func demoCmd(env *cli.Env) *cobra.Command {
 	return cmd
 }
 
+// reportsConcurrency is the long jobs' own worker's.
+const reportsConcurrency = 2
+
 // The demo's dashboard users. Their password is printed and public, which
 // is why the demo's dashboard only listens on loopback.
 const demoPassword = "keel-demo"
@@ -83,7 +86,9 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 	if err := env.CreateDatabase(ctx); err != nil {
 		return err
 	}
-	pool, err := env.Pool(ctx)
+	// One pool for both workers, the order API, the dashboard and the
+	// scheduler: each worker's share (server.PoolSize), and a few more.
+	pool, err := env.PoolFor(ctx, server.PoolSize(cfg.Concurrency)+server.PoolSize(reportsConcurrency)+4)
 	if err != nil {
 		return err
 	}
@@ -168,7 +173,7 @@ func runDemo(cmd *cobra.Command, env *cli.Env, w *cli.WorkerFlags, d *demoFlags)
 	// Long jobs get a worker pool of their own, as docs/configuration.md advises.
 	reportsCfg := cfg
 	reportsCfg.Queues = map[string]int{handlers.ReportsQueue: 1}
-	reportsCfg.Concurrency = 2
+	reportsCfg.Concurrency = reportsConcurrency
 	reportsCfg.DisableRelay, reportsCfg.DisableReconciler = true, true
 	reports, err := server.New(reportsCfg, mux)
 	if err != nil {
