@@ -170,10 +170,13 @@ func PlanPrune(ctx context.Context, db DB, retention time.Duration) (PrunePlan, 
 }
 
 // pastKeepSQL is the finished jobs a prune deletes: kind $1's of status $2
-// finished longer than $3 ms before $4. PruneKind deletes them and
-// CountPastKeep counts them, by this one text.
+// finished longer than $3 ms before $4, but for one whose given-up handler
+// may still run (stray_until ahead), which a new job of its key waits for
+// by its row. PruneKind deletes them and CountPastKeep counts them, by this
+// one text.
 const pastKeepSQL = `kind = $1 AND status = $2 AND status IN ('succeeded', 'discarded', 'cancelled')
-	  AND finished_at < coalesce($4::timestamptz, now()) - $3 * interval '1 millisecond'`
+	  AND finished_at < coalesce($4::timestamptz, now()) - $3 * interval '1 millisecond'
+	  AND (stray_until IS NULL OR stray_until < coalesce($4::timestamptz, now()))`
 
 // pruneKindSQL stays on keel_jobs_finished_kind: one kind's range of one
 // status, oldest first, whatever other kinds keep. ANY(ARRAY(…)) makes the
@@ -214,13 +217,24 @@ func CountPastKeep(ctx context.Context, db DB, kind, status string, keep time.Du
 // may go: seen since they died, and either older than the age bound $2
 // (ms; 0: none) or among the oldest seen beyond the count bound $3 (0:
 // none). Unseen ones are never among them, though they count toward the
-// bound. Both reads are ranges of keel_jobs_dead_kind.
+// bound; nor are those a job still waits for (a child would wait for ever
+// on a parent no one can replay) and those whose given-up handler may
+// still run (see pastKeepSQL) (keepsDeadSQL). Both reads are ranges of
+// keel_jobs_dead_kind.
 const overBoundSQL = `over AS (
 	SELECT id FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND seen_at >= finished_at AND $2::bigint > 0
-	  AND finished_at < coalesce($4::timestamptz, now()) - $2 * interval '1 millisecond'
+	  AND finished_at < coalesce($4::timestamptz, now()) - $2 * interval '1 millisecond' AND ` + keepsDeadSQL + `
 	UNION
-	(SELECT id FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND seen_at >= finished_at ORDER BY finished_at
+	(SELECT id FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND seen_at >= finished_at AND ` + keepsDeadSQL + `
+	 ORDER BY finished_at
 	 LIMIT greatest((SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND $3::bigint > 0) - $3, 0)))`
+
+// keepsDeadSQL is false for a dead letter a job waits for (a dependency
+// not met, its child waiting on parents) or whose given-up handler may
+// still run. has_dependents spares the rest the look.
+const keepsDeadSQL = `(stray_until IS NULL OR stray_until < coalesce($4::timestamptz, now()))
+	  AND NOT (has_dependents AND EXISTS (SELECT 1 FROM keel_job_deps d JOIN keel_jobs c ON c.id = d.child_id
+	      WHERE d.parent_id = keel_jobs.id AND d.met_at IS NULL AND c.status = 'waiting' AND c.waiting_on > 0))`
 
 // DeadBound is a kind's dead-letter bounds as a policy in force sets
 // them: an age (Keep, 0: none) and a count (MaxCount, 0: none). Since is

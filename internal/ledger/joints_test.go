@@ -1,0 +1,202 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keeljobs/keel/internal/ledger"
+	"github.com/keeljobs/keel/internal/testenv"
+)
+
+// Where dependencies, concurrency keys, pauses and retention meet.
+
+func plainJob(id string) ledger.JobInsert {
+	return ledger.JobInsert{ID: id, Kind: "parentkind", BusinessKey: id, Queue: "default", Payload: []byte(`{}`)}
+}
+
+// waitOn writes child waiting for parents, as an enqueue with After does.
+func waitOn(t *testing.T, db *pgxpool.Pool, child ledger.JobInsert, parents ...string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	_, err = ledger.LockParents(ctx, tx, parents, []string{}, []string{})
+	require.NoError(t, err)
+	_, err = ledger.InsertWaiting(ctx, tx, child, ledger.Waiting{Parents: parents, WaitingOn: len(parents)})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// act does a person's action to ids, as inspect does.
+func act(t *testing.T, db *pgxpool.Pool, a ledger.Action, ids ...string) []ledger.Acted {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	require.NoError(t, ledger.LockJobs(ctx, tx, ids))
+	out, err := ledger.Act(ctx, tx, a, ids, "ops", "note", nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	return out
+}
+
+// A parent's success counts its waiting child down once, whatever happens
+// to the parent after: one that died after its completing InTx (its
+// effects in, its children counted down) and is then replayed to success,
+// or discarded, leaves a child waiting for another parent as it is.
+func TestAParentsSuccessCountsOnce(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	for _, id := range []string{"p1", "p2"} {
+		_, err := ledger.InsertJob(ctx, db, plainJob(id), true)
+		require.NoError(t, err)
+	}
+	waitOn(t, db, plainJob("c"), "p1", "p2")
+	setStatus(t, db, "succeeded", "p1")
+	// Its handler failed after the completing InTx: dead, effects in.
+	_, err := db.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', effects_committed_at = now() WHERE id = 'p1'`)
+	require.NoError(t, err)
+	require.Equal(t, []string{"waiting"}, statusOf(t, db, "c"))
+
+	act(t, db, ledger.Replay, "p1")
+	setStatus(t, db, "succeeded", "p1")
+	j, err := ledger.GetJob(ctx, db, "c")
+	require.NoError(t, err)
+	require.Equal(t, ledger.StatusWaiting, j.Status, "released by one parent's success counted twice; p2 has not succeeded")
+	require.Equal(t, 1, j.WaitingOn)
+
+	_, err = db.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', effects_committed_at = now() WHERE id = 'p1'`)
+	require.NoError(t, err)
+	act(t, db, ledger.Discard, "p1")
+	j, err = ledger.GetJob(ctx, db, "c")
+	require.NoError(t, err)
+	require.Equal(t, ledger.StatusWaiting, j.Status, "cancelled by a parent whose success it had counted: %s", j.ResolutionNote)
+
+	setStatus(t, db, "succeeded", "p2")
+	require.Equal(t, []string{"pending"}, statusOf(t, db, "c"))
+	require.True(t, outboxHas(t, db, "c"))
+}
+
+// A child released by hand is no longer its parents': their later success
+// does not let it past its concurrency key's limit, their end does not
+// cancel it.
+func TestAChildReleasedByHandIsLeftToItself(t *testing.T) {
+	ctx := context.Background()
+	for _, end := range []string{"succeeded", "discarded"} {
+		t.Run(end, func(t *testing.T) {
+			db, _ := testenv.PrivatePool(t)
+			_, err := ledger.InsertJob(ctx, db, plainJob("p"), true)
+			require.NoError(t, err)
+			_, err = ledger.InsertJob(ctx, db, keyed("a", "acme", 1), true)
+			require.NoError(t, err)
+			waitOn(t, db, keyed("c", "acme", 1), "p")
+			act(t, db, ledger.ReleaseWaiting, "c")
+			require.Equal(t, []string{"pending", "held"}, statusOf(t, db, "a", "c"), "released, then held by its key")
+			if end == "discarded" {
+				setStatus(t, db, "dead", "p")
+				act(t, db, ledger.Discard, "p")
+			} else {
+				setStatus(t, db, end, "p")
+			}
+			require.Equal(t, []string{"pending", "held"}, statusOf(t, db, "a", "c"))
+			require.False(t, outboxHas(t, db, "c"), "published past its key's limit")
+		})
+	}
+}
+
+// A key's job held by its kind's pause keeps its slot against a new job
+// of the key too, not only against the held ones: the new job is held
+// during the pause, and runs after the paused one once the kind resumes.
+func TestAKindsPauseKeepsItsKeysSlotsFromNewJobs(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	for _, id := range []string{"a", "b"} {
+		_, err := ledger.InsertJob(ctx, db, keyed(id, "acme", 1), true)
+		require.NoError(t, err)
+	}
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = ledger.PauseKind(ctx, tx, "tenantwork", "ops", "")
+	require.NoError(t, err)
+	_, err = ledger.HoldKind(ctx, tx, "tenantwork")
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, []string{"paused", "held"}, statusOf(t, db, "a", "b"))
+	_, err = ledger.InsertJob(ctx, db, keyed("c", "acme", 1), true)
+	require.NoError(t, err)
+	require.Equal(t, []string{"paused", "held", "held"}, statusOf(t, db, "a", "b", "c"), "admitted past the key's limit")
+
+	tx, err = db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = ledger.ResumeKind(ctx, tx, "tenantwork", "ops", "")
+	require.NoError(t, err)
+	_, err = ledger.ReleaseKind(ctx, tx, "tenantwork")
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, []string{"pending", "held", "held"}, statusOf(t, db, "a", "b", "c"))
+}
+
+// A dead letter that a job waits for is not dropped by its kind's bounds:
+// the child would wait for ever on a parent no one can replay, and the
+// alert on jobs waiting for a dead parent would go quiet.
+func TestADeadParentIsNotDroppedUnderItsChild(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	for _, id := range []string{"p", "lone"} {
+		_, err := ledger.InsertJob(ctx, db, plainJob(id), true)
+		require.NoError(t, err)
+	}
+	waitOn(t, db, plainJob("c"), "p")
+	_, err := db.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', finished_at = now() - interval '3 hours',
+		seen_at = now() - interval '2 hours', drop_noticed_at = now() - interval '2 hours' WHERE id IN ('p', 'lone')`)
+	require.NoError(t, err)
+	b := ledger.DeadBound{Kind: "parentkind", Keep: time.Hour, Since: time.Now().Add(-4 * time.Hour)}
+	n, err := ledger.CountDroppable(ctx, db, b, time.Millisecond, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the dead letter no job waits for, alone")
+	dropped, err := ledger.DropDeadLetters(ctx, db, b, time.Millisecond, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, dropped)
+	require.Equal(t, []string{"dead", "waiting"}, statusOf(t, db, "p", "c"))
+	w, err := ledger.WaitingByKind(ctx, db)
+	require.NoError(t, err)
+	require.NotEmpty(t, w)
+	require.EqualValues(t, 1, w[0].OnDead, "the child's wait on a dead parent still shows")
+}
+
+// A finished job whose given-up handler may still run (stray_until ahead)
+// is not pruned: a new job of its key would then run beside that handler.
+func TestAPruneLeavesAJobWhoseHandlerMayStillRun(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	for _, id := range []string{"stray", "done"} {
+		_, err := ledger.InsertJob(ctx, db, plainJob(id), true)
+		require.NoError(t, err)
+	}
+	_, err := db.Exec(ctx, `UPDATE keel_jobs SET status = 'cancelled', finished_at = now() - interval '2 hours',
+		stray_until = CASE id WHEN 'stray' THEN now() + interval '1 hour' END WHERE id IN ('stray', 'done')`)
+	require.NoError(t, err)
+	n, err := ledger.CountPastKeep(ctx, db, "parentkind", "cancelled", time.Hour, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	pruned, err := ledger.PruneKind(ctx, db, "parentkind", "cancelled", time.Hour, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, pruned)
+	_, err = ledger.GetJob(ctx, db, "stray")
+	require.NoError(t, err, "pruned while its handler may still run")
+
+	// A dead letter of a handler given up is kept by the bounds likewise.
+	_, err = db.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', seen_at = now(), drop_noticed_at = now() - interval '2 hours',
+		finished_at = now() - interval '3 hours' WHERE id = 'stray'`)
+	require.NoError(t, err)
+	dropped, err := ledger.DropDeadLetters(ctx, db, ledger.DeadBound{Kind: "parentkind", Keep: time.Hour,
+		Since: time.Now().Add(-4 * time.Hour)}, time.Millisecond, 100, nil)
+	require.NoError(t, err)
+	require.Zero(t, dropped, "dropped while its handler may still run")
+}
