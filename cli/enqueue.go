@@ -132,7 +132,10 @@ cancelled or discarded, refuses it.`,
 				if f.Changed("max-retry") {
 					opts = append(opts, tasks.MaxRetry(maxRetry))
 				}
-				if after = slices.DeleteFunc(after, func(id string) bool { return strings.TrimSpace(id) == "" }); len(after) > 0 {
+				for i := range after {
+					after[i] = strings.TrimSpace(after[i])
+				}
+				if after = slices.DeleteFunc(after, func(id string) bool { return id == "" }); len(after) > 0 {
 					opts = append(opts, tasks.After(after...))
 				} else if f.Changed("after") {
 					return usageError{errors.New("--after needs a job id")}

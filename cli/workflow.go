@@ -24,6 +24,9 @@ type relatedJSON struct {
 	BusinessKey string `json:"business_key"`
 	Status      string `json:"status"`
 	ErrorClass  string `json:"error_class,omitempty"`
+	// Met: the dependency is met (a parent: it succeeded, or died after
+	// its completing InTx had committed).
+	Met bool `json:"met"`
 }
 
 // depsJSON is what `status --json` says of a job's dependencies.
@@ -38,7 +41,7 @@ type depsJSON struct {
 func toRelatedJSON(rs []inspect.Related) []relatedJSON {
 	out := make([]relatedJSON, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, relatedJSON{ID: r.ID, Kind: r.Kind, BusinessKey: r.BusinessKey, Status: string(r.Status), ErrorClass: r.ErrorClass})
+		out = append(out, relatedJSON{ID: r.ID, Kind: r.Kind, BusinessKey: r.BusinessKey, Status: string(r.Status), ErrorClass: r.ErrorClass, Met: r.Met})
 	}
 	return out
 }
@@ -74,6 +77,8 @@ func printDeps(w io.Writer, prog string, j idempotency.Job, d *depsJSON) {
 	for _, p := range d.Parents {
 		note := string(p.Status)
 		switch {
+		case p.Met && p.Status != string(idempotency.StatusSucceeded):
+			note += ": met, its completing InTx committed"
 		case j.Status == idempotency.StatusWaiting && p.Status == string(idempotency.StatusDead):
 			note += fmt.Sprintf(": this job waits until it is replayed and succeeds (%s dead replay %s), or released (%s release %s)", prog, p.ID, prog, j.ID)
 		case j.Status == idempotency.StatusWaiting && p.Status != string(idempotency.StatusSucceeded):

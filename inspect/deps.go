@@ -21,12 +21,13 @@ type Dependencies struct {
 	MoreParents, MoreChildren int
 }
 
-// Waits names the parents a waiting job still waits for: those not
-// succeeded, a dead one among them (its replay would release the job).
+// Waits names the parents a waiting job still waits for: those whose
+// dependency is not met, a dead one among them (its replay would release
+// the job).
 func (d Dependencies) Waits() []Related {
 	var out []Related
 	for _, p := range d.Parents {
-		if p.Status != ledger.StatusSucceeded {
+		if p.Status != ledger.StatusSucceeded && !p.Met {
 			out = append(out, p)
 		}
 	}

@@ -814,9 +814,9 @@ func (s *Server) confirmSelected(w http.ResponseWriter, r *http.Request, status 
 	s.render(w, r, status, "confirm", view{Title: "Confirm " + action, Nav: "jobs", Error: errMsg, Data: d})
 }
 
-// bulkSelected replays or discards the selected jobs that are dead.
-// bulkSelected acts on jobs the person selected, at most maxSelected, in
-// the request; ctx outlives the browser (see bulk).
+// bulkSelected replays, discards or cancels the jobs the person selected
+// (at most maxSelected) that the action applies to, in the request; ctx
+// outlives the browser (see bulk).
 func (s *Server) bulkSelected(ctx context.Context, w http.ResponseWriter, r *http.Request, action string, ids []string, expect int, note string) {
 	p := principalFrom(r.Context())
 	if action == "discard" && note == "" {

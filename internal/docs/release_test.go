@@ -16,7 +16,8 @@ var (
 	goGet   = regexp.MustCompile("`go get github\\.com/keeljobs/keel@([^`]+)`")
 )
 
-// The README says to depend on the newest release CHANGELOG.md lists, and
+// The README (and the changelog's opening) say to depend on the newest
+// release CHANGELOG.md lists, and
 // the changelog's releases are in order, newest first, each with a date and
 // a link to its tag.
 func TestTheReadmeNamesTheNewestRelease(t *testing.T) {
@@ -68,16 +69,18 @@ func TestTheReadmeNamesTheNewestRelease(t *testing.T) {
 	if len(versions) == 0 {
 		t.Fatal("CHANGELOG.md lists no release")
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := goGet.FindSubmatch(readme)
-	if m == nil {
-		t.Fatal("README.md does not say how to depend on keel (`go get github.com/keeljobs/keel@vX.Y.Z`)")
-	}
-	if got, want := string(m[1]), "v"+versions[0]; got != want {
-		t.Errorf("README.md says go get …@%s; the newest release is %s", got, want)
+	for _, name := range []string{"README.md", "CHANGELOG.md"} {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := goGet.FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("%s does not say how to depend on keel (`go get github.com/keeljobs/keel@vX.Y.Z`)", name)
+		}
+		if got, want := string(m[1]), "v"+versions[0]; got != want {
+			t.Errorf("%s says go get …@%s; the newest release is %s", name, got, want)
+		}
 	}
 }
 

@@ -38,7 +38,8 @@ func depsTables(t *testing.T, e *env) {
 // depHandler: keys starting "commit-then-hang" commit their effect and then
 // hang (a worker killed at completion); "hang-first" hang in their first
 // run and commit in the next; "fail-once" die at their first run
-// (permanently) and succeed once replayed; "gate" wait on gate. Every
+// (permanently) and succeed once replayed; "effects-then-fail" commit
+// their effect and then fail (dead, the effect in); "gate" wait on gate. Every
 // other key commits its effect.
 func depHandler(pool *pgxpool.Pool, gate func(ctx context.Context, key string) error) func(context.Context, item) error {
 	return func(ctx context.Context, it item) error {
@@ -73,6 +74,12 @@ func depHandler(pool *pgxpool.Pool, gate func(ctx context.Context, key string) e
 			if tag.RowsAffected() == 1 {
 				return retry.Permanent(errors.New("the warehouse refused"))
 			}
+		case strings.HasPrefix(it.ID, "effects-then-fail"):
+			// Dead after its completing InTx: its effect is in.
+			if err := effect(ctx); err != nil {
+				return err
+			}
+			return retry.Permanent(errors.New("the label printer jammed after the commit"))
 		case strings.HasPrefix(it.ID, "gate") && gate != nil:
 			if err := gate(ctx, it.ID); err != nil {
 				return err
@@ -503,4 +510,51 @@ func TestAJobReadsItsParentsResults(t *testing.T) {
 	r, err := e.client.Result(ctx, total)
 	require.NoError(t, err)
 	require.JSONEq(t, `{"sum": 8, "by": {"three": 3, "five": 5}}`, string(r.JSON))
+}
+
+// A parent whose handler failed after its completing InTx (dead, its
+// effects in) has met the dependency of what waits for it: a job enqueued
+// after it then does not wait for it, and discarding it does not cancel a
+// child that still waits for another parent.
+func TestAParentDeadWithItsEffectsInHasMetItsDependency(t *testing.T) {
+	e := setup(t)
+	depsTables(t, e)
+	ctx := context.Background()
+	open := make(chan struct{})
+	p, err := e.client.Enqueue(ctx, depKind.New(item{ID: "effects-then-fail"}))
+	require.NoError(t, err)
+	q, err := e.client.Enqueue(ctx, depKind.New(item{ID: "gate-q"}))
+	require.NoError(t, err)
+	c, err := e.client.Enqueue(ctx, depKind.New(item{ID: "after-both"}, tasks.After(p.Job.ID, q.Job.ID)))
+	require.NoError(t, err)
+	depsWorker(t, e, nil, func(ctx context.Context, _ string) error {
+		select {
+		case <-open:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	testworker.WaitStatus(t, e.store, p.Job.ID, idempotency.StatusDead, 20*time.Second)
+	require.Equal(t, 1, e.effects(t, p.Job.ID))
+
+	late, err := e.client.Enqueue(ctx, depKind.New(item{ID: "after-dead-with-effects"}, tasks.After(p.Job.ID)))
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusPending, late.Job.Status, "waits for a parent whose effects are in")
+
+	_, err = e.client.Inspector().Discard(ctx, p.Job.ID, "ops", "the labels were printed by hand")
+	require.NoError(t, err)
+	j, err := e.store.Get(ctx, c.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.StatusWaiting, j.Status, "cancelled by a parent whose effects are in: %s", j.ResolutionNote)
+	d, err := e.client.Inspector().Dependencies(ctx, c.Job.ID)
+	require.NoError(t, err)
+	require.Len(t, d.Waits(), 1)
+	require.Equal(t, q.Job.ID, d.Waits()[0].ID, "it waits for q alone")
+
+	close(open)
+	testworker.WaitStatus(t, e.store, c.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	testworker.WaitStatus(t, e.store, late.Job.ID, idempotency.StatusSucceeded, 20*time.Second)
+	require.Equal(t, 1, e.effects(t, c.Job.ID))
+	require.Equal(t, 1, e.effects(t, late.Job.ID))
 }

@@ -91,7 +91,11 @@ func lockParents(ctx context.Context, tx DB, nj NewJob) (ledger.Waiting, error) 
 		}
 		seen[p.ID] = true
 		w.Parents = append(w.Parents, p.ID)
-		if p.Status != ledger.StatusSucceeded {
+		// A parent dead with its effects in met its children's dependency
+		// when it succeeded; one enqueued after it does not wait for it.
+		if p.Status == ledger.StatusSucceeded || p.EffectsIn {
+			w.Met = append(w.Met, p.ID)
+		} else {
 			w.WaitingOn++
 		}
 	}

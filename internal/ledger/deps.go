@@ -16,6 +16,9 @@ import (
 type Parent struct {
 	ID, Kind, BusinessKey string
 	Status                Status
+	// EffectsIn: its handler failed after its completing InTx (dead or
+	// discarded with its effects in); it met its children's dependency.
+	EffectsIn bool
 }
 
 // lockParentsSQL locks the parents named by id ($1) or by (kind, business
@@ -25,14 +28,14 @@ type Parent struct {
 // count below cannot miss a parent succeeding meanwhile. A parent already
 // marked is not written again.
 const lockParentsSQL = `WITH p AS (
-	SELECT id, kind, business_key, status, has_dependents FROM keel_jobs
+	SELECT id, kind, business_key, status, effects_committed_at IS NOT NULL AS effects_in, has_dependents FROM keel_jobs
 	WHERE id = ANY (ARRAY (SELECT id FROM keel_jobs WHERE id = ANY($1::text[])
 		UNION SELECT k.id FROM keel_jobs k JOIN unnest($2::text[], $3::text[]) AS u(kind, key)
 			ON k.kind = u.kind AND k.business_key = u.key))
 	ORDER BY id FOR UPDATE),
 mark AS (UPDATE keel_jobs SET has_dependents = true
 	WHERE id = ANY (ARRAY (SELECT id FROM p WHERE NOT has_dependents)))
-SELECT id, kind, business_key, status FROM p ORDER BY id`
+SELECT id, kind, business_key, status, effects_in FROM p ORDER BY id`
 
 // LockParents locks and marks the parents named by ids or by kinds[i],
 // keys[i], and returns those that exist, in id order.
@@ -45,9 +48,10 @@ func LockParents(ctx context.Context, db DB, ids, kinds, keys []string) ([]Paren
 }
 
 // insertWaitingSQL writes a job with its parents ($17): waiting while $18
-// of them have not succeeded, else pending and, when due, in the relay's
-// outbox with a wake-up, as insertWakeSQL writes it. A waiting row goes in
-// published (see the migration): its release hands it to the relay.
+// of them have not met its dependency, else pending and, when due, in the
+// relay's outbox with a wake-up, as insertWakeSQL writes it; the rows of
+// the parents $23 are written met. A waiting row goes in published (see
+// the migration): its release hands it to the relay.
 const insertWaitingSQL = `WITH ins AS (INSERT INTO keel_jobs
 	(id, kind, business_key, queue, payload, max_retry, timeout_ms, deadline, run_at, payload_summary, trace_id, max_wait_ms,
 	 traceparent, tracestate, batch_id, expire_stale, status, waiting_on, workflow_id, workflow_task,
@@ -59,7 +63,8 @@ const insertWaitingSQL = `WITH ins AS (INSERT INTO keel_jobs
 	 CASE WHEN $18::int > 0 OR coalesce($9, now()) <= now() THEN now() END)
 	ON CONFLICT (kind, business_key) DO NOTHING
 	RETURNING ` + newRowColumns + `),
-deps AS (INSERT INTO keel_job_deps (parent_id, child_id) SELECT p, ins.id FROM ins, unnest($17::text[]) p
+deps AS (INSERT INTO keel_job_deps (parent_id, child_id, met_at)
+	SELECT p, ins.id, CASE WHEN p = ANY ($23::text[]) THEN now() END FROM ins, unnest($17::text[]) p
 	ON CONFLICT DO NOTHING),
 outbox AS (INSERT INTO keel_outbox (job_id) SELECT id FROM ins WHERE status = 'pending' AND published_at IS NOT NULL),
 wake AS (SELECT pg_notify('` + RelayChannel + `', '') FROM ins WHERE status = 'pending' AND published_at IS NOT NULL)
@@ -71,6 +76,9 @@ type Waiting struct {
 	Parents []string
 	// WaitingOn counts those not yet succeeded: 0 writes the job pending.
 	WaitingOn int
+	// Met are the parents whose dependency is met already: succeeded, or
+	// their effects in (Parent.EffectsIn). Their rows are written met.
+	Met []string
 	// WorkflowID and Task place the job in a workflow (empty: none).
 	WorkflowID, Task string
 }
@@ -83,7 +91,7 @@ func InsertWaiting(ctx context.Context, db DB, r JobInsert, w Waiting) (NewRow, 
 	err := row.scan(db.QueryRow(ctx, insertWaitingSQL, r.ID, r.Kind, r.BusinessKey, r.Queue, r.Payload,
 		r.MaxRetry, r.TimeoutMS, r.Deadline, r.RunAt, r.PayloadSummary, r.TraceID, r.MaxWaitMS,
 		r.TraceParent, r.TraceState, r.BatchID, r.ExpireStale, w.Parents, w.WaitingOn, w.WorkflowID, w.Task,
-		r.ConcurrencyKey, r.ConcurrencyLimit))
+		r.ConcurrencyKey, r.ConcurrencyLimit, w.Met))
 	return row, err
 }
 
@@ -95,9 +103,17 @@ type Related struct {
 	WaitingOn  int
 	ErrorClass string
 	FinishedAt *time.Time
+	// Met: the dependency is met (keel_job_deps.met_at, migration 0032):
+	// the parent succeeded, or died with its effects in after it had.
+	Met bool
 }
 
-const relatedColumns = `j.id, j.kind, j.business_key, j.status, j.waiting_on, coalesce(j.error_class, ''), j.finished_at`
+// relatedJobColumns are a Related's job's; relatedColumns add its
+// dependency's (d).
+const (
+	relatedJobColumns = `j.id, j.kind, j.business_key, j.status, j.waiting_on, coalesce(j.error_class, ''), j.finished_at`
+	relatedColumns    = relatedJobColumns + `, d.met_at IS NOT NULL`
+)
 
 // parentsSQL and childrenSQL read a job's dependencies from either end. A
 // parent pruned since (it succeeded long ago) has no row: it is not
@@ -110,7 +126,7 @@ const (
 )
 
 // The pages of a job's dependencies (ParentsPage, ChildrenPage): parents
-// not yet succeeded first, since they are why a job waits; children in the
+// not yet met first, since they are why a job waits; children in the
 // order of the parent's primary key, so a page of a parent with many
 // children reads only the page's jobs. The counts run only for a full page;
 // children are counted from keel_job_deps alone (pruning a job deletes the
@@ -119,7 +135,7 @@ const (
 // transaction: jobs added meanwhile may make it one or two more.
 const (
 	parentsPageSQL = `SELECT ` + relatedColumns + ` FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.parent_id
-	WHERE d.child_id = $1 ORDER BY j.status = 'succeeded', j.id LIMIT $2`
+	WHERE d.child_id = $1 ORDER BY j.status = 'succeeded' OR d.met_at IS NOT NULL, j.id LIMIT $2`
 	childrenPageSQL = `SELECT ` + relatedColumns + ` FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.child_id
 	WHERE d.parent_id = $1 ORDER BY d.child_id LIMIT $2`
 	parentsCountSQL  = `SELECT count(*) FROM keel_job_deps d JOIN keel_jobs j ON j.id = d.parent_id WHERE d.child_id = $1`
@@ -177,7 +193,7 @@ type WorkflowNode struct {
 	Parents []string
 }
 
-const workflowSQL = `SELECT ` + relatedColumns + `, coalesce(j.workflow_task, ''),
+const workflowSQL = `SELECT ` + relatedJobColumns + `, coalesce(j.workflow_task, ''),
 	ARRAY(SELECT d.parent_id FROM keel_job_deps d WHERE d.child_id = j.id ORDER BY d.parent_id)
 	FROM keel_jobs j WHERE j.workflow_id = $1 ORDER BY j.id`
 

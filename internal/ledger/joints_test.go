@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -48,8 +49,9 @@ func act(t *testing.T, db *pgxpool.Pool, a ledger.Action, ids ...string) []ledge
 
 // A parent's success counts its waiting child down once, whatever happens
 // to the parent after: one that died after its completing InTx (its
-// effects in, its children counted down) and is then replayed to success,
-// or discarded, leaves a child waiting for another parent as it is.
+// effects in, its children counted down) and is then discarded leaves a
+// child waiting for another parent as it is, and the child is not counted
+// as waiting for a dead parent.
 func TestAParentsSuccessCountsOnce(t *testing.T) {
 	ctx := context.Background()
 	db, _ := testenv.PrivatePool(t)
@@ -63,8 +65,17 @@ func TestAParentsSuccessCountsOnce(t *testing.T) {
 	_, err := db.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', effects_committed_at = now() WHERE id = 'p1'`)
 	require.NoError(t, err)
 	require.Equal(t, []string{"waiting"}, statusOf(t, db, "c"))
+	w, err := ledger.WaitingByKind(ctx, db)
+	require.NoError(t, err)
+	require.Len(t, w, 1)
+	require.Zero(t, w[0].OnDead, "c waits for p2 alone, pending: no person is needed")
+	parents, err := ledger.ParentsOf(ctx, db, "c")
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, false}, []bool{parents[0].Met, parents[1].Met}, "p1 met, p2 not")
 
-	act(t, db, ledger.Replay, "p1")
+	// Replay refuses a job whose effects are in; a move back to succeeded
+	// (no statement of keel's makes one) would still count c down once.
+	require.Empty(t, act(t, db, ledger.Replay, "p1"))
 	setStatus(t, db, "succeeded", "p1")
 	j, err := ledger.GetJob(ctx, db, "c")
 	require.NoError(t, err)
@@ -199,4 +210,53 @@ func TestAPruneLeavesAJobWhoseHandlerMayStillRun(t *testing.T) {
 		Since: time.Now().Add(-4 * time.Hour)}, time.Millisecond, 100, nil)
 	require.NoError(t, err)
 	require.Zero(t, dropped, "dropped while its handler may still run")
+}
+
+// An upgrade to 0032 marks met the dependencies of the children still
+// waiting whose parent succeeded, or died with its effects in after
+// counting the child down; a dependency on a parent that died with its
+// effects in before the child was enqueued (which the child's count
+// includes) stays unmet, and the child's count and its unmet dependencies
+// agree.
+func TestTheUpgradeMarksTheDependenciesMet(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	for _, id := range []string{"ok", "counted", "before", "open"} {
+		_, err := ledger.InsertJob(ctx, db, plainJob(id), true)
+		require.NoError(t, err)
+	}
+	// c1 waits for counted (which succeeds, counting it down, then dies
+	// with its effects in) and open; c2 for ok (succeeded before it) and
+	// open; c3 for before (dead with its effects in before c3 came, as an
+	// older binary counted it) and open.
+	waitOn(t, db, plainJob("c1"), "counted", "open")
+	setStatus(t, db, "succeeded", "counted", "ok")
+	_, err := db.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', effects_committed_at = now() WHERE id IN ('counted', 'before')`)
+	require.NoError(t, err)
+	waitOn(t, db, plainJob("c2"), "ok", "open")
+	_, err = db.Exec(ctx, `UPDATE keel_jobs SET waiting_on = 1 WHERE id = 'c2'`) // ok had succeeded
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry, status, waiting_on, published_at)
+		VALUES ('c3', 'parentkind', 'c3', 'default', '{}', 3, 'waiting', 2, now());
+		INSERT INTO keel_job_deps (parent_id, child_id) VALUES ('before', 'c3'), ('open', 'c3');
+		UPDATE keel_job_deps SET met_at = NULL`) // as before 0032
+	require.NoError(t, err)
+
+	testenv.ReapplyMigration(t, db, "joints")
+	rows, err := db.Query(ctx, `SELECT child_id || '<' || parent_id FROM keel_job_deps WHERE met_at IS NOT NULL ORDER BY 1`)
+	require.NoError(t, err)
+	met, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"c1<counted", "c2<ok"}, met)
+	var disagree int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM keel_jobs c WHERE c.status = 'waiting'
+		AND c.waiting_on <> (SELECT count(*) FROM keel_job_deps d WHERE d.child_id = c.id AND d.met_at IS NULL)`).Scan(&disagree))
+	require.Zero(t, disagree, "a waiting child's count and its unmet dependencies disagree")
+
+	// What the upgrade leaves behaves: discarding counted leaves c1, open's
+	// success releases c1 and c2, and c3 waits for before, dead.
+	act(t, db, ledger.Discard, "counted")
+	require.Equal(t, []string{"waiting"}, statusOf(t, db, "c1"))
+	setStatus(t, db, "succeeded", "open")
+	require.Equal(t, []string{"pending", "pending", "waiting"}, statusOf(t, db, "c1", "c2", "c3"))
 }

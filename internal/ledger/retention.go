@@ -175,8 +175,7 @@ func PlanPrune(ctx context.Context, db DB, retention time.Duration) (PrunePlan, 
 // by its row. PruneKind deletes them and CountPastKeep counts them, by this
 // one text.
 const pastKeepSQL = `kind = $1 AND status = $2 AND status IN ('succeeded', 'discarded', 'cancelled')
-	  AND finished_at < coalesce($4::timestamptz, now()) - $3 * interval '1 millisecond'
-	  AND (stray_until IS NULL OR stray_until < coalesce($4::timestamptz, now()))`
+	  AND finished_at < coalesce($4::timestamptz, now()) - $3 * interval '1 millisecond' AND ` + noStraySQL
 
 // pruneKindSQL stays on keel_jobs_finished_kind: one kind's range of one
 // status, oldest first, whatever other kinds keep. ANY(ARRAY(…)) makes the
@@ -229,11 +228,14 @@ const overBoundSQL = `over AS (
 	 ORDER BY finished_at
 	 LIMIT greatest((SELECT count(*) FROM keel_jobs WHERE kind = $1 AND status = 'dead' AND $3::bigint > 0) - $3, 0)))`
 
+// noStraySQL is true for a job no given-up handler of which may still run
+// at $4 (stray_until, renewed while one does).
+const noStraySQL = `(stray_until IS NULL OR stray_until < coalesce($4::timestamptz, now()))`
+
 // keepsDeadSQL is false for a dead letter a job waits for (a dependency
 // not met, its child waiting on parents) or whose given-up handler may
 // still run. has_dependents spares the rest the look.
-const keepsDeadSQL = `(stray_until IS NULL OR stray_until < coalesce($4::timestamptz, now()))
-	  AND NOT (has_dependents AND EXISTS (SELECT 1 FROM keel_job_deps d JOIN keel_jobs c ON c.id = d.child_id
+const keepsDeadSQL = noStraySQL + ` AND NOT (has_dependents AND EXISTS (SELECT 1 FROM keel_job_deps d JOIN keel_jobs c ON c.id = d.child_id
 	      WHERE d.parent_id = keel_jobs.id AND d.met_at IS NULL AND c.status = 'waiting' AND c.waiting_on > 0))`
 
 // DeadBound is a kind's dead-letter bounds as a policy in force sets

@@ -122,7 +122,7 @@ type WaitingCount struct {
 
 const waitingByKindSQL = `SELECT j.kind, count(*),
 		count(*) FILTER (WHERE EXISTS (SELECT 1 FROM keel_job_deps d JOIN keel_jobs p ON p.id = d.parent_id
-			WHERE d.child_id = j.id AND p.status = 'dead')),
+			WHERE d.child_id = j.id AND d.met_at IS NULL AND p.status = 'dead')),
 		min(j.created_at)
 	FROM keel_jobs j WHERE j.status = 'waiting' AND j.key_held_since IS NULL GROUP BY j.kind ORDER BY j.kind`
 

@@ -1,4 +1,4 @@
 // Package publicapi holds no code: its test checks that keel's public
 // packages do not hand their users types they cannot name, from keel's
-// internal packages (an internal type a public one aliases is named).
+// internal packages but for the aliases it lists as reviewed.
 package publicapi

@@ -1,15 +1,17 @@
 -- keel:no-transaction
 -- keel:additive
--- Where dependencies meet replays, discards, releases by hand, concurrency
--- keys and kinds' pauses.
+-- Where dependencies meet discards, releases by hand, concurrency keys and
+-- kinds' pauses.
 --
--- A dependency is met once: keel_job_deps.met_at records its parent's
--- success. A parent that succeeded, died after its completing InTx (its
--- effects in, its children counted down) and was replayed to success again
--- counted its children down a second time, releasing a child before its
--- other parents had succeeded; discarded instead, it cancelled a child it
--- had already counted down. Now a success counts down only the children
--- whose dependency on it is not met yet, and an end cancels only those.
+-- A dependency is met once: keel_job_deps.met_at records it, at its
+-- parent's success, or at the child's enqueue when the parent had
+-- succeeded already or its handler had failed after its completing InTx
+-- (dead with its effects in: its success had counted its children down).
+-- Discarding such a parent cancelled a child it had already counted down
+-- that still waited for another parent, and a child enqueued after it
+-- waited for it for ever (no replay runs its effects again). Now a success
+-- counts down, and an end cancels, only the children whose dependency on
+-- it is not met; a success counts each once.
 --
 -- A child released by hand (waiting_on = 0), or released by its parents
 -- and held by its concurrency key, is no longer its parents': their later
@@ -21,17 +23,13 @@
 -- full key was admitted past the limit, and the paused job was held behind
 -- it at the resume.
 --
--- Additive: a column older binaries never read, and functions their
--- statements set off; the met_at of the dependencies whose parent has
--- succeeded, or has died after its completing InTx, is filled in for the
--- children still waiting.
+-- Additive: a column older binaries never read (they write it null, as
+-- before this migration), and functions their statements set off. The
+-- functions come first, then met_at is filled in for the children still
+-- waiting: the dependencies on parents that succeeded, and those on parents
+-- dead with their effects in where the child's count shows they were
+-- counted down (its unmet dependencies exceed waiting_on by as many).
 ALTER TABLE keel_job_deps ADD COLUMN IF NOT EXISTS met_at timestamptz;
-
-UPDATE keel_job_deps d SET met_at = now()
-  FROM keel_jobs p
- WHERE p.id = d.parent_id AND d.met_at IS NULL
-   AND (p.status = 'succeeded' OR (p.status IN ('dead', 'discarded') AND p.effects_committed_at IS NOT NULL))
-   AND d.child_id IN (SELECT id FROM keel_jobs WHERE status = 'waiting');
 
 -- A parent's status moved into succeeded, cancelled or discarded. The
 -- children it still holds back are locked in id order first: two parents
@@ -94,3 +92,16 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
+
+UPDATE keel_job_deps d SET met_at = now()
+  FROM keel_jobs p
+ WHERE p.id = d.parent_id AND d.met_at IS NULL AND p.status = 'succeeded'
+   AND d.child_id IN (SELECT id FROM keel_jobs WHERE status = 'waiting');
+
+UPDATE keel_job_deps d SET met_at = now()
+  FROM keel_jobs p
+ WHERE p.id = d.parent_id AND d.met_at IS NULL AND p.effects_committed_at IS NOT NULL
+   AND d.child_id IN (SELECT c.id FROM keel_jobs c WHERE c.status = 'waiting'
+       AND (SELECT count(*) FROM keel_job_deps u WHERE u.child_id = c.id AND u.met_at IS NULL) - c.waiting_on
+         = (SELECT count(*) FROM keel_job_deps e JOIN keel_jobs ep ON ep.id = e.parent_id
+             WHERE e.child_id = c.id AND e.met_at IS NULL AND ep.effects_committed_at IS NOT NULL));
