@@ -109,6 +109,17 @@ func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, no
 	}
 	ids = distinct(ids)
 	res := BulkResult{Matched: len(ids), Unchanged: map[string]string{}, Failed: map[string]error{}}
+	if a == ActionCancel && len(ids) > pageSize {
+		ordered, err := ledger.CancelOrder(ctx, in.pool, ids)
+		if err != nil {
+			for _, id := range ids {
+				res.Failed[id] = interpret(err)
+			}
+			return res, interpret(err)
+		}
+		// Ids of no job go last, for their pages to say so.
+		ids = append(ordered, missing(ids, ordered)...)
+	}
 	graceUntil := time.Now().Add(activeGrace)
 	for start := 0; start < len(ids); start += pageSize {
 		if err := ctx.Err(); err != nil {
@@ -394,3 +405,18 @@ func (in *Inspector) ResolveStep(ctx context.Context, jobID, step string, happen
 }
 
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+
+// missing returns the ids of all that are not in some, in all's order.
+func missing(all, some []string) []string {
+	in := make(map[string]bool, len(some))
+	for _, id := range some {
+		in[id] = true
+	}
+	var out []string
+	for _, id := range all {
+		if !in[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}

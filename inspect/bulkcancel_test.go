@@ -137,3 +137,34 @@ func createdAt(t *testing.T, b *bundle, id string) (at time.Time) {
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT created_at FROM keel_jobs WHERE id = $1`, id).Scan(&at))
 	return at
 }
+
+// A cancel of many jobs, in pages, does not release the jobs of its later
+// pages that a key holds: cancelling a job in flight frees its slot, and the
+// oldest held job of its key would go to the relay (and a worker) before
+// its own page came. Held jobs are cancelled first.
+func TestCancelByFilterReleasesNoneOfTheJobsItCancels(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	kind := "bulkcancel:pages"
+	first, st := b.keyed(t, kind, "tenant-c", 1, 1)
+	require.Equal(t, idempotency.StatusPending, st)
+	// More than a page between the job in flight and the one held behind
+	// it, oldest first.
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry)
+		SELECT gen_random_uuid()::text, $1, 'filler-' || g, 'default', '{}', 3 FROM generate_series(1, 600) g`, kind)
+	require.NoError(t, err)
+	held, st := b.keyed(t, kind, "tenant-c", 1, 2)
+	require.Equal(t, idempotency.StatusWaiting, st)
+	_, err = b.pool.Exec(ctx, `CREATE TABLE moves (id text, was text, now text);
+		CREATE FUNCTION record_move() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO moves VALUES (NEW.id, OLD.status, NEW.status); RETURN NULL; END $$;
+		CREATE TRIGGER record_move AFTER UPDATE OF status ON keel_jobs FOR EACH ROW EXECUTE FUNCTION record_move()`)
+	require.NoError(t, err)
+
+	res, err := b.ops.CancelMatching(ctx, inspect.Filter{Kind: kind}, 602, "ops", "tenant left")
+	require.NoError(t, err)
+	require.Equal(t, 602, res.Done)
+	require.Equal(t, []idempotency.Status{idempotency.StatusCancelled, idempotency.StatusCancelled}, b.statuses(t, first, held))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM moves WHERE id = $1 AND now = 'pending'`, held),
+		"the cancel released a job it was to cancel")
+}

@@ -311,6 +311,27 @@ func (f Filter) where() (string, []any) {
 	return strings.Join(conds, " AND "), args
 }
 
+// cancelOrderSQL puts the jobs ids ($1) in the order a cancel of them in
+// pages takes them: those that hold no concurrency slot (waiting: for
+// parents or held by their key) first, then those a kind's pause holds
+// with theirs, then the rest, each class in the order given. Ids of no job
+// are left out.
+const cancelOrderSQL = `SELECT j.id FROM unnest($1::text[]) WITH ORDINALITY AS u(id, n) JOIN keel_jobs j ON j.id = u.id
+	ORDER BY CASE j.status WHEN 'waiting' THEN 0 WHEN 'paused' THEN 1 ELSE 2 END, u.n`
+
+// CancelOrder returns the jobs of ids in the order a cancel in pages takes
+// them (cancelOrderSQL): a job's end frees its concurrency slot and the
+// oldest held job of its key goes to the relay, so one cancelled in a
+// later page than a job of its key in flight could run before its page
+// came. Ids of no job are left out.
+func CancelOrder(ctx context.Context, db DB, ids []string) ([]string, error) {
+	rows, err := db.Query(ctx, cancelOrderSQL, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // MatchingIDs returns the ids of every job f matches, oldest first (by
 // death, or enqueueing), read in one statement: pages read one after
 // another would skip a job that left the set meanwhile and repeat one

@@ -39,6 +39,9 @@ func TestOperatorPlans(t *testing.T) {
 	usesIndex(t, p, []string{"keel_steps_pkey"}, "keel_steps")
 	p = plan(t, func(db ledger.DB) { ledger.JobStatus(ctx, db, "j00000007") }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_pkey"}, "keel_jobs")
+	// A cancel's order probes the primary key per id, whatever the ledger's size.
+	p = plan(t, func(db ledger.DB) { ledger.CancelOrder(ctx, db, []string{"j00000007", "j00000008"}) }) //nolint:errcheck
+	usesIndex(t, p, []string{"keel_jobs_pkey"}, "keel_jobs")
 	p = plan(t, func(db ledger.DB) { ledger.Counts(ctx, db, []string{"kind3"}) }) //nolint:errcheck
 	usesIndex(t, p, []string{"keel_jobs_kind_business_key"}, "keel_jobs")
 	// Every kind: the whole table, once, as documented.
