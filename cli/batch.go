@@ -159,7 +159,8 @@ func loadBatch(ctx context.Context, store *jobstore.Store, id string, limit int)
 		return batchJSON{}, err
 	}
 	v.Open = map[string]int{}
-	for _, st := range []idempotency.Status{idempotency.StatusPending, idempotency.StatusPaused, idempotency.StatusRunning, idempotency.StatusFailed} {
+	for _, st := range []idempotency.Status{idempotency.StatusWaiting, idempotency.StatusPending, idempotency.StatusPaused,
+		idempotency.StatusRunning, idempotency.StatusFailed} {
 		v.Open[string(st)] = statuses[st]
 		v.OpenTotal += statuses[st]
 	}
@@ -204,8 +205,8 @@ func printBatch(w io.Writer, v batchJSON) {
 	fmt.Fprintf(tw, "state\t%s\n", v.State)
 	fmt.Fprintf(tw, "ended\t%d of %d: %d succeeded, %d dead, %d discarded, %d cancelled\n",
 		v.Succeeded+v.Dead+v.Discarded+v.Cancelled, v.Total, v.Succeeded, v.Dead, v.Discarded, v.Cancelled)
-	fmt.Fprintf(tw, "open\t%d: %d pending, %d running, %d failed (will retry)\n", v.OpenTotal,
-		v.Open["pending"], v.Open["running"], v.Open["failed"])
+	fmt.Fprintf(tw, "open\t%d: %d pending, %d running, %d failed (will retry), %d waiting, %d paused\n", v.OpenTotal,
+		v.Open["pending"], v.Open["running"], v.Open["failed"], v.Open["waiting"], v.Open["paused"])
 	fmt.Fprintf(tw, "completions\t%d\n", v.Generation)
 	fmt.Fprintf(tw, "created\t%s\n", v.CreatedAt.Format(time.RFC3339))
 	if v.SealedAt != nil {

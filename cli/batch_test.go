@@ -45,6 +45,15 @@ func TestBatchCommands(t *testing.T) {
 	require.Regexp(t, `on complete\s+welcome:wave_done \(queue default\): not enqueued yet\n`, r.stdout)
 	require.Contains(t, r.stdout, ids[2], "the open member is listed")
 	require.NotContains(t, r.stdout, ids[0])
+	// A member waiting (for its parents, or held by its key) is open too.
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'waiting' WHERE id = $1`, ids[2])
+	require.NoError(t, err)
+	r = welcome(t, env, "batch", "show", batch.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `open\s+1: 0 pending, 0 running, 0 failed \(will retry\), 1 waiting, 0 paused\n`, r.stdout)
+	require.Contains(t, r.stdout, ids[2], "the waiting member is listed")
+	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'pending' WHERE id = $1`, ids[2])
+	require.NoError(t, err)
 
 	// The last member ends: the callback is enqueued; JSON shows it.
 	_, err = pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now() WHERE id = $1`, ids[2])

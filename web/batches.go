@@ -49,14 +49,15 @@ type batchData struct {
 	Batch                    jobstore.Batch
 	State                    string
 	Pending, Running, Failed int
-	// Paused: members held because their kind is paused.
-	Paused    int
-	Open      []idempotency.Job
-	Callbacks []batchCallbackView
+	// Paused: members held because their kind is paused; Waiting: for
+	// their parents, or held by their concurrency key.
+	Paused, Waiting int
+	Open            []idempotency.Job
+	Callbacks       []batchCallbackView
 }
 
 // OpenTotal counts the members that have not ended.
-func (d batchData) OpenTotal() int { return d.Pending + d.Paused + d.Running + d.Failed }
+func (d batchData) OpenTotal() int { return d.Pending + d.Paused + d.Waiting + d.Running + d.Failed }
 
 // MoreOpen counts the open members the page does not list.
 func (d batchData) MoreOpen() int { return d.OpenTotal() - len(d.Open) }
@@ -90,6 +91,7 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		d.Pending, d.Running, d.Failed = statuses[idempotency.StatusPending], statuses[idempotency.StatusRunning], statuses[idempotency.StatusFailed]
 		d.Paused = statuses[idempotency.StatusPaused]
+		d.Waiting = statuses[idempotency.StatusWaiting]
 		d.Open, err = s.store.OpenMembers(ctx, id, openMembersShown)
 	}
 	for _, cb := range []struct {

@@ -84,7 +84,7 @@ func BatchStatuses(ctx context.Context, db DB, id string) (map[Status]int, error
 }
 
 const openMembersSQL = `SELECT ` + JobColumns + ` FROM keel_jobs
-	WHERE batch_id = $1 AND status IN ('pending', 'paused', 'running', 'failed') ORDER BY created_at, id LIMIT $2`
+	WHERE batch_id = $1 AND status IN ('waiting', 'pending', 'paused', 'running', 'failed') ORDER BY created_at, id LIMIT $2`
 
 // OpenMembers returns up to limit members of batch id not yet ended,
 // oldest first.
