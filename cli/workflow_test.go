@@ -135,3 +135,49 @@ func TestEnqueueAfterFromTheCommandLine(t *testing.T) {
 	_, _, err = e.greeter(t, "", "enqueue", "--from", "-", "--after", p1.Job.ID)
 	require.ErrorContains(t, err, "--from")
 }
+
+// A parent dead with its effects in (its handler failed after its
+// completing InTx) met its child's dependency: `status` says so rather
+// than telling a person to replay it, in text and JSON.
+func TestStatusShowsADependencyMetByAParentDeadWithItsEffects(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	client, err := tasks.NewClient(tasks.ClientConfig{Redis: e.redis, Pool: e.pool})
+	require.NoError(t, err)
+	defer client.Close()
+	p1, err := client.Enqueue(ctx, Greet.New(Greeting{Name: "printed"}))
+	require.NoError(t, err)
+	p2, err := client.Enqueue(ctx, Greet.New(Greeting{Name: "other"}))
+	require.NoError(t, err)
+	c, err := client.Enqueue(ctx, Greet.New(Greeting{Name: "after-both"}, tasks.After(p1.Job.ID, p2.Job.ID)))
+	require.NoError(t, err)
+	// p1's completing InTx commits (c is counted down), then its handler fails.
+	_, err = e.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'succeeded', finished_at = now() WHERE id = $1`, p1.Job.ID)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE keel_jobs SET status = 'dead', effects_committed_at = finished_at WHERE id = $1`, p1.Job.ID)
+	require.NoError(t, err)
+
+	out, _, err := e.greeter(t, "", "status", "--id", c.Job.ID)
+	require.NoError(t, err)
+	require.Regexp(t, p1.Job.ID+` cli:greet/greet:printed \(dead: met, its completing InTx committed\)\n`, out)
+	require.Regexp(t, p2.Job.ID+` cli:greet/greet:other \(pending: waited for\)\n`, out)
+	require.NotContains(t, out, "dead replay "+p1.Job.ID)
+	out, _, err = e.greeter(t, "", "status", "--id", c.Job.ID, "--json")
+	require.NoError(t, err)
+	var st struct {
+		Dependencies struct {
+			WaitingOn int `json:"waiting_on"`
+			Parents   []struct {
+				ID  string `json:"id"`
+				Met bool   `json:"met"`
+			} `json:"parents"`
+		} `json:"dependencies"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Equal(t, 1, st.Dependencies.WaitingOn)
+	met := map[string]bool{}
+	for _, p := range st.Dependencies.Parents {
+		met[p.ID] = p.Met
+	}
+	require.Equal(t, map[string]bool{p1.Job.ID: true, p2.Job.ID: false}, met)
+}

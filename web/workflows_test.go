@@ -112,6 +112,18 @@ func TestWorkflowPage(t *testing.T) {
 	require.Regexp(t, `id="parent-`+c+`"><a href="/jobs/`+c+`">.*</a> <span class="badge status-dead">dead</span> <span class="warn small dead-parent">this job waits until it is replayed and succeeds, or is released`, res.body)
 	require.NotContains(t, res.body, `id="release"`)
 	require.NotContains(t, res.body, `id="cancel"`)
+	// Had c died after its completing InTx (its dependency met, its
+	// effects in), d would not be held by it: the page says so.
+	setMet := func(met bool) {
+		_, err := b.pool.Exec(context.Background(), `WITH d AS (UPDATE keel_job_deps SET met_at = CASE WHEN $2 THEN now() END
+			WHERE parent_id = $1) UPDATE keel_jobs SET effects_committed_at = CASE WHEN $2 THEN now() END WHERE id = $1`, c, met)
+		require.NoError(t, err)
+	}
+	setMet(true)
+	res = v.get(t, "/jobs/"+d)
+	require.Regexp(t, `id="parent-`+c+`"><a href="/jobs/`+c+`">.*</a> <span class="badge status-dead">dead</span> <span class="muted small">met: its completing InTx committed`, res.body)
+	require.NotContains(t, res.body, `class="warn small dead-parent"`)
+	setMet(false)
 	// a's page: what waits for it.
 	res = v.get(t, "/jobs/"+a)
 	require.Contains(t, res.body, `id="child-`+bb+`"`)
