@@ -70,9 +70,9 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	changed := !slices.EqualFunc(s.ledger, cs, func(a, b compiled) bool { return equalEntry(a.Entry, b.Entry) }) ||
-		!maps.Equal(s.paused, paused)
+		!maps.Equal(s.paused, paused) || !s.pausesRead
 	if changed {
-		s.ledger, s.paused = cs, paused
+		s.ledger, s.paused, s.pausesRead = cs, paused, true
 		s.merge()
 	}
 	entries := s.entries
@@ -80,7 +80,7 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	if changed {
 		s.wake()
 	}
-	return s.store.describe(ctx, entries)
+	return s.store.describe(ctx, entries, s.cfg.Clock.Now())
 }
 
 // check compiles e as setEntries does, with the client's checks.

@@ -44,7 +44,10 @@ type Scheduler struct {
 	config  []compiled      // from Config.Entries, the file, SetEntries
 	ledger  []compiled      // added at run time, as last read
 	paused  map[string]bool // entries paused in the ledger, as last read
-	changed chan struct{}   // wakes Run after the entries change
+	// pausesRead: paused has been read from the ledger once. Until then no
+	// entry fires: any may be paused.
+	pausesRead bool
+	changed    chan struct{} // wakes Run after the entries change
 
 	pollMu   sync.Mutex      // serialises Refresh: the poller and callers
 	rejected map[string]bool // run-time entries this scheduler cannot run, as last logged
@@ -330,13 +333,16 @@ type entryState struct {
 type run struct {
 	s      *Scheduler
 	states map[string]*entryState
+	// pausesKnown: the pauses the states hold were read from the ledger.
+	pausesKnown bool
 }
 
 // sync brings the states in line with the scheduler's entries.
 func (r *run) sync(now time.Time) {
 	r.s.mu.Lock()
-	cur, paused := r.s.entries, r.s.paused
+	cur, paused, known := r.s.entries, r.s.paused, r.s.pausesRead
 	r.s.mu.Unlock()
+	r.pausesKnown = known
 	next := make(map[string]*entryState, len(cur))
 	for _, c := range cur {
 		st, ok := r.states[c.Name]
@@ -364,6 +370,10 @@ func (r *run) step(ctx context.Context, now time.Time) time.Time {
 	for _, name := range slices.Sorted(maps.Keys(r.states)) {
 		st := r.states[name]
 		switch {
+		case !r.pausesKnown:
+			// Whether it is paused is not known yet: it waits, its ticks
+			// missed meanwhile caught up by the policy once it is.
+			continue
 		case st.loaded && st.paused:
 			r.skip(ctx, st, now)
 		case st.loaded && !st.retryAt.After(now):
@@ -383,26 +393,28 @@ func (r *run) step(ctx context.Context, now time.Time) time.Time {
 // load reads the newest handled tick of the entries that have not been
 // read yet: ticks between it and their start were missed.
 func (r *run) load(ctx context.Context, now time.Time) {
-	var names []string
+	var names, specs, zones []string
 	var since []time.Time
 	for name, st := range r.states {
 		if !st.loaded && !st.retryAt.After(now) {
-			names = append(names, name)
+			names, specs, zones = append(names, name), append(specs, st.e.Spec), append(zones, st.e.TimeZone)
 			since = append(since, st.since)
 		}
 	}
 	if len(names) == 0 {
 		return
 	}
-	ticks, err := r.s.store.load(ctx, names, since)
+	ticks, err := r.s.store.load(ctx, names, since, specs, zones)
 	for _, name := range names {
 		st := r.states[name]
 		if err != nil {
 			st.backoff(now)
 			continue
 		}
-		if t, ok := ticks[name]; ok {
-			st.cursor = t
+		// A tick handled under another schedule (the entry changed while
+		// no scheduler ran it) is no place in this one: it starts afresh.
+		if m, ok := ticks[name]; ok && (m.Spec == "" || m.Spec == st.e.Spec && m.TimeZone == st.e.TimeZone) {
+			st.cursor = m.Tick
 		}
 		st.loaded, st.retryAt, st.failures = true, time.Time{}, 0
 	}

@@ -17,8 +17,8 @@ type store struct{ pool *pgxpool.Pool }
 
 // load returns the newest tick handled of each named entry that has a row,
 // and gives the others one: handled up to since, the time each was taken on.
-func (s store) load(ctx context.Context, names []string, since []time.Time) (map[string]time.Time, error) {
-	out, err := ledger.LoadSchedule(ctx, s.pool, names, since)
+func (s store) load(ctx context.Context, names []string, since []time.Time, specs, zones []string) (map[string]ledger.ScheduleMark, error) {
+	out, err := ledger.LoadSchedule(ctx, s.pool, names, since, specs, zones)
 	return out, interpretError(err)
 }
 
@@ -51,12 +51,12 @@ func (s store) runtime(ctx context.Context) ([]ledger.ScheduleEntry, []ledger.Sc
 
 // describe records what the entries are in their keel_schedule rows, for
 // the operator's view of file and code entries.
-func (s store) describe(ctx context.Context, entries []compiled) error {
+func (s store) describe(ctx context.Context, entries []compiled, now time.Time) error {
 	n := len(entries)
 	names, specs, zones, kinds := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	for _, c := range entries {
 		names, specs, zones, kinds = append(names, c.Name), append(specs, c.Spec), append(zones, c.TimeZone), append(kinds, c.Kind)
 	}
-	_, err := ledger.DescribeSchedule(ctx, s.pool, names, specs, zones, kinds)
+	_, err := ledger.DescribeSchedule(ctx, s.pool, names, specs, zones, kinds, now)
 	return interpretError(err)
 }

@@ -12,24 +12,33 @@ import (
 // the next start. The SELECT runs on the statement's snapshot: it sees
 // only the old rows.
 const loadScheduleSQL = `WITH created AS (
-	INSERT INTO keel_schedule (entry, last_tick)
-	SELECT * FROM unnest($1::text[], $2::timestamptz[])
+	INSERT INTO keel_schedule (entry, last_tick, spec, timezone)
+	SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[])
 	ON CONFLICT (entry) DO NOTHING)
-SELECT entry, last_tick FROM keel_schedule WHERE entry = ANY($1)`
+SELECT entry, last_tick, coalesce(spec, ''), timezone FROM keel_schedule WHERE entry = ANY($1)`
+
+// ScheduleMark is an entry's newest tick handled, and the schedule it was
+// handled under as the schedulers running it last said (Spec empty: none
+// said, an older scheduler).
+type ScheduleMark struct {
+	Tick           time.Time
+	Spec, TimeZone string
+}
 
 // LoadSchedule returns the newest tick handled of each named entry of the
 // scheduler that has a row in keel_schedule, and gives the others one:
-// handled up to since[i], the time entry names[i] was taken on.
-func LoadSchedule(ctx context.Context, db DB, names []string, since []time.Time) (map[string]time.Time, error) {
-	rows, err := db.Query(ctx, loadScheduleSQL, names, since)
+// handled up to since[i], the time entry names[i] was taken on, under the
+// schedule specs[i] in zones[i].
+func LoadSchedule(ctx context.Context, db DB, names []string, since []time.Time, specs, zones []string) (map[string]ScheduleMark, error) {
+	rows, err := db.Query(ctx, loadScheduleSQL, names, since, specs, zones)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]time.Time{}
+	out := map[string]ScheduleMark{}
 	var name string
-	var tick time.Time
-	_, err = pgx.ForEachRow(rows, []any{&name, &tick}, func() error {
-		out[name] = tick
+	var m ScheduleMark
+	_, err = pgx.ForEachRow(rows, []any{&name, &m.Tick, &m.Spec, &m.TimeZone}, func() error {
+		out[name] = m
 		return nil
 	})
 	return out, err

@@ -142,16 +142,22 @@ func ScheduleStates(ctx context.Context, db DB) ([]ScheduleState, error) {
 }
 
 // describeScheduleSQL writes only what changed, or seen_at once it is a
-// minute old: a scheduler calls it every poll.
-const describeScheduleSQL = `UPDATE keel_schedule s SET spec = d.spec, timezone = d.timezone, kind = d.kind, seen_at = now()
+// minute old: a scheduler calls it every poll. An entry whose recorded
+// spec or time zone changed starts afresh, as the scheduler that changed
+// it did (last_tick moves up to its clock's now, $5): a scheduler started
+// later would otherwise catch up the new schedule's ticks from before it.
+const describeScheduleSQL = `UPDATE keel_schedule s SET spec = d.spec, timezone = d.timezone, kind = d.kind, seen_at = now(),
+	last_tick = CASE WHEN s.spec IS NOT NULL AND (s.spec <> d.spec OR s.timezone <> d.timezone)
+		THEN greatest(s.last_tick, $5) ELSE s.last_tick END
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS d (entry, spec, timezone, kind)
 WHERE s.entry = d.entry AND (s.spec IS DISTINCT FROM d.spec OR s.timezone <> d.timezone OR s.kind IS DISTINCT FROM d.kind
 	OR s.seen_at IS NULL OR s.seen_at < now() - interval '1 minute')`
 
 // DescribeSchedule records what the entries a scheduler runs are, in the
-// rows keel_schedule has for them, and returns how many rows it wrote.
-func DescribeSchedule(ctx context.Context, db DB, entries, specs, zones, kinds []string) (int64, error) {
-	tag, err := db.Exec(ctx, describeScheduleSQL, entries, specs, zones, kinds)
+// rows keel_schedule has for them, and returns how many rows it wrote; an
+// entry whose schedule changed is handled up to now, the scheduler's clock.
+func DescribeSchedule(ctx context.Context, db DB, entries, specs, zones, kinds []string, now time.Time) (int64, error) {
+	tag, err := db.Exec(ctx, describeScheduleSQL, entries, specs, zones, kinds, now)
 	return tag.RowsAffected(), err
 }
 

@@ -15,7 +15,7 @@ func TestSchedulePlans(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
 	p := plan(t, func(db ledger.DB) {
-		ledger.LoadSchedule(ctx, db, []string{"entry1", "entry2", "new"}, []time.Time{now, now, now}) //nolint:errcheck
+		ledger.LoadSchedule(ctx, db, []string{"entry1", "entry2", "new"}, []time.Time{now, now, now}, []string{"@hourly", "@hourly", "@hourly"}, []string{"", "", ""}) //nolint:errcheck
 	})
 	usesIndex(t, p, []string{"keel_schedule_pkey"}, "keel_schedule")
 	p = plan(t, func(db ledger.DB) { ledger.MarkTick(ctx, db, "entry7", now) }) //nolint:errcheck
@@ -30,17 +30,17 @@ func TestScheduleTicks(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	got, err := ledger.LoadSchedule(ctx, tx, []string{"a"}, []time.Time{t0})
+	got, err := ledger.LoadSchedule(ctx, tx, []string{"a"}, []time.Time{t0}, []string{"@hourly"}, []string{""})
 	require.NoError(t, err)
 	require.Empty(t, got, "the row is created, not returned")
-	got, err = ledger.LoadSchedule(ctx, tx, []string{"a"}, []time.Time{t0.Add(time.Hour)})
+	got, err = ledger.LoadSchedule(ctx, tx, []string{"a"}, []time.Time{t0.Add(time.Hour)}, []string{"@hourly"}, []string{""})
 	require.NoError(t, err)
-	require.True(t, got["a"].Equal(t0), got)
+	require.True(t, got["a"].Tick.Equal(t0), got)
 	require.NoError(t, ledger.MarkTick(ctx, tx, "a", t0.Add(2*time.Minute)))
 	require.NoError(t, ledger.MarkTick(ctx, tx, "a", t0.Add(time.Minute)))
-	got, err = ledger.LoadSchedule(ctx, tx, []string{"a"}, []time.Time{t0})
+	got, err = ledger.LoadSchedule(ctx, tx, []string{"a"}, []time.Time{t0}, []string{"@hourly"}, []string{""})
 	require.NoError(t, err)
-	require.True(t, got["a"].Equal(t0.Add(2*time.Minute)), got)
+	require.True(t, got["a"].Tick.Equal(t0.Add(2*time.Minute)), got)
 }
 
 func TestScheduleEntryPlans(t *testing.T) {
@@ -56,7 +56,7 @@ func TestScheduleEntryPlans(t *testing.T) {
 		lacks(t, plan(t, call), "Seq Scan on keel_schedule ")
 	}
 	p := plan(t, func(db ledger.DB) {
-		ledger.DescribeSchedule(ctx, db, []string{"entry1", "entry2"}, []string{"@hourly", "@daily"}, []string{"", ""}, []string{"k", "k"}) //nolint:errcheck
+		ledger.DescribeSchedule(ctx, db, []string{"entry1", "entry2"}, []string{"@hourly", "@daily"}, []string{"", ""}, []string{"k", "k"}, time.Now()) //nolint:errcheck
 	})
 	usesIndex(t, p, []string{"keel_schedule_pkey"}, "keel_schedule")
 	p = plan(t, func(db ledger.DB) {
@@ -141,12 +141,12 @@ func TestDescribeSchedule(t *testing.T) {
 	tx, err := big.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
-	_, err = ledger.LoadSchedule(ctx, tx, []string{"d1"}, []time.Time{time.Now()})
+	_, err = ledger.LoadSchedule(ctx, tx, []string{"d1"}, []time.Time{time.Now()}, []string{"@daily"}, []string{""})
 	require.NoError(t, err)
-	n, err := ledger.DescribeSchedule(ctx, tx, []string{"d1", "nope"}, []string{"@daily", "@daily"}, []string{"Europe/Berlin", ""}, []string{"k", "k"})
+	n, err := ledger.DescribeSchedule(ctx, tx, []string{"d1", "nope"}, []string{"@daily", "@daily"}, []string{"Europe/Berlin", ""}, []string{"k", "k"}, time.Now())
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
-	n, err = ledger.DescribeSchedule(ctx, tx, []string{"d1"}, []string{"@daily"}, []string{"Europe/Berlin"}, []string{"k"})
+	n, err = ledger.DescribeSchedule(ctx, tx, []string{"d1"}, []string{"@daily"}, []string{"Europe/Berlin"}, []string{"k"}, time.Now())
 	require.NoError(t, err)
 	require.Equal(t, int64(0), n, "unchanged and fresh")
 	states, err := ledger.ScheduleStates(ctx, tx)
