@@ -121,7 +121,8 @@ type graphNode struct {
 
 type graphEdge struct {
 	From, To string
-	// Met: the parent has succeeded.
+	// Met: the dependency is met (the parent succeeded, or died after its
+	// completing InTx had committed).
 	Met  bool
 	Path string // the SVG path's d
 }
@@ -301,7 +302,7 @@ func drawWorkflow(nodes []inspect.WorkflowNode, depth, order []int) *workflowGra
 		g.Nodes = append(g.Nodes, graphNode{WorkflowNode: nodes[i], X: x, Y: y, Label: clip(nodes[i].Task, labelRunes)})
 	}
 	for _, child := range g.Nodes {
-		for _, pid := range child.Parents {
+		for k, pid := range child.Parents {
 			pi, ok := at[pid]
 			if !ok {
 				continue // a parent outside the workflow: the table lists it
@@ -310,7 +311,8 @@ func drawWorkflow(nodes []inspect.WorkflowNode, depth, order []int) *workflowGra
 			x1, y1 := parent.X+nodeW, parent.Y+nodeH/2
 			x2, y2 := child.X-2, child.Y+nodeH/2 // short of the box, for the arrow head
 			bend := (x2 - x1) / 2
-			g.Edges = append(g.Edges, graphEdge{From: parent.ID, To: child.ID, Met: parent.Status == idempotency.StatusSucceeded,
+			met := parent.Status == idempotency.StatusSucceeded || k < len(child.ParentsMet) && child.ParentsMet[k]
+			g.Edges = append(g.Edges, graphEdge{From: parent.ID, To: child.ID, Met: met,
 				Path: fmt.Sprintf("M%d %d C%d %d %d %d %d %d", x1, y1, x1+bend, y1, x2-bend, y2, x2, y2)})
 		}
 	}

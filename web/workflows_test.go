@@ -123,6 +123,7 @@ func TestWorkflowPage(t *testing.T) {
 	res = v.get(t, "/jobs/"+d)
 	require.Regexp(t, `id="parent-`+c+`"><a href="/jobs/`+c+`">.*</a> <span class="badge status-dead">dead</span> <span class="muted small">met: its completing InTx committed`, res.body)
 	require.NotContains(t, res.body, `class="warn small dead-parent"`)
+	require.Contains(t, v.get(t, page).body, `<path class="edge met" data-from="`+c+`" data-to="`+d+`"`, "the graph draws it met")
 	setMet(false)
 	// a's page: what waits for it.
 	res = v.get(t, "/jobs/"+a)

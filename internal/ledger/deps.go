@@ -191,10 +191,13 @@ type WorkflowNode struct {
 	Related
 	Task    string
 	Parents []string
+	// ParentsMet says, for each of Parents, whether its dependency is met.
+	ParentsMet []bool
 }
 
 const workflowSQL = `SELECT ` + relatedJobColumns + `, coalesce(j.workflow_task, ''),
-	ARRAY(SELECT d.parent_id FROM keel_job_deps d WHERE d.child_id = j.id ORDER BY d.parent_id)
+	ARRAY(SELECT d.parent_id FROM keel_job_deps d WHERE d.child_id = j.id ORDER BY d.parent_id),
+	ARRAY(SELECT d.met_at IS NOT NULL FROM keel_job_deps d WHERE d.child_id = j.id ORDER BY d.parent_id)
 	FROM keel_jobs j WHERE j.workflow_id = $1 ORDER BY j.id`
 
 // Workflow returns the jobs of workflow id, in id order (the order they
@@ -206,7 +209,7 @@ func Workflow(ctx context.Context, db DB, id string) ([]WorkflowNode, error) {
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkflowNode, error) {
 		var n WorkflowNode
-		err := r.Scan(&n.ID, &n.Kind, &n.BusinessKey, &n.Status, &n.WaitingOn, &n.ErrorClass, &n.FinishedAt, &n.Task, &n.Parents)
+		err := r.Scan(&n.ID, &n.Kind, &n.BusinessKey, &n.Status, &n.WaitingOn, &n.ErrorClass, &n.FinishedAt, &n.Task, &n.Parents, &n.ParentsMet)
 		return n, err
 	})
 }
