@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -259,4 +260,95 @@ func TestTheUpgradeMarksTheDependenciesMet(t *testing.T) {
 	require.Equal(t, []string{"waiting"}, statusOf(t, db, "c1"))
 	setStatus(t, db, "succeeded", "open")
 	require.Equal(t, []string{"pending", "pending", "waiting"}, statusOf(t, db, "c1", "c2", "c3"))
+}
+
+// A keyed batch member ended by a statement of its own (a completion with
+// a result, InTx's mark, a failure to dead) takes its key's lock before its
+// batch's row, as a worker's round does: the two, ending members of one
+// batch and key at once, wait for each other in turn rather than deadlock.
+func TestAKeyedMembersEndAndARoundDoNotDeadlock(t *testing.T) {
+	for _, dead := range []bool{false, true} {
+		t.Run(map[bool]string{false: "completed", true: "dead"}[dead], func(t *testing.T) {
+			ctx := context.Background()
+			db, _ := testenv.PrivatePool(t)
+			_, err := ledger.CreateBatch(ctx, db, "b1", "", nil, nil)
+			require.NoError(t, err)
+			for _, id := range []string{"A", "C"} {
+				j := keyed(id, "k", 5)
+				j.BatchID = "b1"
+				_, err := ledger.InsertJob(ctx, db, j, true)
+				require.NoError(t, err)
+			}
+			require.NoError(t, ledger.Round(ctx, db, ledger.RoundArgs{Holder: "w", LeaseMS: 60000, Claim: []string{"A", "C"}},
+				func(ledger.Claimed) {}))
+
+			// A producer adding members holds the batch's row.
+			producer, err := db.Begin(ctx)
+			require.NoError(t, err)
+			defer producer.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+			_, err = producer.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = 'b1' FOR UPDATE`)
+			require.NoError(t, err)
+			var producerPID int
+			require.NoError(t, producer.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&producerPID))
+			lockWaiters := func(n int) func() bool {
+				return func() bool {
+					var got int
+					require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+						WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> $1`, producerPID).Scan(&got))
+					return got >= n
+				}
+			}
+
+			single := make(chan error, 1)
+			go func() {
+				if dead {
+					_, _, err := ledger.Fail(ctx, db, ledger.Failure{ID: "C", Holder: "w", Run: 1, Status: ledger.StatusDead,
+						Error: "boom", Class: "permanent", RunInMS: -1})
+					single <- err
+					return
+				}
+				single <- ledger.CompleteWithResult(ctx, db, "C", "w", 1, []byte(`{}`))
+			}()
+			testenv.Eventually(t, 10*time.Second, lockWaiters(1), "the member's end never waited")
+			round := make(chan error, 1)
+			go func() {
+				round <- ledger.Round(ctx, db, ledger.RoundArgs{Holder: "w", LeaseMS: 60000, Claim: []string{},
+					Done: []string{"A"}, DoneRuns: []int32{1}, Batch: true}, func(ledger.Claimed) {})
+			}()
+			testenv.Eventually(t, 10*time.Second, lockWaiters(2), "the round never waited")
+			require.NoError(t, producer.Commit(ctx))
+			require.NoError(t, <-single, "the member's end")
+			require.NoError(t, <-round, "the round")
+			b, err := ledger.GetBatch(ctx, db, "b1")
+			require.NoError(t, err)
+			require.Equal(t, 2, b.Succeeded+b.Dead)
+		})
+	}
+}
+
+// A keyed job enqueued in a REPEATABLE READ transaction is refused: its
+// admission would count the key's jobs in flight in a snapshot older than
+// the key's lock, and miss one another enqueue committed meanwhile.
+func TestAKeyedJobIsRefusedOutsideReadCommitted(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // refused
+	_, err = tx.Exec(ctx, `SELECT 1 FROM keel_jobs LIMIT 1`) // the snapshot
+	require.NoError(t, err)
+	_, err = ledger.InsertJob(ctx, db, keyed("k1", "acme", 1), true) // the key's one slot, meanwhile
+	require.NoError(t, err)
+	_, err = ledger.InsertJob(ctx, tx, keyed("k2", "acme", 1), true)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "KC001", pgErr.Code, pgErr.Message)
+	require.Contains(t, pgErr.Message, "READ COMMITTED")
+	// A job without a key is not concerned.
+	rr, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer rr.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	_, err = ledger.InsertJob(ctx, rr, plainJob("plain"), true)
+	require.NoError(t, err)
+	require.NoError(t, rr.Commit(ctx))
 }
