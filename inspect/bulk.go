@@ -99,7 +99,9 @@ type BulkResult struct {
 // so far (a copy, the caller's to keep). A page that fails as a whole (the ledger unreachable) has each
 // of its jobs in Failed, and the next page is tried. A ctx that ends stops
 // it between pages: the jobs not reached are in Failed, with ctx's error,
-// which Bulk returns too.
+// which Bulk returns too. A cancel of more than a page first reads the
+// order to take them in (ledger.CancelOrder); when that read fails, every
+// job is in Failed and Bulk returns its error.
 func (in *Inspector) Bulk(ctx context.Context, a Action, ids []string, actor, note string, progress func(BulkResult)) (BulkResult, error) {
 	if err := needActor(actor); err != nil {
 		return BulkResult{}, err

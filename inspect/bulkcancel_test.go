@@ -168,3 +168,23 @@ func TestCancelByFilterReleasesNoneOfTheJobsItCancels(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM moves WHERE id = $1 AND now = 'pending'`, held),
 		"the cancel released a job it was to cancel")
 }
+
+// A cancel of more than a page names the ids of no job among its failures,
+// as a page does, after taking the others in its own order.
+func TestBulkCancelOfManyNamesTheUnknownIDs(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	kind := "bulkcancel:unknown"
+	_, err := b.pool.Exec(ctx, `INSERT INTO keel_jobs (id, kind, business_key, queue, payload, max_retry)
+		SELECT gen_random_uuid()::text, $1, 'filler-' || g, 'default', '{}', 3 FROM generate_series(1, 600) g`, kind)
+	require.NoError(t, err)
+	ids, err := b.ops.IDs(ctx, inspect.Filter{Open: true, Kind: kind})
+	require.NoError(t, err)
+	require.Len(t, ids, 600)
+	res, err := b.ops.Bulk(ctx, inspect.ActionCancel, append([]string{"no-such-job"}, ids...), "ops", "tenant left", nil)
+	require.NoError(t, err)
+	require.Equal(t, 601, res.Matched)
+	require.Equal(t, 600, res.Done)
+	require.Len(t, res.Failed, 1)
+	require.ErrorIs(t, res.Failed["no-such-job"], inspect.ErrNotFound)
+}

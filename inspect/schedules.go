@@ -51,7 +51,9 @@ type Schedule struct {
 	// Paused is who paused the entry, when and why; nil if it runs.
 	Paused *SchedulePause
 	// LastTick is the newest tick handled (a job made, or skipped while
-	// paused or missed); nil before the first.
+	// paused or missed), or, after its spec or time zone changed, the time
+	// of the change (the new schedule's ticks start after it); nil before
+	// the first.
 	LastTick *time.Time
 	// NextTick is the next tick that makes a job; nil while paused, or when
 	// the spec is not known (a scheduler older than this keel runs it).

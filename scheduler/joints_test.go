@@ -94,3 +94,30 @@ func TestAPausedEntryWaitsForThePausesToBeRead(t *testing.T) {
 	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "fz"), "a paused entry made a job")
 	require.Zero(t, c.Stats().Enqueued)
 }
+
+// An entry changed while no scheduler ran starts afresh even on a
+// scheduler that could not record the change before it read its ticks
+// (its first read of the ledger's entries and pauses failed).
+func TestAnEntryChangedStartsAfreshWhenTheFirstRefreshFails(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	clock := newFakeClock(t0)
+	old := everyMinute("report")
+	a := b.start(t, scheduler.Config{Entries: []scheduler.Entry{old}, Clock: clock, Poll: time.Hour})
+	advance(t, clock, minute(1), a)
+	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"))
+	a.stop()
+
+	changed := old
+	changed.Spec = "30 * * * * *"
+	_, err := b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses RENAME TO keel_schedule_pauses_away`)
+	require.NoError(t, err)
+	clock.Set(minute(3).Add(10 * time.Second))
+	c := b.start(t, scheduler.Config{Entries: []scheduler.Entry{changed}, Clock: clock, Poll: time.Hour})
+	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses_away RENAME TO keel_schedule_pauses`)
+	require.NoError(t, err)
+	refresh(t, has("report"), c)
+	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"), "ticks of the new spec from before it ran were caught up")
+	advance(t, clock, minute(3).Add(30*time.Second), c)
+	require.Equal(t, []time.Time{minute(1), minute(3).Add(30 * time.Second)}, b.ticks(t, "report"))
+}

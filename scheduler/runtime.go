@@ -28,7 +28,14 @@ func (s *Scheduler) Refresh(ctx context.Context) error {
 	switch {
 	case err != nil && ctx.Err() == nil && err.Error() != s.pollErr:
 		// Once per distinct failure, not at every poll.
-		s.log.Error("keel scheduler: cannot read the run-time entries and pauses from the ledger, or record its entries there; the running entries stay",
+		s.mu.Lock()
+		read := s.pausesRead
+		s.mu.Unlock()
+		what := "the running entries stay"
+		if !read {
+			what = "no entry fires until the pauses have been read once (any may be paused)"
+		}
+		s.log.Error("keel scheduler: cannot read the run-time entries and pauses from the ledger, or record its entries there; "+what,
 			"err", err, "poll", s.cfg.Poll.String())
 		s.pollErr = err.Error()
 	case err == nil && s.pollErr != "":

@@ -33,8 +33,8 @@ func interpretError(err error) error {
 		return nil
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("keel scheduler: a table of the schedule is missing: run `keel migrate`: %w", err)
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703") {
+		return fmt.Errorf("keel scheduler: a table or column of the schedule is missing: run `keel migrate`: %w", err)
 	}
 	return fmt.Errorf("keel scheduler: %w", err)
 }

@@ -64,9 +64,15 @@ func TestBatchPages(t *testing.T) {
 	require.Contains(t, res.body, `id="member-`+jobs[2].ID+`"`, "the open member is listed")
 	require.NotContains(t, res.body, `id="member-`+jobs[0].ID+`"`)
 	require.Contains(t, res.body, "not enqueued yet")
+	// A member waiting (for its parents, or held by its key) is open too.
+	_, err := b.pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'waiting' WHERE id = $1`, jobs[2].ID)
+	require.NoError(t, err)
+	res = v.get(t, "/batches/"+batch.ID)
+	require.Regexp(t, `id="n-pending">0 \(and 1 waiting\)<`, res.body)
+	require.Contains(t, res.body, `id="member-`+jobs[2].ID+`"`, "the waiting member is listed")
 
 	// The last member ends: the page links the callback job.
-	_, err := b.pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'cancelled', finished_at = now() WHERE id = $1`, jobs[2].ID)
+	_, err = b.pool.Exec(context.Background(), `UPDATE keel_jobs SET status = 'cancelled', finished_at = now() WHERE id = $1`, jobs[2].ID)
 	require.NoError(t, err)
 	done, err := b.store.GetBatch(context.Background(), batch.ID)
 	require.NoError(t, err)

@@ -230,14 +230,14 @@ func (s *Store) ListBatches(ctx context.Context, f BatchFilter) ([]Batch, error)
 }
 
 // BatchStatuses counts a batch's members by status, the open ones
-// (pending, running, failed) too.
+// (waiting, pending, paused, running, failed) too.
 func (s *Store) BatchStatuses(ctx context.Context, id string) (map[Status]int, error) {
 	out, err := ledger.BatchStatuses(ctx, s.pool, id)
 	return out, Interpret(err)
 }
 
 // OpenMembers returns up to limit members of a batch that have not ended
-// (pending, running, failed), oldest first.
+// (waiting, pending, paused, running, failed), oldest first.
 func (s *Store) OpenMembers(ctx context.Context, id string, limit int) ([]Job, error) {
 	if limit <= 0 {
 		limit = 100

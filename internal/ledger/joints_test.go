@@ -335,7 +335,8 @@ func TestAKeyedJobIsRefusedOutsideReadCommitted(t *testing.T) {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // refused
-	_, err = tx.Exec(ctx, `SELECT 1 FROM keel_jobs LIMIT 1`) // the snapshot
+	// The transaction's snapshot is taken here.
+	_, err = tx.Exec(ctx, `SELECT 1 FROM keel_jobs LIMIT 1`)
 	require.NoError(t, err)
 	_, err = ledger.InsertJob(ctx, db, keyed("k1", "acme", 1), true) // the key's one slot, meanwhile
 	require.NoError(t, err)

@@ -161,4 +161,31 @@ func TestDescribeSchedule(t *testing.T) {
 		}
 	}
 	require.True(t, found)
+
+	// A changed spec moves the last tick up to the describer's now, and
+	// only up: an unchanged one, or one no scheduler had described (an
+	// older one's row), keeps its place.
+	t0 := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, err = tx.Exec(ctx, `UPDATE keel_schedule SET last_tick = $1 WHERE entry = 'd1'`, t0)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO keel_schedule (entry, last_tick) VALUES ('older', $1)`, t0)
+	require.NoError(t, err)
+	last := func(entry string) time.Time {
+		var at time.Time
+		require.NoError(t, tx.QueryRow(ctx, `SELECT last_tick FROM keel_schedule WHERE entry = $1`, entry).Scan(&at))
+		return at
+	}
+	_, err = ledger.DescribeSchedule(ctx, tx, []string{"d1", "older"}, []string{"@daily", "@hourly"}, []string{"Europe/Berlin", ""},
+		[]string{"k", "k"}, t0.Add(time.Hour))
+	require.NoError(t, err)
+	require.True(t, last("d1").Equal(t0), "unchanged: %s", last("d1"))
+	require.True(t, last("older").Equal(t0), "first described: %s", last("older"))
+	_, err = ledger.DescribeSchedule(ctx, tx, []string{"d1", "older"}, []string{"@hourly", "@daily"}, []string{"Europe/Berlin", ""},
+		[]string{"k", "k"}, t0.Add(2*time.Hour))
+	require.NoError(t, err)
+	require.True(t, last("d1").Equal(t0.Add(2*time.Hour)), "changed: %s", last("d1"))
+	require.True(t, last("older").Equal(t0.Add(2*time.Hour)), "changed: %s", last("older"))
+	_, err = ledger.DescribeSchedule(ctx, tx, []string{"d1"}, []string{"@daily"}, []string{"Europe/Berlin"}, []string{"k"}, t0)
+	require.NoError(t, err)
+	require.True(t, last("d1").Equal(t0.Add(2*time.Hour)), "never back: %s", last("d1"))
 }
