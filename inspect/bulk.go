@@ -346,8 +346,9 @@ func (in *Inspector) WaitDone(ctx context.Context, id string) (idempotency.Job, 
 
 // ResolveStep records a person's verdict on a step of a dead job in doubt:
 // happened = true marks it done (a replay skips it), false forgets the
-// start (a replay calls it again, with the same idempotency key). Saying
-// the same twice is a no-op.
+// start (a replay calls it again, with the same idempotency key), refused
+// with ErrCallInFlight while the call may still be in flight. Saying the
+// same twice is a no-op.
 func (in *Inspector) ResolveStep(ctx context.Context, jobID, step string, happened bool, actor, note string) error {
 	if err := needActor(actor); err != nil {
 		return err
@@ -376,6 +377,16 @@ func (in *Inspector) ResolveStep(ctx context.Context, jobID, step string, happen
 	settled, err := ledger.SettleStep(ctx, tx, jobID, step, happened, nil)
 	if err != nil {
 		return interpret(err)
+	}
+	if !settled && !happened {
+		inFlight, err := ledger.StepInFlight(ctx, tx, jobID, step, nil)
+		if err != nil && !isNoRows(err) {
+			return interpret(err)
+		}
+		if inFlight {
+			return fmt.Errorf("%w: step %q of job %s: a worker that gave its run up still waits for the call to return; "+
+				"say whether it happened once it has (the job's page shows until when the call may be in flight), or say it happened", ErrCallInFlight, step, jobID)
+		}
 	}
 	if !settled {
 		cur, err := ledger.StepStatus(ctx, tx, jobID, step)

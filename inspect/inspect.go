@@ -49,6 +49,11 @@ var (
 	// ErrNotWaiting means a release named a job that has ended: only a
 	// waiting job can be released.
 	ErrNotWaiting = errors.New("keel: job is not waiting")
+	// ErrCallInFlight means a step was said not to have happened while its
+	// call may still be in flight: a worker that gave its run up still
+	// renews the mark until the call returns (or the mark runs out a lease
+	// after the worker dies). A replay would call it again beside it.
+	ErrCallInFlight = errors.New("keel: the step's call may still be in flight")
 )
 
 // StatusError is an action refused because of the job's status: Err is

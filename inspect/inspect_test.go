@@ -372,6 +372,33 @@ func TestResolveStepThenReplay(t *testing.T) {
 	require.ErrorIs(t, b.ops.ResolveStep(ctx, pending, "charge", true, "erin", ""), inspect.ErrNotDead)
 }
 
+// "It did not happen" is refused while the step's call may still be in
+// flight (its worker renews the mark while the call has not returned): a
+// replay would make the call a second time beside it. "It happened" is a
+// person's word and stands.
+func TestResolveStepRefusesNotHappenedWhileTheCallIsInFlight(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	id := b.put(t, "resolve", "dead-in-doubt")
+	_, err := b.pool.Exec(ctx, `UPDATE keel_steps SET call_until = now() + interval '1 minute', call_holder = 'w1' WHERE job_id = $1`, id)
+	require.NoError(t, err)
+	err = b.ops.ResolveStep(ctx, id, "charge", false, "erin", "nothing at the bank")
+	require.ErrorIs(t, err, inspect.ErrCallInFlight)
+	require.Contains(t, err.Error(), "in flight")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM keel_steps WHERE job_id = $1 AND status = 'started'`, id), "forgotten")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM keel_audit WHERE job_id = $1`, id))
+
+	// The call returned, or its worker died (the mark ran out).
+	_, err = b.pool.Exec(ctx, `UPDATE keel_steps SET call_until = now() - interval '1 second' WHERE job_id = $1`, id)
+	require.NoError(t, err)
+	require.NoError(t, b.ops.ResolveStep(ctx, id, "charge", false, "erin", "nothing at the bank"))
+
+	other := b.put(t, "resolve", "dead-in-doubt")
+	_, err = b.pool.Exec(ctx, `UPDATE keel_steps SET call_until = now() + interval '1 minute', call_holder = 'w1' WHERE job_id = $1`, other)
+	require.NoError(t, err)
+	require.NoError(t, b.ops.ResolveStep(ctx, other, "charge", true, "erin", "the bank has it"))
+}
+
 func TestConfigValidate(t *testing.T) {
 	require.Error(t, inspect.Config{}.Validate())
 	_, err := inspect.New(inspect.Config{})

@@ -74,6 +74,15 @@ func TestJobsListFilters(t *testing.T) {
 	require.Equal(t, []string{failedStep.ID, deadText.ID, deadStep.ID}, listed(t, v, "/jobs?status=in-doubt"),
 		"a running job's started step is a call in progress, not in doubt")
 	require.Empty(t, listed(t, v, "/jobs?prefix=%25"), "the prefix is text, not a pattern")
+	// A job its kind's pause holds, and a cancelled one whose call had left,
+	// keep their steps in doubt too.
+	paused := b.ledgerJob(t, "order:refund", "refund:5", `status = 'paused'`)
+	cancelled := b.ledgerJob(t, "order:refund", "refund:6", `status = 'cancelled', finished_at = now()`)
+	for _, id := range []string{paused.ID, cancelled.ID} {
+		_, err := b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status) VALUES ($1, 'charge', 'started')`, id)
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{cancelled.ID, paused.ID, failedStep.ID, deadText.ID, deadStep.ID}, listed(t, v, "/jobs?status=in-doubt"))
 
 	for _, bad := range []string{"/jobs?status=lost", "/jobs?sort=sideways", "/jobs?refresh=7"} {
 		require.Equal(t, http.StatusBadRequest, v.get(t, bad).status, bad)

@@ -672,7 +672,8 @@ func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, id, action
 	case errors.Is(err, inspect.ErrNoteRequired):
 		status = http.StatusBadRequest
 	case errors.Is(err, inspect.ErrNotDead), errors.Is(err, inspect.ErrStepsInDoubt), errors.Is(err, inspect.ErrEffectsCommitted),
-		errors.Is(err, inspect.ErrNotCancellable), errors.Is(err, inspect.ErrTaskActive), errors.Is(err, inspect.ErrNotWaiting):
+		errors.Is(err, inspect.ErrNotCancellable), errors.Is(err, inspect.ErrTaskActive), errors.Is(err, inspect.ErrNotWaiting),
+		errors.Is(err, inspect.ErrCallInFlight):
 	default:
 		status = http.StatusInternalServerError
 		s.cfg.Logger.Error("keel web: action failed", "action", action, "job_id", id, "err", err)

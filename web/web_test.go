@@ -233,6 +233,25 @@ func TestResolveAStepInDoubt(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, res.status)
 }
 
+// A step whose call may still be in flight says so on its page, and "It
+// did not happen" is refused until the call has returned.
+func TestAStepCallInFlightCannotBeSaidNotToHaveHappened(t *testing.T) {
+	b := setup(t, nil)
+	j := b.deadJob(t, "order:send_receipt", "order:1", "timeout")
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO keel_steps (job_id, name, status, call_until, call_holder)
+		VALUES ($1, 'mail', 'started', now() + interval '1 minute', 'w1')`, j.ID)
+	require.NoError(t, err)
+	op := b.signIn(t, operatorName, operatorPassword)
+	page := op.get(t, "/jobs/"+j.ID)
+	require.Contains(t, page.body, `class="warn small in-flight">its call may still be in flight`)
+	res := op.post(t, "/jobs/"+j.ID+"/resolve", url.Values{"csrf": {op.token(t)}, "step": {"mail"}, "happened": {"no"}, "note": {"not in the log"}})
+	require.Equal(t, http.StatusConflict, res.status, res.body)
+	require.Contains(t, res.body, "may still be in flight")
+	steps, err := b.store.Steps(t.Context(), j.ID)
+	require.NoError(t, err)
+	require.Equal(t, "started", steps[0].Status)
+}
+
 // A step in doubt whose handler can Verify it does not wait for a person:
 // the page says a replay settles it, and the replay is allowed.
 func TestAVerifiableStepInDoubtIsSettledByAReplay(t *testing.T) {

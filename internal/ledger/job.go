@@ -132,6 +132,10 @@ type StepRecord struct {
 	// Verifiable: the run that started the step could Verify it, so a
 	// replay settles the step in doubt without a person (ResolveStep).
 	Verifiable bool
+	// InFlightUntil: a started step's call may still be in flight until
+	// then (a worker that gave its run up renews it while the call has
+	// not returned); nil otherwise.
+	InFlightUntil *time.Time
 }
 
 // DefaultPolicyRetries is, for a failed job whose error is unclassified,

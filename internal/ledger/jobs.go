@@ -268,7 +268,8 @@ func FinishedAmong(ctx context.Context, db DB, ids []string) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-const stepsOfSQL = `SELECT job_id, name, status, result, calls, started_at, finished_at, verifiable
+const stepsOfSQL = `SELECT job_id, name, status, result, calls, started_at, finished_at, verifiable,
+	CASE WHEN status = 'started' AND call_until > now() THEN call_until END
 	FROM keel_steps WHERE job_id = ANY($1) ORDER BY job_id, started_at, name`
 
 // StepsOf reads the steps of the jobs ids, by job, in the order they

@@ -82,7 +82,9 @@ func listJobsSQL(f JobFilter, limit int) (string, []any) {
 	}
 	switch {
 	case f.InDoubt:
-		conds = append(conds, `j.status IN ('pending', 'failed', 'dead') AND (EXISTS (SELECT 1 FROM keel_steps s
+		// Any job not running: a started step of a running one is a call in
+		// progress, and a succeeded or discarded one has none in doubt left.
+		conds = append(conds, `j.status IN ('pending', 'failed', 'dead', 'paused', 'cancelled') AND (EXISTS (SELECT 1 FROM keel_steps s
 			WHERE s.job_id = j.id AND s.status = 'started' AND NOT s.verifiable) OR (j.status = 'dead' AND j.in_doubt))`)
 	case f.Status != "":
 		conds = append(conds, "j.status = "+arg(f.Status))

@@ -227,12 +227,15 @@ func LockStatus(ctx context.Context, tx DB, id string) (string, error) {
 const (
 	stepHappenedSQL = `UPDATE keel_steps SET status = 'done', finished_at = coalesce($3::timestamptz, now())
 		WHERE job_id = $1 AND name = $2 AND status = 'started'`
-	stepForgetSQL = `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'`
+	// A start whose call may still be in flight (call_until ahead) is not
+	// forgotten: a replay would make the call beside it.
+	stepForgetSQL = `DELETE FROM keel_steps WHERE job_id = $1 AND name = $2 AND status = 'started'
+		AND (call_until IS NULL OR call_until < coalesce($3::timestamptz, now()))`
 )
 
 // SettleStep records a person's verdict on step of job jobID in doubt:
-// happened marks it done, otherwise its start is forgotten. It reports
-// whether the step was in doubt (started).
+// happened marks it done, otherwise its start is forgotten, unless its call
+// may still be in flight. It reports whether it settled the step.
 func SettleStep(ctx context.Context, tx DB, jobID, step string, happened bool, now Now) (bool, error) {
 	var err error
 	var n int64
@@ -240,10 +243,22 @@ func SettleStep(ctx context.Context, tx DB, jobID, step string, happened bool, n
 		tag, e := tx.Exec(ctx, stepHappenedSQL, jobID, step, now)
 		n, err = tag.RowsAffected(), e
 	} else {
-		tag, e := tx.Exec(ctx, stepForgetSQL, jobID, step)
+		tag, e := tx.Exec(ctx, stepForgetSQL, jobID, step, now)
 		n, err = tag.RowsAffected(), e
 	}
 	return n > 0, err
+}
+
+const stepInFlightSQL = `SELECT coalesce(call_until > coalesce($3::timestamptz, now()), false) FROM keel_steps
+	WHERE job_id = $1 AND name = $2 AND status = 'started'`
+
+// StepInFlight says whether step of job jobID is started with its call
+// possibly in flight (its call_until ahead); pgx.ErrNoRows when it is not
+// started.
+func StepInFlight(ctx context.Context, db DB, jobID, step string, now Now) (bool, error) {
+	var in bool
+	err := db.QueryRow(ctx, stepInFlightSQL, jobID, step, now).Scan(&in)
+	return in, err
 }
 
 const stepStatusSQL = `SELECT status FROM keel_steps WHERE job_id = $1 AND name = $2`
