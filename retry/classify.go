@@ -143,7 +143,8 @@ func postgresClass(code string) (Class, bool) {
 	case strings.HasPrefix(code, "08"): // connection exception
 		return ClassTransient, true
 	case strings.HasPrefix(code, "22"), // data exception
-		strings.HasPrefix(code, "23"): // integrity constraint violation
+		strings.HasPrefix(code, "23"), // integrity constraint violation
+		code == "KC001":               // keel: a keyed job admitted outside READ COMMITTED (migration 0033)
 		return ClassPermanent, true
 	}
 	return "", false

@@ -20,8 +20,9 @@ import (
 
 // statusInDoubt is the jobs list's filter for jobs waiting on a person's
 // verdict about a step: a step started and never recorded done, which no
-// Verify of its handler can settle, on a job that is not running (a
-// running job's started step is a call in progress), or a dead job whose
+// Verify of its handler can settle, on a job pending, failed, dead, paused
+// or cancelled (a running job's started step is a call in progress; a
+// cancelled job's stays on its page, for the record), or a dead job whose
 // error says it is in doubt.
 const statusInDoubt = "in-doubt"
 

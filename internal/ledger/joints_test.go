@@ -353,3 +353,63 @@ func TestAKeyedJobIsRefusedOutsideReadCommitted(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, rr.Commit(ctx))
 }
+
+// A person's cancel of members of one batch with several keys, and a
+// worker's failure of another member of one of those keys, at once: the
+// cancel takes its keys in key order before any row's trigger, as a round
+// does, and the two wait for each other in turn rather than deadlock.
+func TestABulkEndOfSeveralKeysAndAMembersEndDoNotDeadlock(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	_, err := ledger.CreateBatch(ctx, db, "b1", "", nil, nil)
+	require.NoError(t, err)
+	for _, m := range []struct{ id, key string }{{"A", "k2"}, {"B", "k1"}, {"C", "k1"}} {
+		j := keyed(m.id, m.key, 5)
+		j.BatchID = "b1"
+		_, err := ledger.InsertJob(ctx, db, j, true)
+		require.NoError(t, err)
+	}
+	require.NoError(t, ledger.Round(ctx, db, ledger.RoundArgs{Holder: "w", LeaseMS: 60000, Claim: []string{"A", "B", "C"}},
+		func(ledger.Claimed) {}))
+	producer, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer producer.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	_, err = producer.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = 'b1' FOR UPDATE`)
+	require.NoError(t, err)
+	var producerPID int
+	require.NoError(t, producer.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&producerPID))
+	lockWaiters := func(n int) func() bool {
+		return func() bool {
+			var got int
+			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> $1`, producerPID).Scan(&got))
+			return got >= n
+		}
+	}
+
+	bulk := make(chan error, 1)
+	go func() {
+		tx, err := db.Begin(ctx)
+		if err == nil {
+			defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+			if err = ledger.LockJobs(ctx, tx, []string{"A", "B"}); err == nil {
+				if _, err = ledger.Act(ctx, tx, ledger.Cancel, []string{"A", "B"}, "ops", "tenant left", nil); err == nil {
+					err = tx.Commit(ctx)
+				}
+			}
+		}
+		bulk <- err
+	}()
+	testenv.Eventually(t, 10*time.Second, lockWaiters(1), "the cancel never waited")
+	single := make(chan error, 1)
+	go func() {
+		_, _, err := ledger.Fail(ctx, db, ledger.Failure{ID: "C", Holder: "w", Run: 1, Status: ledger.StatusDead,
+			Error: "boom", Class: "permanent", RunInMS: -1})
+		single <- err
+	}()
+	testenv.Eventually(t, 10*time.Second, lockWaiters(2), "the failure never waited")
+	require.NoError(t, producer.Commit(ctx))
+	require.NoError(t, <-bulk, "the cancel")
+	require.NoError(t, <-single, "the failure")
+	require.Equal(t, []string{"cancelled", "cancelled", "dead"}, statusOf(t, db, "A", "B", "C"))
+}

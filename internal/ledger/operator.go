@@ -134,9 +134,10 @@ const (
 		WHERE j.id = ANY($1) AND %s = 'ok' RETURNING j.id, j.queue, false),
 	audit AS (INSERT INTO keel_audit (job_id, action, actor, note, at) SELECT id, 'replay', $2, $3, coalesce($4::timestamptz, now()) FROM done)
 	SELECT * FROM done`
-	discardJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'discarded', resolution_note = $3, resolved_by = $2,
+	discardJobsSQL = `WITH ` + keysOfSQL + `,
+	done AS (UPDATE keel_jobs j SET status = 'discarded', resolution_note = $3, resolved_by = $2,
 		updated_at = coalesce($4::timestamptz, now()), finished_at = coalesce($4::timestamptz, now())
-		WHERE j.id = ANY($1) AND %s = 'ok' RETURNING j.id, j.queue, false),
+		WHERE j.id = ANY($1) AND %s = 'ok' AND (SELECT count(*) FROM keys) >= 0 RETURNING j.id, j.queue, false),
 	audit AS (INSERT INTO keel_audit (job_id, action, actor, note, at) SELECT id, 'discard', $2, $3, coalesce($4::timestamptz, now()) FROM done)
 	SELECT * FROM done`
 	// A running handler may act until its worker notices (which then
@@ -145,11 +146,12 @@ const (
 	// job held for a concurrency slot waits for none any more; the slot a
 	// job in flight, or held by its kind's pause, kept goes to the next
 	// held job of its key (keel_concurrency_release, migrations 0030, 0031).
-	cancelJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'cancelled', resolution_note = $3, resolved_by = $2,
+	cancelJobsSQL = `WITH ` + keysOfSQL + `,
+	done AS (UPDATE keel_jobs j SET status = 'cancelled', resolution_note = $3, resolved_by = $2,
 		stray_until = CASE WHEN status = 'running' THEN greatest(lease_until, stray_until) ELSE stray_until END,
 		lease_holder = NULL, lease_until = NULL, key_held_since = NULL, finished_at = coalesce($4::timestamptz, now()), updated_at = coalesce($4::timestamptz, now())
 		FROM (SELECT id, status AS was FROM keel_jobs WHERE id = ANY($1)) old
-		WHERE j.id = old.id AND %s = 'ok' RETURNING j.id, j.queue, old.was = 'running'),
+		WHERE j.id = old.id AND %s = 'ok' AND (SELECT count(*) FROM keys) >= 0 RETURNING j.id, j.queue, old.was = 'running'),
 	audit AS (INSERT INTO keel_audit (job_id, action, actor, note, at) SELECT id, 'cancel', $2, $3, coalesce($4::timestamptz, now()) FROM done)
 	SELECT * FROM done`
 )
@@ -163,6 +165,14 @@ const releaseJobsSQL = `WITH done AS (UPDATE keel_jobs j SET status = 'pending',
 		WHERE j.id = ANY($1) AND %s = 'ok' RETURNING j.id, j.queue, false),
 	audit AS (INSERT INTO keel_audit (job_id, action, actor, note, at) SELECT id, 'release', $2, $3, coalesce($4::timestamptz, now()) FROM done)
 	SELECT * FROM done`
+
+// keysOfSQL takes the concurrency keys of the jobs $1 in key order, before
+// the statement's rows move: each row's triggers take its own key (its
+// release, and its batch's, migrations 0030 and 0033), which, row after
+// row, would take several keys in the jobs' order and deadlock with a
+// round or another end taking them in key order.
+const keysOfSQL = `keys AS MATERIALIZED (SELECT keel_concurrency_lock(kind, concurrency_key) FROM (
+		SELECT DISTINCT kind, concurrency_key FROM keel_jobs WHERE id = ANY($1) AND concurrency_key IS NOT NULL ORDER BY 1, 2) k)`
 
 var actSQL = map[Action]string{Replay: replayJobsSQL, Discard: discardJobsSQL, Cancel: cancelJobsSQL, ReleaseWaiting: releaseJobsSQL}
 

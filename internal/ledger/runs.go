@@ -68,7 +68,8 @@ func RenewFlights(ctx context.Context, db DB, holder string, leaseMS int64, jobI
 // otherwise the job is dead for a person. $3 is the payload summary when
 // the caller has one (the kind's redaction), else the stored one stays;
 // $4 is now (nil: the database's).
-const endPastDeadlineSQL = `UPDATE keel_jobs SET
+const endPastDeadlineSQL = `WITH ` + keysOfSQL + `
+UPDATE keel_jobs SET
 	status = CASE WHEN expire_stale THEN 'discarded' ELSE 'dead' END,
 	error_class = CASE WHEN expire_stale THEN 'expired' ELSE 'deadline' END,
 	last_error = format('keel: its deadline (%s) passed before a run could start%s',
@@ -81,6 +82,7 @@ const endPastDeadlineSQL = `UPDATE keel_jobs SET
 	lease_holder = NULL, lease_until = NULL, solo_run = -1, finished_at = now(), updated_at = now()
 	WHERE id = ANY($1) AND deadline < coalesce($4::timestamptz, now()) + $2 * interval '1 millisecond'
 	  AND (status IN ('pending', 'failed', 'paused') OR (status = 'running' AND lease_until < coalesce($4::timestamptz, now())))
+	  AND (SELECT count(*) FROM keys) >= 0
 	RETURNING id, kind, queue, business_key, error_class, last_error, coalesce(trace_id, ''), attempts, status`
 
 // Ended is a job EndPastDeadline ended.

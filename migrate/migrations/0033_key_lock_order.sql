@@ -7,13 +7,18 @@
 -- key, then the batch) and an insert (the key in its BEFORE trigger, then
 -- the batch). Two ending members of one batch and key could deadlock, and
 -- the one Postgres aborted could be a failure left unwritten. The batch's
--- trigger now takes a keyed member's key lock first.
+-- trigger now takes a keyed member's key lock first when the key's release
+-- fires too (an end from flight or a pause); statements that end jobs of
+-- several keys (a person's cancel or discard, the deadline end) take their
+-- keys in key order before any row's trigger runs.
 --
 -- Admission counts a key's jobs in flight after taking its lock: in a
 -- REPEATABLE READ or SERIALIZABLE transaction that count reads the
 -- transaction's snapshot, which may predate an enqueue of the key that
--- committed meanwhile, and admitted past the limit. A keyed job enqueued
--- in such a transaction is refused (SQLSTATE KC001), saying so.
+-- committed meanwhile, and admitted past the limit. A keyed job admitted
+-- in such a transaction (an EnqueueTx of the caller's, or any statement
+-- on a server whose default_transaction_isolation is not READ COMMITTED,
+-- Postgres's default) is refused (SQLSTATE KC001), saying so.
 --
 -- Additive: functions only, whichever binary sets them off.
 CREATE OR REPLACE FUNCTION keel_batch_member_moved() RETURNS trigger
@@ -23,7 +28,7 @@ DECLARE
     is_done boolean := NEW.status IN ('succeeded', 'dead', 'discarded', 'cancelled');
     b keel_batches;
 BEGIN
-    IF NEW.concurrency_key IS NOT NULL THEN
+    IF NEW.concurrency_key IS NOT NULL AND is_done AND OLD.status IN ('pending', 'running', 'failed', 'paused') THEN
         PERFORM keel_concurrency_lock(NEW.kind, NEW.concurrency_key);
     END IF;
     UPDATE keel_batches SET
@@ -46,7 +51,7 @@ CREATE OR REPLACE FUNCTION keel_concurrency_admit() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'keel: a job with a concurrency key (%, key %) must be enqueued in a READ COMMITTED transaction, not %: its key''s jobs in flight are counted after its lock, which an older snapshot would miss',
+        RAISE EXCEPTION 'keel: a job with a concurrency key (%, key %) is admitted only in a READ COMMITTED transaction, not %: its key''s jobs in flight are counted after its lock, which an older snapshot would miss (enqueue it in READ COMMITTED; the server''s default_transaction_isolation must be read committed)',
             NEW.kind, NEW.concurrency_key, current_setting('transaction_isolation') USING ERRCODE = 'KC001';
     END IF;
     PERFORM keel_concurrency_lock(NEW.kind, NEW.concurrency_key);
