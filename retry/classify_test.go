@@ -59,6 +59,7 @@ func TestClassify(t *testing.T) {
 		{name: "postgres 57P03 cannot connect now", err: pgErr("57P03"), want: ClassTransient, rule: postgresRule},
 		{name: "postgres 22P02 invalid text", err: pgErr("22P02"), want: ClassPermanent, rule: postgresRule},
 		{name: "postgres 23505 unique violation", err: pgErr("23505"), want: ClassPermanent, rule: postgresRule},
+		{name: "keel KC001 keyed job outside READ COMMITTED", err: pgErr("KC001"), want: ClassPermanent, rule: postgresRule},
 		{name: "postgres 42P01 undefined table", err: pgErr("42P01"), want: ClassUnknown},
 		{name: "pgconn connect error", err: pgConnectErr(t), want: ClassTransient, rule: postgresRule},
 		{name: "pgconn timeout", err: pgTimeoutErr(t), want: ClassTransient, rule: postgresRule},

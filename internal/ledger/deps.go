@@ -159,7 +159,7 @@ func relatedPage(ctx context.Context, db DB, pageSQL, countSQL, id string, n int
 	if err != nil {
 		return nil, 0, err
 	}
-	page, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Related])
+	page, err := collectRelated(rows)
 	if err != nil || len(page) < n {
 		return page, len(page), err
 	}
@@ -183,7 +183,17 @@ func related(ctx context.Context, db DB, sql, id string) ([]Related, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[Related])
+	return collectRelated(rows)
+}
+
+// collectRelated reads Related rows, each with its business key as it was
+// enqueued (a job superseded since stores it as key#id).
+func collectRelated(rows pgx.Rows) ([]Related, error) {
+	rs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Related])
+	for i := range rs {
+		rs[i].BusinessKey = OriginalKey(rs[i].BusinessKey, rs[i].ID)
+	}
+	return rs, err
 }
 
 // WorkflowNode is one job of a workflow with the ids of its parents.
@@ -210,6 +220,7 @@ func Workflow(ctx context.Context, db DB, id string) ([]WorkflowNode, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkflowNode, error) {
 		var n WorkflowNode
 		err := r.Scan(&n.ID, &n.Kind, &n.BusinessKey, &n.Status, &n.WaitingOn, &n.ErrorClass, &n.FinishedAt, &n.Task, &n.Parents, &n.ParentsMet)
+		n.BusinessKey = OriginalKey(n.BusinessKey, n.ID)
 		return n, err
 	})
 }
@@ -241,6 +252,7 @@ func ParentResults(ctx context.Context, db DB, id string) ([]ParentResult, error
 		var result []byte
 		var at *time.Time
 		err := r.Scan(&p.JobID, &p.Status, &result, &at, &p.Kind, &p.BusinessKey, &p.Task)
+		p.BusinessKey = OriginalKey(p.BusinessKey, p.JobID) // a parent superseded since
 		if result != nil {
 			p.JSON, p.StoredAt = result, *at
 		}

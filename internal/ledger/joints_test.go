@@ -413,3 +413,28 @@ func TestABulkEndOfSeveralKeysAndAMembersEndDoNotDeadlock(t *testing.T) {
 	require.NoError(t, <-single, "the failure")
 	require.Equal(t, []string{"cancelled", "cancelled", "dead"}, statusOf(t, db, "A", "B", "C"))
 }
+
+// A parent superseded since (a tasks.Unique window passed and its key was
+// enqueued again, which stores the old job's key as key#id) is named by
+// the key it was enqueued with to the child that reads its result, and on
+// the child's dependencies.
+func TestASupersededParentKeepsItsKeyForItsChild(t *testing.T) {
+	ctx := context.Background()
+	db, _ := testenv.PrivatePool(t)
+	_, err := ledger.InsertJob(ctx, db, plainJob("report:2024"), true)
+	require.NoError(t, err)
+	waitOn(t, db, plainJob("fan-in"), "report:2024")
+	setStatus(t, db, "succeeded", "report:2024")
+	_, err = db.Exec(ctx, `UPDATE keel_jobs SET business_key = business_key || '#' || id WHERE id = 'report:2024'`)
+	require.NoError(t, err)
+	rs, err := ledger.ParentResults(ctx, db, "fan-in")
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	require.Equal(t, "report:2024", rs[0].BusinessKey)
+	ps, err := ledger.ParentsOf(ctx, db, "fan-in")
+	require.NoError(t, err)
+	require.Equal(t, "report:2024", ps[0].BusinessKey)
+	page, _, err := ledger.ParentsPage(ctx, db, "fan-in", 10)
+	require.NoError(t, err)
+	require.Equal(t, "report:2024", page[0].BusinessKey)
+}
