@@ -319,6 +319,12 @@ func workerCmd(e *Env) *cobra.Command {
 			}
 			defer svc.Close()
 			cfg.Redis, cfg.Pool, cfg.Logger, cfg.Kinds = svc.Redis, svc.Pool, svc.Log, e.app.Kinds
+			mux := tasks.NewMux()
+			if err := e.app.Register(mux, svc); err != nil {
+				return err
+			}
+			warnUnhandled(svc.Log, e.app.Kinds, mux, cfg.Queues)
+			rules = ruleKinds(svc.Log, rules, mux.Kinds())
 			if len(rules) > 0 {
 				limits, err := flow.New(flow.Config{Redis: svc.Redis, Rules: rules, Logger: svc.Log})
 				if err != nil {
@@ -331,11 +337,6 @@ func workerCmd(e *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			mux := tasks.NewMux()
-			if err := e.app.Register(mux, svc); err != nil {
-				return err
-			}
-			warnUnhandled(svc.Log, e.app.Kinds, mux, cfg.Queues)
 			srv, err := server.New(cfg, mux)
 			if err != nil {
 				return usageError{err}

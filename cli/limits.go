@@ -2,7 +2,9 @@ package cli
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +34,25 @@ func splitEnv(name string) []string {
 		return nil
 	}
 	return strings.Split(v, ",")
+}
+
+// ruleKinds gives a rule named after a kind this worker handles that kind
+// (a program need not declare its kinds, and rules reads only the declared
+// ones), and warns of a concurrency rule that names no kind handled here:
+// it limits only handlers that take it as a resource (flow's Take and
+// Acquire), and a misspelt kind would limit nothing.
+func ruleKinds(log *slog.Logger, rules []flow.Rule, handled []string) []flow.Rule {
+	for i := range rules {
+		r := &rules[i]
+		if len(r.Kinds) == 0 && slices.Contains(handled, r.Name) {
+			r.Kinds = []string{r.Name}
+		}
+		if len(r.Kinds) == 0 && r.Concurrency > 0 {
+			log.Warn("keel worker: --concurrency-limit names no kind this worker handles: it limits only handlers that take "+
+				"it as a resource (flow's Take or Acquire); check the kind's name", "name", r.Name, "kinds", handled)
+		}
+	}
+	return rules
 }
 
 // rules turns the flags into flow rules; nil when none are set.
