@@ -114,6 +114,33 @@ func TestHeldSlotIsRenewed(t *testing.T) {
 	require.Zero(t, a.Stats().LeasesLost)
 }
 
+// Redis loses the slots (a restart without persistence, a failover to a
+// replica that missed them, a flush) while a job holds one: the holder's
+// next renewal adds it back, as the slots have room, and a second job is
+// then refused, where it had been let past the limit for the rest of the
+// first one's run.
+func TestSlotsRedisLostAreRebuiltByTheirHolders(t *testing.T) {
+	opt, rdb := setupRedis(t)
+	cfg := flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: time.Minute, Hold: flow.NoHold}
+	a, b := newController(t, opt, cfg), newController(t, opt, cfg)
+	signals := flow.InitTestSignals(a)
+	tick, _ := flow.RenewByHand(a)
+	ctx := context.Background()
+
+	releaseA, err := a.Acquire(ctx, "reports")
+	require.NoError(t, err)
+	require.NoError(t, rdb.FlushDB(ctx).Err())
+	tick <- time.Now()
+	require.NoError(t, signals.Renewed.Wait(t), "the slot was counted lost")
+	_, err = b.Acquire(ctx, "reports")
+	require.ErrorIs(t, err, flow.ErrNoSlot, "a second slot, limit 1")
+	require.Zero(t, a.Stats().LeasesLost)
+	releaseA()
+	releaseB, err := b.Acquire(ctx, "reports")
+	require.NoError(t, err)
+	releaseB()
+}
+
 func TestDeadHoldersSlotComesBackAfterLease(t *testing.T) {
 	opt, rdb := setupRedis(t)
 	const lease = time.Minute

@@ -47,5 +47,8 @@
 // A limit is never exceeded while Redis answers: a rate start reserved and
 // then not used, or a handler that ends early, only leaves it under-used.
 // If Redis is out of reach for longer than a lease, the running job goes on
-// and its slot may be given to another (counted in Stats.LeasesLost).
+// and its slot may be given to another (counted in Stats.LeasesLost). If
+// Redis loses its data (a restart without persistence, a failover, a
+// flush), new jobs may take the slots until the holders' next renewal (a
+// third of the lease) adds theirs back while there is room.
 package flow

@@ -33,19 +33,26 @@ end
 return 1
 `)
 
-// renewScript extends a held slot's lease. A member that is gone was dropped
-// as expired by someone's acquire, which may have given the slot to another
-// job: it is not re-added. One that expired but is still there was never
-// counted as free, so extending it is safe.
+// renewScript extends a held slot's lease. One that expired but is still
+// there was never counted as free, so extending it is safe. A member that
+// is gone was dropped as expired by someone's acquire, or lost with Redis's
+// data (a restart without persistence, a failover, a flush): it is added
+// back while the slots have room, so the holders rebuild a lost set within
+// a renewal, and counted lost only when they are full (its slot given to
+// another job).
 //
-// KEYS[1] slots; ARGV[1] lease (ms), ARGV[2] token. Returns 1, or 0 if lost.
+// KEYS[1] slots; ARGV[1] lease (ms), ARGV[2] token, ARGV[3] limit.
+// Returns 1, or 0 if lost.
 var renewScript = redis.NewScript(`
-if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then
-  return 0
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
+if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+    return 0
+  end
+end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
 if redis.call('PTTL', KEYS[1]) < lease then
   redis.call('PEXPIRE', KEYS[1], lease)
@@ -97,7 +104,7 @@ func (c *Controller) tryAcquire(ctx context.Context, r *rule, token string) (boo
 }
 
 func (c *Controller) renew(ctx context.Context, r *rule, token string) (bool, error) {
-	n, err := renewScript.Run(ctx, c.rdb, []string{r.slotsKey}, c.cfg.Lease.Milliseconds(), token).Int()
+	n, err := renewScript.Run(ctx, c.rdb, []string{r.slotsKey}, c.cfg.Lease.Milliseconds(), token, r.Concurrency).Int()
 	if err != nil {
 		return false, fmt.Errorf("renew slot: %w", err)
 	}
