@@ -25,7 +25,7 @@ func (l *limitFlags) bind(cmd *cobra.Command) {
 	f.StringSliceVar(&l.concurrency, "concurrency-limit", splitEnv("KEEL_CONCURRENCY_LIMITS"),
 		"cluster-wide limit on jobs running at once: KIND=N, repeatable (env KEEL_CONCURRENCY_LIMITS, comma-separated)")
 	f.StringSliceVar(&l.rates, "rate-limit", splitEnv("KEEL_RATE_LIMITS"),
-		"cluster-wide start rate: NAME=RATE/PERIOD[:BURST], e.g. mail=50/1s; NAME is a kind or a resource handlers Take (env KEEL_RATE_LIMITS)")
+		"cluster-wide start rate: KIND=RATE/PERIOD[:BURST], e.g. mail:send=50/1s, repeatable (env KEEL_RATE_LIMITS, comma-separated)")
 }
 
 func splitEnv(name string) []string {
@@ -38,18 +38,20 @@ func splitEnv(name string) []string {
 
 // ruleKinds gives a rule named after a kind this worker handles that kind
 // (a program need not declare its kinds, and rules reads only the declared
-// ones), and warns of a concurrency rule that names no kind handled here:
-// it limits only handlers that take it as a resource (flow's Take and
-// Acquire), and a misspelt kind would limit nothing.
+// ones), and warns of a rule that names no kind handled here: the worker's
+// flow controller is its own, which no handler can Take from, so such a
+// rule limits nothing in it (a misspelt kind, or a resource, which needs a
+// controller the program makes with flow.New).
 func ruleKinds(log *slog.Logger, rules []flow.Rule, handled []string) []flow.Rule {
 	for i := range rules {
 		r := &rules[i]
 		if len(r.Kinds) == 0 && slices.Contains(handled, r.Name) {
 			r.Kinds = []string{r.Name}
 		}
-		if len(r.Kinds) == 0 && r.Concurrency > 0 {
-			log.Warn("keel worker: --concurrency-limit names no kind this worker handles: it limits only handlers that take "+
-				"it as a resource (flow's Take or Acquire); check the kind's name", "name", r.Name, "kinds", handled)
+		if len(r.Kinds) == 0 {
+			log.Warn("keel worker: a --concurrency-limit or --rate-limit names no kind this worker handles: it limits nothing here "+
+				"(check the kind's name; a resource handlers take needs a flow controller of the program's own, flow.New)",
+				"name", r.Name, "kinds", handled)
 		}
 	}
 	return rules
@@ -91,7 +93,7 @@ func (l *limitFlags) rules(app App) ([]flow.Rule, error) {
 		rate, err1 := strconv.Atoi(rateS)
 		period, err2 := time.ParseDuration(periodS)
 		if !ok || err1 != nil || err2 != nil || rate < 1 || period <= 0 {
-			return nil, usageError{fmt.Errorf("--rate-limit %q: want NAME=RATE/PERIOD[:BURST], e.g. mail=50/1s", s)}
+			return nil, usageError{fmt.Errorf("--rate-limit %q: want KIND=RATE/PERIOD[:BURST], e.g. mail:send=50/1s", s)}
 		}
 		r := rule(name)
 		r.Rate, r.Period = rate, period

@@ -437,8 +437,10 @@ func (s *slot) renewLoop() {
 			s.c.cfg.Logger.Warn("keel: flow: slot lease renewal failed", "rule", s.r.Name, "token", s.token, "err", err)
 			s.c.signals.Renewed.Signal(err)
 		case !ok:
-			// The lease ran out (Redis was out of reach) and the slot may
-			// have gone to another job; the handler runs on regardless.
+			// The slot is gone and the slots are full: its lease ran out
+			// (Redis was out of reach) and the slot went to another job, or
+			// Redis lost the slots and new jobs took them. The handler runs
+			// on regardless.
 			s.c.stats.leasesLost.Add(1)
 			s.c.cfg.Logger.Warn("keel: flow: slot lease lost while its job runs", "rule", s.r.Name, "token", s.token)
 			s.c.signals.Renewed.Signal(errLeaseLost)

@@ -141,6 +141,32 @@ func TestSlotsRedisLostAreRebuiltByTheirHolders(t *testing.T) {
 	releaseB()
 }
 
+// A holder whose slot Redis lost, and which new jobs filled before its
+// renewal, counts its lease lost: it does not add its slot back past the
+// limit.
+func TestALostSlotIsNotAddedBackPastTheLimit(t *testing.T) {
+	opt, rdb := setupRedis(t)
+	cfg := flow.Config{Rules: []flow.Rule{{Name: "reports", Concurrency: 1}}, Lease: time.Minute, Hold: flow.NoHold}
+	a, b := newController(t, opt, cfg), newController(t, opt, cfg)
+	signals := flow.InitTestSignals(a)
+	tick, _ := flow.RenewByHand(a)
+	ctx := context.Background()
+
+	releaseA, err := a.Acquire(ctx, "reports")
+	require.NoError(t, err)
+	defer releaseA()
+	require.NoError(t, rdb.FlushDB(ctx).Err())
+	releaseB, err := b.Acquire(ctx, "reports")
+	require.NoError(t, err, "the lost slot went to b before a renewed")
+	defer releaseB()
+	tick <- time.Now()
+	require.ErrorIs(t, signals.Renewed.Wait(t), flow.ErrLeaseLost)
+	require.EqualValues(t, 1, a.Stats().LeasesLost)
+	n, err := rdb.ZCard(ctx, slotsKey).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "a's slot added back past the limit")
+}
+
 func TestDeadHoldersSlotComesBackAfterLease(t *testing.T) {
 	opt, rdb := setupRedis(t)
 	const lease = time.Minute

@@ -50,5 +50,7 @@
 // and its slot may be given to another (counted in Stats.LeasesLost). If
 // Redis loses its data (a restart without persistence, a failover, a
 // flush), new jobs may take the slots until the holders' next renewal (a
-// third of the lease) adds theirs back while there is room.
+// third of the lease) adds theirs back while there is room; a holder that
+// finds them full then counts its lease lost, and the limit stays exceeded
+// until the jobs end.
 package flow
