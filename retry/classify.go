@@ -144,7 +144,7 @@ func postgresClass(code string) (Class, bool) {
 		return ClassTransient, true
 	case strings.HasPrefix(code, "22"), // data exception
 		strings.HasPrefix(code, "23"), // integrity constraint violation
-		code == "KC001":               // keel: a keyed job admitted outside READ COMMITTED (migration 0033)
+		code == "KC001":               // keel: a keyed job admitted outside READ COMMITTED (migration 0032)
 		return ClassPermanent, true
 	}
 	return "", false

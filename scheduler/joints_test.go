@@ -44,22 +44,53 @@ func TestASpecChangeStartsAfreshThroughARestart(t *testing.T) {
 }
 
 // A file or code entry whose spec changed while no scheduler ran starts
-// afresh too: its old last tick is of another schedule.
+// afresh too: its old last tick is of another schedule. So it does on a
+// scheduler that could not record the change before it read its ticks
+// (its first read of the ledger's entries and pauses failed).
 func TestAnEntryChangedWhileNoSchedulerRanStartsAfresh(t *testing.T) {
-	b := setup(t)
-	clock := newFakeClock(t0)
-	old := everyMinute("report")
-	a := b.start(t, scheduler.Config{Entries: []scheduler.Entry{old}, Clock: clock, Poll: time.Hour})
-	advance(t, clock, minute(1), a)
-	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"))
-	a.stop()
+	for _, unreadable := range []bool{false, true} {
+		t.Run(map[bool]string{false: "first refresh read", true: "first refresh failed"}[unreadable], func(t *testing.T) {
+			b := setup(t)
+			clock := newFakeClock(t0)
+			old := everyMinute("report")
+			a := b.start(t, scheduler.Config{Entries: []scheduler.Entry{old}, Clock: clock, Poll: time.Hour})
+			advance(t, clock, minute(1), a)
+			require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"))
+			a.stop()
 
-	changed := old
-	changed.Spec = "30 * * * * *"
-	clock.Set(minute(3).Add(10 * time.Second))
-	c := b.start(t, scheduler.Config{Entries: []scheduler.Entry{changed}, Clock: clock, Poll: time.Hour})
-	refresh(t, has("report"), c)
-	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"), "ticks of the new spec from before it ran were caught up")
+			changed := old
+			changed.Spec = "30 * * * * *"
+			clock.Set(minute(3).Add(10 * time.Second))
+			cfg := scheduler.Config{Entries: []scheduler.Entry{changed}, Clock: clock, Poll: time.Hour}
+			var c *instance
+			if unreadable {
+				c = b.startWithPausesUnreadable(t, cfg)
+			} else {
+				c = b.start(t, cfg)
+			}
+			refresh(t, has("report"), c)
+			require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"), "ticks of the new spec from before it ran were caught up")
+			if unreadable {
+				advance(t, clock, minute(3).Add(30*time.Second), c)
+				require.Equal(t, []time.Time{minute(1), minute(3).Add(30 * time.Second)}, b.ticks(t, "report"))
+			}
+		})
+	}
+}
+
+// startWithPausesUnreadable starts a scheduler whose first read of the
+// pauses fails (a ledger that comes back between the scheduler's first
+// read of them and its first read of its ticks), and lets it read them
+// again once it runs.
+func (b *bundle) startWithPausesUnreadable(t *testing.T, cfg scheduler.Config) *instance {
+	t.Helper()
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses RENAME TO keel_schedule_pauses_away`)
+	require.NoError(t, err)
+	c := b.start(t, cfg)
+	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses_away RENAME TO keel_schedule_pauses`)
+	require.NoError(t, err)
+	return c
 }
 
 // A paused entry makes no job on a scheduler that could not read the
@@ -79,45 +110,11 @@ func TestAPausedEntryWaitsForThePausesToBeRead(t *testing.T) {
 	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "fz"))
 	a.stop()
 
-	// The pauses cannot be read at the start (a ledger that comes back
-	// between the scheduler's first read of them and its first read of
-	// its ticks).
-	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses RENAME TO keel_schedule_pauses_away`)
-	require.NoError(t, err)
 	clock = newFakeClock(minute(3).Add(30 * time.Second))
-	c := b.start(t, scheduler.Config{Entries: entries, Clock: clock, Poll: time.Hour})
-	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses_away RENAME TO keel_schedule_pauses`)
-	require.NoError(t, err)
+	c := b.startWithPausesUnreadable(t, scheduler.Config{Entries: entries, Clock: clock, Poll: time.Hour})
 	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "fz"), "a paused entry made a job")
 	refresh(t, lacks("fz"), c)
 	advance(t, clock, minute(4), c)
 	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "fz"), "a paused entry made a job")
 	require.Zero(t, c.Stats().Enqueued)
-}
-
-// An entry changed while no scheduler ran starts afresh even on a
-// scheduler that could not record the change before it read its ticks
-// (its first read of the ledger's entries and pauses failed).
-func TestAnEntryChangedStartsAfreshWhenTheFirstRefreshFails(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
-	clock := newFakeClock(t0)
-	old := everyMinute("report")
-	a := b.start(t, scheduler.Config{Entries: []scheduler.Entry{old}, Clock: clock, Poll: time.Hour})
-	advance(t, clock, minute(1), a)
-	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"))
-	a.stop()
-
-	changed := old
-	changed.Spec = "30 * * * * *"
-	_, err := b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses RENAME TO keel_schedule_pauses_away`)
-	require.NoError(t, err)
-	clock.Set(minute(3).Add(10 * time.Second))
-	c := b.start(t, scheduler.Config{Entries: []scheduler.Entry{changed}, Clock: clock, Poll: time.Hour})
-	_, err = b.pool.Exec(ctx, `ALTER TABLE keel_schedule_pauses_away RENAME TO keel_schedule_pauses`)
-	require.NoError(t, err)
-	refresh(t, has("report"), c)
-	require.Equal(t, []time.Time{minute(1)}, b.ticks(t, "report"), "ticks of the new spec from before it ran were caught up")
-	advance(t, clock, minute(3).Add(30*time.Second), c)
-	require.Equal(t, []time.Time{minute(1), minute(3).Add(30 * time.Second)}, b.ticks(t, "report"))
 }

@@ -2,6 +2,8 @@ package ledger_test
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -271,33 +273,7 @@ func TestAKeyedMembersEndAndARoundDoNotDeadlock(t *testing.T) {
 		t.Run(map[bool]string{false: "completed", true: "dead"}[dead], func(t *testing.T) {
 			ctx := context.Background()
 			db, _ := testenv.PrivatePool(t)
-			_, err := ledger.CreateBatch(ctx, db, "b1", "", nil, nil)
-			require.NoError(t, err)
-			for _, id := range []string{"A", "C"} {
-				j := keyed(id, "k", 5)
-				j.BatchID = "b1"
-				_, err := ledger.InsertJob(ctx, db, j, true)
-				require.NoError(t, err)
-			}
-			require.NoError(t, ledger.Round(ctx, db, ledger.RoundArgs{Holder: "w", LeaseMS: 60000, Claim: []string{"A", "C"}},
-				func(ledger.Claimed) {}))
-
-			// A producer adding members holds the batch's row.
-			producer, err := db.Begin(ctx)
-			require.NoError(t, err)
-			defer producer.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
-			_, err = producer.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = 'b1' FOR UPDATE`)
-			require.NoError(t, err)
-			var producerPID int
-			require.NoError(t, producer.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&producerPID))
-			lockWaiters := func(n int) func() bool {
-				return func() bool {
-					var got int
-					require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-						WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> $1`, producerPID).Scan(&got))
-					return got >= n
-				}
-			}
+			b1 := runningKeyedBatch(t, db, map[string]string{"A": "k", "C": "k"})
 
 			single := make(chan error, 1)
 			go func() {
@@ -309,14 +285,14 @@ func TestAKeyedMembersEndAndARoundDoNotDeadlock(t *testing.T) {
 				}
 				single <- ledger.CompleteWithResult(ctx, db, "C", "w", 1, []byte(`{}`))
 			}()
-			testenv.Eventually(t, 10*time.Second, lockWaiters(1), "the member's end never waited")
+			testenv.Eventually(t, 10*time.Second, b1.lockWaiters(1), "the member's end never waited")
 			round := make(chan error, 1)
 			go func() {
 				round <- ledger.Round(ctx, db, ledger.RoundArgs{Holder: "w", LeaseMS: 60000, Claim: []string{},
 					Done: []string{"A"}, DoneRuns: []int32{1}, Batch: true}, func(ledger.Claimed) {})
 			}()
-			testenv.Eventually(t, 10*time.Second, lockWaiters(2), "the round never waited")
-			require.NoError(t, producer.Commit(ctx))
+			testenv.Eventually(t, 10*time.Second, b1.lockWaiters(2), "the round never waited")
+			require.NoError(t, b1.producer.Commit(ctx))
 			require.NoError(t, <-single, "the member's end")
 			require.NoError(t, <-round, "the round")
 			b, err := ledger.GetBatch(ctx, db, "b1")
@@ -361,31 +337,7 @@ func TestAKeyedJobIsRefusedOutsideReadCommitted(t *testing.T) {
 func TestABulkEndOfSeveralKeysAndAMembersEndDoNotDeadlock(t *testing.T) {
 	ctx := context.Background()
 	db, _ := testenv.PrivatePool(t)
-	_, err := ledger.CreateBatch(ctx, db, "b1", "", nil, nil)
-	require.NoError(t, err)
-	for _, m := range []struct{ id, key string }{{"A", "k2"}, {"B", "k1"}, {"C", "k1"}} {
-		j := keyed(m.id, m.key, 5)
-		j.BatchID = "b1"
-		_, err := ledger.InsertJob(ctx, db, j, true)
-		require.NoError(t, err)
-	}
-	require.NoError(t, ledger.Round(ctx, db, ledger.RoundArgs{Holder: "w", LeaseMS: 60000, Claim: []string{"A", "B", "C"}},
-		func(ledger.Claimed) {}))
-	producer, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer producer.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
-	_, err = producer.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = 'b1' FOR UPDATE`)
-	require.NoError(t, err)
-	var producerPID int
-	require.NoError(t, producer.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&producerPID))
-	lockWaiters := func(n int) func() bool {
-		return func() bool {
-			var got int
-			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> $1`, producerPID).Scan(&got))
-			return got >= n
-		}
-	}
+	b1 := runningKeyedBatch(t, db, map[string]string{"A": "k2", "B": "k1", "C": "k1"})
 
 	bulk := make(chan error, 1)
 	go func() {
@@ -400,15 +352,15 @@ func TestABulkEndOfSeveralKeysAndAMembersEndDoNotDeadlock(t *testing.T) {
 		}
 		bulk <- err
 	}()
-	testenv.Eventually(t, 10*time.Second, lockWaiters(1), "the cancel never waited")
+	testenv.Eventually(t, 10*time.Second, b1.lockWaiters(1), "the cancel never waited")
 	single := make(chan error, 1)
 	go func() {
 		_, _, err := ledger.Fail(ctx, db, ledger.Failure{ID: "C", Holder: "w", Run: 1, Status: ledger.StatusDead,
 			Error: "boom", Class: "permanent", RunInMS: -1})
 		single <- err
 	}()
-	testenv.Eventually(t, 10*time.Second, lockWaiters(2), "the failure never waited")
-	require.NoError(t, producer.Commit(ctx))
+	testenv.Eventually(t, 10*time.Second, b1.lockWaiters(2), "the failure never waited")
+	require.NoError(t, b1.producer.Commit(ctx))
 	require.NoError(t, <-bulk, "the cancel")
 	require.NoError(t, <-single, "the failure")
 	require.Equal(t, []string{"cancelled", "cancelled", "dead"}, statusOf(t, db, "A", "B", "C"))
@@ -437,4 +389,49 @@ func TestASupersededParentKeepsItsKeyForItsChild(t *testing.T) {
 	page, _, err := ledger.ParentsPage(ctx, db, "fan-in", 10)
 	require.NoError(t, err)
 	require.Equal(t, "report:2024", page[0].BusinessKey)
+}
+
+// heldBatch is batch b1 of running keyed members, its row held by a
+// producer adding members until the test commits producer.
+type heldBatch struct {
+	t           *testing.T
+	db          *pgxpool.Pool
+	producer    pgx.Tx
+	producerPID int
+}
+
+// runningKeyedBatch makes batch b1 with a running member per id of keys
+// (its concurrency key), and holds the batch's row.
+func runningKeyedBatch(t *testing.T, db *pgxpool.Pool, keys map[string]string) *heldBatch {
+	t.Helper()
+	ctx := context.Background()
+	_, err := ledger.CreateBatch(ctx, db, "b1", "", nil, nil)
+	require.NoError(t, err)
+	ids := slices.Sorted(maps.Keys(keys))
+	for _, id := range ids {
+		j := keyed(id, keys[id], 5)
+		j.BatchID = "b1"
+		_, err := ledger.InsertJob(ctx, db, j, true)
+		require.NoError(t, err)
+	}
+	require.NoError(t, ledger.Round(ctx, db, ledger.RoundArgs{Holder: "w", LeaseMS: 60000, Claim: ids}, func(ledger.Claimed) {}))
+	b := &heldBatch{t: t, db: db}
+	b.producer, err = db.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.producer.Rollback(ctx) }) //nolint:errcheck // after Commit, a no-op
+	_, err = b.producer.Exec(ctx, `SELECT 1 FROM keel_batches WHERE id = 'b1' FOR UPDATE`)
+	require.NoError(t, err)
+	require.NoError(t, b.producer.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&b.producerPID))
+	return b
+}
+
+// lockWaiters is a condition: at least n sessions other than the
+// producer's wait for a lock.
+func (b *heldBatch) lockWaiters(n int) func() bool {
+	return func() bool {
+		var got int
+		require.NoError(b.t, b.db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> $1`, b.producerPID).Scan(&got))
+		return got >= n
+	}
 }

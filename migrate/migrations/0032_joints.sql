@@ -21,7 +21,13 @@
 -- Admission counts a key's jobs its kind's pause holds, as the release has
 -- since 0031 (as many as the limit at most): during a pause a new job of a
 -- full key was admitted past the limit, and the paused job was held behind
--- it at the resume.
+-- it at the resume. And admission counts after taking the key's lock: in a
+-- REPEATABLE READ or SERIALIZABLE transaction that count read the
+-- transaction's snapshot, which may predate an enqueue of the key that
+-- committed meanwhile, and admitted past the limit. A keyed job admitted in
+-- such a transaction (an EnqueueTx of the caller's, or any statement on a
+-- server whose default_transaction_isolation is not READ COMMITTED,
+-- Postgres's default) is refused (SQLSTATE KC001), saying so.
 --
 -- Additive: a column older binaries never read (they write it null, as
 -- before this migration), and functions their statements set off. The
@@ -79,6 +85,10 @@ $fn$;
 CREATE OR REPLACE FUNCTION keel_concurrency_admit() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'keel: a job with a concurrency key (%, key %) is admitted only in a READ COMMITTED transaction, not %: its key''s jobs in flight are counted after its lock, which an older snapshot would miss (enqueue it in READ COMMITTED; the server''s default_transaction_isolation must be read committed)',
+            NEW.kind, NEW.concurrency_key, current_setting('transaction_isolation') USING ERRCODE = 'KC001';
+    END IF;
     PERFORM keel_concurrency_lock(NEW.kind, NEW.concurrency_key);
     IF (SELECT count(*) FROM keel_jobs WHERE kind = NEW.kind AND concurrency_key = NEW.concurrency_key
             AND status IN ('pending', 'running', 'failed') AND id <> NEW.id)

@@ -12,15 +12,7 @@
 -- several keys (a person's cancel or discard, the deadline end) take their
 -- keys in key order before any row's trigger runs.
 --
--- Admission counts a key's jobs in flight after taking its lock: in a
--- REPEATABLE READ or SERIALIZABLE transaction that count reads the
--- transaction's snapshot, which may predate an enqueue of the key that
--- committed meanwhile, and admitted past the limit. A keyed job admitted
--- in such a transaction (an EnqueueTx of the caller's, or any statement
--- on a server whose default_transaction_isolation is not READ COMMITTED,
--- Postgres's default) is refused (SQLSTATE KC001), saying so.
---
--- Additive: functions only, whichever binary sets them off.
+-- Additive: a function only, whichever binary sets it off.
 CREATE OR REPLACE FUNCTION keel_batch_member_moved() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -44,26 +36,5 @@ BEGIN
         PERFORM keel_batch_complete(b.id);
     END IF;
     RETURN NULL;
-END
-$fn$;
-
-CREATE OR REPLACE FUNCTION keel_concurrency_admit() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'keel: a job with a concurrency key (%, key %) is admitted only in a READ COMMITTED transaction, not %: its key''s jobs in flight are counted after its lock, which an older snapshot would miss (enqueue it in READ COMMITTED; the server''s default_transaction_isolation must be read committed)',
-            NEW.kind, NEW.concurrency_key, current_setting('transaction_isolation') USING ERRCODE = 'KC001';
-    END IF;
-    PERFORM keel_concurrency_lock(NEW.kind, NEW.concurrency_key);
-    IF (SELECT count(*) FROM keel_jobs WHERE kind = NEW.kind AND concurrency_key = NEW.concurrency_key
-            AND status IN ('pending', 'running', 'failed') AND id <> NEW.id)
-        + (SELECT count(*) FROM (SELECT 1 FROM keel_jobs
-            WHERE kind = NEW.kind AND concurrency_key = NEW.concurrency_key AND status = 'paused' AND id <> NEW.id
-            LIMIT NEW.concurrency_limit) p) >= NEW.concurrency_limit THEN
-        NEW.status := 'waiting';
-        NEW.key_held_since := now();
-        NEW.published_at := coalesce(NEW.published_at, now());
-    END IF;
-    RETURN NEW;
 END
 $fn$;
