@@ -84,17 +84,24 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION keel_concurrency_admit() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    n bigint;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'keel: a job with a concurrency key (%, key %) is admitted only in a READ COMMITTED transaction, not %: its key''s jobs in flight are counted after its lock, which an older snapshot would miss (enqueue it in READ COMMITTED; the server''s default_transaction_isolation must be read committed)',
             NEW.kind, NEW.concurrency_key, current_setting('transaction_isolation') USING ERRCODE = 'KC001';
     END IF;
     PERFORM keel_concurrency_lock(NEW.kind, NEW.concurrency_key);
-    IF (SELECT count(*) FROM keel_jobs WHERE kind = NEW.kind AND concurrency_key = NEW.concurrency_key
-            AND status IN ('pending', 'running', 'failed') AND id <> NEW.id)
-        + (SELECT count(*) FROM (SELECT 1 FROM keel_jobs
+    SELECT count(*) INTO n FROM keel_jobs WHERE kind = NEW.kind AND concurrency_key = NEW.concurrency_key
+        AND status IN ('pending', 'running', 'failed') AND id <> NEW.id;
+    -- The paused ones are looked for only while there is room: a full
+    -- key holds the job whatever they are.
+    IF n < NEW.concurrency_limit THEN
+        n := n + (SELECT count(*) FROM (SELECT 1 FROM keel_jobs
             WHERE kind = NEW.kind AND concurrency_key = NEW.concurrency_key AND status = 'paused' AND id <> NEW.id
-            LIMIT NEW.concurrency_limit) p) >= NEW.concurrency_limit THEN
+            LIMIT NEW.concurrency_limit - n) p);
+    END IF;
+    IF n >= NEW.concurrency_limit THEN
         NEW.status := 'waiting';
         NEW.key_held_since := now();
         NEW.published_at := coalesce(NEW.published_at, now());
